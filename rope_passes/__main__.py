@@ -1,0 +1,5 @@
+import sys
+
+from rope_passes.cli import main
+
+sys.exit(main())

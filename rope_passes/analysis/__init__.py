@@ -1,0 +1,1 @@
+"""Read-only facts about a graph: RoPE census, graph helpers, placement."""

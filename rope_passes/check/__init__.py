@@ -1,0 +1,1 @@
+"""Equivalence checking on onnxruntime (CPU reference, WebGPU, graph capture)."""

@@ -1,0 +1,57 @@
+"""The ``rope-passes`` command line. One module per sub-command, each with ``add_parser(subparsers)``.
+
+Errors caused by input (bad file, bad option) print one line ``rope-passes: error: ...`` and exit 2; never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from rope_passes import __version__
+from rope_passes.errors import RopePassesError
+
+COMMANDS = ("optimize", "inspect", "check", "passes")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    import importlib
+
+    parser = argparse.ArgumentParser(
+        prog="rope-passes",
+        description="ONNX rewrite passes for rotary position embeddings, for onnxruntime's WebGPU EP.",
+    )
+    parser.add_argument("--version", action="version", version=f"rope-passes {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS:
+        try:
+            module = importlib.import_module(f"rope_passes.cli.{name}_cmd")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"rope_passes.cli.{name}_cmd":
+                raise
+            continue
+        module.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except RopePassesError as exc:
+        print(f"rope-passes: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("rope-passes: interrupted", file=sys.stderr)
+        return 130
+    except MemoryError:
+        print("rope-passes: error: out of memory", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,84 @@
+"""``rope-passes optimize IN -o OUT``: load → passes → save, with a per-pass summary."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from rich.console import Console
+from rich.table import Table
+
+from rope_passes.pipeline import PRESETS, optimize
+from rope_passes.report import PipelineReport
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("optimize", help="rewrite a model (file or genai folder) for a target")
+    p.add_argument("input", help="model.onnx or a model folder (model + genai_config.json + tokenizer files)")
+    p.add_argument("-o", "--output", help="output .onnx path or folder (a folder input always gives a folder)")
+    p.add_argument("--target", default="webgpu", choices=sorted(PRESETS), help="pass preset (default: webgpu)")
+    p.add_argument("--passes", help="comma-separated pass names, run in this order instead of the preset")
+    p.add_argument("--text-only", action="store_true",
+                   help="the model will only see text prompts: allows folding mRoPE of 3D-position graphs")
+    p.add_argument("--dry-run", action="store_true", help="run the passes and report, write nothing")
+    p.add_argument("--in-place", action="store_true", help="overwrite the input (atomically)")
+    p.add_argument("--report", metavar="FILE", help="write the report as JSON to FILE")
+    p.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    console = Console(stderr=True)
+    passes = args.passes.split(",") if args.passes else None
+    status = console.status("loading", spinner="dots") if console.is_terminal else None
+
+    def progress(name: str, index: int, total: int) -> None:
+        if status is not None:
+            status.update(f"pass {index + 1}/{total}: {name}")
+
+    if status is not None:
+        status.start()
+    try:
+        report = optimize(
+            args.input,
+            args.output,
+            target=args.target,
+            passes=passes,
+            options={"text_only": args.text_only},
+            dry_run=args.dry_run,
+            in_place=args.in_place,
+            progress=progress,
+        )
+    finally:
+        if status is not None:
+            status.stop()
+    if args.report:
+        with open(args.report, "w") as f:
+            json.dump(report.to_dict(), f, indent=2)
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        render(report, Console())
+    return 0
+
+
+def render(report: PipelineReport, console: Console) -> None:
+    table = Table(title=f"rope-passes optimize ({report.target or 'custom passes'})", title_justify="left")
+    for col in ("pass", "matched", "rewritten", "refused", "nodes −/+", "status"):
+        table.add_column(col)
+    for p in report.passes:
+        d = p.to_dict()
+        table.add_row(p.pass_name, str(d["matched"]), str(d["rewritten"]), str(d["refused"]),
+                      f"{p.nodes_removed}/{p.nodes_added}", p.status)
+    console.print(table)
+    for p in report.passes:
+        for f in p.findings:
+            if str(f.outcome) in ("refused", "note"):
+                console.print(f"  {p.pass_name}: {f.outcome} at {f.target}: {f.reason}")
+    if report.dry_run:
+        console.print("dry run: nothing written")
+    elif report.output_path:
+        what = "rewritten" if report.modified else "unchanged (copied)"
+        console.print(f"{what} → {report.output_path}")
+    sys.stdout.flush()

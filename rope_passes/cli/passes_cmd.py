@@ -1,0 +1,29 @@
+"""``rope-passes passes``: list the passes and the presets."""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.console import Console
+from rich.table import Table
+
+from rope_passes.passes import ALL_PASSES
+from rope_passes.pipeline import PRESETS
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("passes", help="list passes and target presets")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    console = Console()
+    table = Table(title="passes", title_justify="left")
+    table.add_column("name")
+    table.add_column("what it does")
+    for name, cls in ALL_PASSES.items():
+        table.add_row(name, cls.summary)
+    console.print(table)
+    for target, names in PRESETS.items():
+        console.print(f"--target {target}: " + " → ".join(names))
+    return 0

@@ -1,0 +1,1 @@
+"""Graph lint rules (rule code, message, explanation, fix)."""

@@ -1,0 +1,21 @@
+"""The passes, one module each, and the registry the CLI and presets use.
+
+Add a pass: write ``rope_passes/passes/<name>.py`` with one ``RopePass`` subclass, import it here, add it to
+``ALL_PASSES`` and, if it belongs there, to a preset in ``rope_passes/pipeline.py``.
+"""
+
+from __future__ import annotations
+
+from rope_passes.passes.base import RopePass, RopePassResult
+from rope_passes.passes.cleanup import CleanupPass
+
+ALL_PASSES: dict[str, type[RopePass]] = {cls.name: cls for cls in (CleanupPass,)}
+
+
+def register(cls: type[RopePass]) -> type[RopePass]:
+    """Register a pass class under its CLI name (usable as a decorator)."""
+    ALL_PASSES[cls.name] = cls
+    return cls
+
+
+__all__ = ["ALL_PASSES", "CleanupPass", "RopePass", "RopePassResult", "register"]

@@ -1,0 +1,34 @@
+"""``cleanup``: remove what rewrites left dead.
+
+Rules (each is onnx_ir's own, reused rather than rewritten):
+
+1. nodes whose outputs nobody reads and that are not graph outputs (``RemoveUnusedNodesPass``);
+2. initializers nobody reads that are not graph inputs or outputs (same pass).
+
+Exact: removing dead code changes no output. Graph inputs and outputs are never touched, nor are
+opset imports (a user may rely on them). Graphs without dead code come out unchanged.
+"""
+
+from __future__ import annotations
+
+import onnx_ir as ir
+from onnx_ir.passes.common import RemoveUnusedNodesPass
+
+from rope_passes.passes.base import RopePass
+from rope_passes.report import PassReport
+
+
+class CleanupPass(RopePass):
+    name = "cleanup"
+    summary = "remove dead nodes and initializers left by rewrites"
+
+    def apply(self, model: ir.Model, report: PassReport) -> None:
+        nodes_before = sum(1 for _ in ir.traversal.RecursiveGraphIterator(model.graph))
+        inits_before = len(model.graph.initializers)
+        RemoveUnusedNodesPass()(model)
+        nodes_removed = nodes_before - sum(1 for _ in ir.traversal.RecursiveGraphIterator(model.graph))
+        inits_removed = inits_before - len(model.graph.initializers)
+        if nodes_removed or inits_removed:
+            report.rewritten("<model>", f"removed {nodes_removed} dead nodes and {inits_removed} dead initializers")
+        else:
+            report.not_matched("<model>", "no dead nodes or initializers")

@@ -1,0 +1,99 @@
+"""Explicit pass order, and the named presets per target.
+
+Order matters and is written down here, not left to rule discovery: each preset is a list, run first to last,
+and ``tests/test_pipeline.py`` pins it. Passes that a preset names but this installation lacks are an error,
+not a silent skip.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from rope_passes.errors import UsageError
+from rope_passes.io import ModelBundle
+from rope_passes.passes import ALL_PASSES, RopePass
+from rope_passes.report import PipelineReport
+
+#: Target presets. Later entries may rely on what earlier ones established (documented per pass).
+PRESETS: dict[str, list[str]] = {
+    "webgpu": ["cleanup"],
+    "webgpu-graph": ["cleanup"],
+}
+
+
+def pass_names_for(target: str | None, passes: Sequence[str] | None) -> list[str]:
+    """Resolve ``--target``/``--passes`` to an ordered list of registered pass names."""
+    if passes:
+        names = [p.strip() for p in passes if p.strip()]
+    else:
+        target = target or "webgpu"
+        if target not in PRESETS:
+            raise UsageError(f"unknown target {target!r} (choose from: {', '.join(PRESETS)})")
+        names = list(PRESETS[target])
+    unknown = [n for n in names if n not in ALL_PASSES]
+    if unknown:
+        raise UsageError(f"unknown pass {unknown[0]!r} (available: {', '.join(sorted(ALL_PASSES))})")
+    return names
+
+
+def build_passes(names: Sequence[str], genai_config: dict | None, options: dict[str, Any]) -> list[RopePass]:
+    return [ALL_PASSES[name](genai_config=genai_config, **options) for name in names]
+
+
+def run_pipeline(
+    bundle: ModelBundle,
+    *,
+    target: str | None = None,
+    passes: Sequence[str] | None = None,
+    options: dict[str, Any] | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> PipelineReport:
+    """Run the passes on ``bundle.model`` in place; ``bundle.genai_config`` is updated by passes that need to.
+
+    ``progress(pass_name, index, total)`` is called before each pass.
+    """
+    names = pass_names_for(target, passes)
+    options = dict(options or {})
+    report = PipelineReport(str(bundle.model_path), None, None if passes else (target or "webgpu"))
+    pass_objects = build_passes(names, bundle.genai_config, options)
+    for index, pass_ in enumerate(pass_objects):
+        if progress is not None:
+            progress(pass_.name, index, len(pass_objects))
+        start = time.perf_counter()
+        result = pass_(bundle.model)
+        bundle.model = result.model
+        assert result.report is not None
+        result.report.duration_s = time.perf_counter() - start
+        report.passes.append(result.report)
+        # a pass may replace the config dict wholesale
+        bundle.genai_config = pass_.genai_config if pass_.genai_config is not None else bundle.genai_config
+        for later in pass_objects[index + 1 :]:
+            later.genai_config = bundle.genai_config
+    return report
+
+
+def optimize(
+    input_path: str,
+    output_path: str | None,
+    *,
+    target: str | None = "webgpu",
+    passes: Sequence[str] | None = None,
+    options: dict[str, Any] | None = None,
+    dry_run: bool = False,
+    in_place: bool = False,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> PipelineReport:
+    """Load → passes → save. The library form of ``rope-passes optimize``."""
+    from rope_passes.io import load_bundle, save_bundle
+
+    if not dry_run and output_path is None and not in_place:
+        raise UsageError("no output path given (use -o OUT, --in-place, or --dry-run)")
+    bundle = load_bundle(input_path)
+    report = run_pipeline(bundle, target=target, passes=passes, options=options, progress=progress)
+    report.dry_run = dry_run
+    if not dry_run:
+        written = save_bundle(bundle, output_path, in_place=in_place)
+        report.output_path = str(written)
+    return report

@@ -1,0 +1,134 @@
+"""Structured pass reports: what a pass matched, what it rewrote and what it refused, and why.
+
+Reports are data, printed by the CLI and serialised to JSON; nothing here is parsed from logs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Any
+
+
+class Outcome(str, enum.Enum):
+    REWRITTEN = "rewritten"  # matched and rewritten
+    REFUSED = "refused"  # matched, but a soundness condition failed: graph left as it was there
+    NOT_MATCHED = "not matched"  # the pattern is absent (or not understood)
+    NOTE = "note"  # information (e.g. "output serves text prompts only")
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclasses.dataclass
+class Finding:
+    """One match attempt of a pass at one place of the graph."""
+
+    outcome: Outcome
+    target: str  # node name, value name or "<model>"
+    reason: str  # why (for refusals / non-matches) or what was done (for rewrites)
+    details: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"outcome": str(self.outcome), "target": self.target, "reason": self.reason, "details": self.details}
+
+
+@dataclasses.dataclass
+class PassReport:
+    """Everything one pass did to one model."""
+
+    pass_name: str
+    findings: list[Finding] = dataclasses.field(default_factory=list)
+    nodes_removed: int = 0
+    nodes_added: int = 0
+    initializers_removed: int = 0
+    initializers_added: int = 0
+    genai_config_changes: list[str] = dataclasses.field(default_factory=list)
+    metadata_changes: list[str] = dataclasses.field(default_factory=list)
+    duration_s: float = 0.0
+
+    # -- recording -------------------------------------------------------------------------------------------
+    def rewritten(self, target: str, what: str, **details: Any) -> None:
+        self.findings.append(Finding(Outcome.REWRITTEN, target, what, details))
+
+    def refused(self, target: str, reason: str, **details: Any) -> None:
+        self.findings.append(Finding(Outcome.REFUSED, target, reason, details))
+
+    def not_matched(self, target: str, reason: str, **details: Any) -> None:
+        self.findings.append(Finding(Outcome.NOT_MATCHED, target, reason, details))
+
+    def note(self, target: str, text: str, **details: Any) -> None:
+        self.findings.append(Finding(Outcome.NOTE, target, text, details))
+
+    # -- reading ---------------------------------------------------------------------------------------------
+    def count(self, outcome: Outcome) -> int:
+        return sum(1 for f in self.findings if f.outcome is outcome)
+
+    @property
+    def matched(self) -> int:
+        """Places where the pattern was found (rewritten or refused)."""
+        return self.count(Outcome.REWRITTEN) + self.count(Outcome.REFUSED)
+
+    @property
+    def modified(self) -> bool:
+        return self.count(Outcome.REWRITTEN) > 0 or bool(self.genai_config_changes) or bool(self.metadata_changes)
+
+    @property
+    def status(self) -> str:
+        """One line: ``rewritten 4``, ``refused: <reason>``, ``not matched: <reason>``."""
+        rewritten, refused = self.count(Outcome.REWRITTEN), self.count(Outcome.REFUSED)
+        if rewritten:
+            extra = f", refused {refused}" if refused else ""
+            return f"rewritten {rewritten}{extra}"
+        if refused:
+            first = next(f for f in self.findings if f.outcome is Outcome.REFUSED)
+            return f"refused: {first.reason}"
+        if self.genai_config_changes or self.metadata_changes:
+            return "updated: " + "; ".join(self.genai_config_changes + self.metadata_changes)
+        misses = [f for f in self.findings if f.outcome is Outcome.NOT_MATCHED]
+        if misses:
+            return f"not matched: {misses[0].reason}"
+        return "not matched: nothing to do"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "pass": self.pass_name,
+            "status": self.status,
+            "matched": self.matched,
+            "rewritten": self.count(Outcome.REWRITTEN),
+            "refused": self.count(Outcome.REFUSED),
+            "modified": self.modified,
+            "nodes_removed": self.nodes_removed,
+            "nodes_added": self.nodes_added,
+            "initializers_removed": self.initializers_removed,
+            "initializers_added": self.initializers_added,
+            "genai_config_changes": self.genai_config_changes,
+            "metadata_changes": self.metadata_changes,
+            "duration_s": round(self.duration_s, 4),
+            "findings": [f.to_dict() for f in self.findings],
+        }
+
+
+@dataclasses.dataclass
+class PipelineReport:
+    """The reports of every pass of one pipeline run, in order."""
+
+    input_path: str
+    output_path: str | None
+    target: str | None
+    passes: list[PassReport] = dataclasses.field(default_factory=list)
+    dry_run: bool = False
+
+    @property
+    def modified(self) -> bool:
+        return any(p.modified for p in self.passes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "input": self.input_path,
+            "output": self.output_path,
+            "target": self.target,
+            "dry_run": self.dry_run,
+            "modified": self.modified,
+            "passes": [p.to_dict() for p in self.passes],
+        }
