@@ -14,15 +14,22 @@ from rope_passes.errors import RopePassesError
 COMMANDS = ("optimize", "inspect", "check", "passes")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but usage errors are one line too."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     import importlib
 
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="rope-passes",
         description="ONNX rewrite passes for rotary position embeddings, for onnxruntime's WebGPU EP.",
     )
     parser.add_argument("--version", action="version", version=f"rope-passes {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in COMMANDS:
         try:
             module = importlib.import_module(f"rope_passes.cli.{name}_cmd")

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Set up rope-passes on a fresh machine: a virtual environment with the package (and test tools), and - when no
+# WebGPU adapter is found - Mesa's lavapipe Vulkan driver so onnxruntime-webgpu gets a real (software) adapter.
+# Idempotent. Usage: scripts/setup.sh [--no-driver]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+VENV=${VENV:-.venv}
+
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "setup: creating $VENV"
+  "$PY" -m venv "$VENV"
+fi
+echo "setup: installing rope-passes and its dependencies into $VENV"
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip >/dev/null 2>&1 || true
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[test]' 2>&1 | grep -v '^WARNING: Location' || true
+"$VENV/bin/python" -c "import rope_passes, onnxruntime" || { echo "setup: install failed" >&2; exit 1; }
+if "$VENV/bin/python" -c "import torch" 2>/dev/null && ! "$PY" -c "import torch" 2>/dev/null; then
+  echo "setup: warning: torch got installed into $VENV; rope-passes does not need it" >&2
+fi
+
+probe() { "$VENV/bin/python" -m rope_passes.check.probe_adapter >/dev/null 2>&1; }
+if [ "${1:-}" = "--no-driver" ]; then
+  echo "setup: skipping the WebGPU driver check (--no-driver)"
+elif probe; then
+  echo "setup: WebGPU adapter found"
+else
+  echo "setup: no WebGPU adapter; installing Mesa lavapipe (software Vulkan) from bookworm-backports"
+  if [ "$(id -u)" = 0 ]; then
+    sh scripts/install-webgpu-cpu.sh
+  elif command -v sudo >/dev/null; then
+    sudo sh scripts/install-webgpu-cpu.sh
+  else
+    echo "setup: need root to install mesa-vulkan-drivers (run scripts/install-webgpu-cpu.sh as root)" >&2
+    exit 1
+  fi
+  probe || { echo "setup: still no WebGPU adapter after installing lavapipe" >&2; exit 1; }
+  echo "setup: WebGPU adapter found"
+fi

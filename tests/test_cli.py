@@ -1,0 +1,94 @@
+"""The CLI: bad input gives one line and a non-zero exit, never a traceback; optimize writes what it reports."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rope_passes.demo import build_tiny_decoder
+
+
+def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "rope_passes", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=120)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    return build_tiny_decoder(tmp_path_factory.mktemp("cli") / "tiny")
+
+
+def bad_input(kind: str, tiny: Path, tmp: Path) -> tuple[list[str], str]:
+    out = str(tmp / "out")
+    if kind == "not_onnx":
+        p = tmp / "notes.onnx"
+        p.write_text("just text\n")
+        return ["optimize", str(p), "-o", out], "not a readable ONNX model"
+    if kind == "truncated":
+        p = tmp / "cut.onnx"
+        p.write_bytes((tiny / "model.onnx").read_bytes()[:500])
+        return ["optimize", str(p), "-o", out], "not a readable ONNX model"
+    if kind == "missing_data":
+        d = tmp / "nodata"
+        d.mkdir()
+        (d / "model.onnx").write_bytes((tiny / "model.onnx").read_bytes())
+        return ["optimize", str(d), "-o", out], "external data file 'model.onnx.data' is missing"
+    if kind == "dir_without_model":
+        d = tmp / "empty"
+        d.mkdir()
+        return ["optimize", str(d), "-o", out], "no .onnx model in this folder"
+    if kind == "unwritable_output":
+        ro = tmp / "readonly"
+        ro.mkdir()
+        ro.chmod(0o500)
+        return ["optimize", str(tiny), "-o", str(ro / "sub")], "cannot create output folder"
+    if kind == "output_is_a_file":
+        f = tmp / "afile"
+        f.write_text("x")
+        return ["optimize", str(tiny), "-o", str(f / "m.onnx")], "cannot create output folder"
+    if kind == "unknown_pass":
+        return ["optimize", str(tiny), "-o", out, "--passes", "no-such-pass"], "unknown pass 'no-such-pass'"
+    if kind == "no_output":
+        return ["optimize", str(tiny)], "no output path given"
+    if kind == "inspect_missing":
+        return ["inspect", str(tmp / "missing.onnx")], "no such file or directory"
+    raise AssertionError(kind)
+
+
+@pytest.mark.parametrize("kind", ["not_onnx", "truncated", "missing_data", "dir_without_model", "unwritable_output",
+                                  "output_is_a_file", "unknown_pass", "no_output", "inspect_missing"])
+def test_bad_input_one_line_error(kind, tiny, tmp_path):
+    if kind == "unwritable_output" and os.geteuid() == 0:
+        # root ignores directory permissions; a path under /proc is unwritable for everyone
+        args, expect = ["optimize", str(tiny), "-o", "/proc/rope-passes-out"], "cannot create output folder"
+    else:
+        args, expect = bad_input(kind, tiny, tmp_path)
+    result = cli(*args)
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    lines = [line for line in result.stderr.splitlines() if line.strip() and not line.startswith("Warning:")]
+    assert len(lines) == 1 and lines[0].startswith("rope-passes: error: "), result.stderr
+    assert expect in lines[0], lines[0]
+    assert "Traceback" not in result.stderr + result.stdout
+
+
+def test_optimize_dry_run_writes_nothing_and_reports(tiny, tmp_path):
+    result = cli("optimize", str(tiny), "-o", str(tmp_path / "o"), "--dry-run", "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["dry_run"] is True and not (tmp_path / "o").exists()
+    assert [p["pass"] for p in report["passes"]][-1] == "cleanup"
+
+
+def test_optimize_report_file_and_output(tiny, tmp_path):
+    result = cli("optimize", str(tiny), "-o", str(tmp_path / "o"), "--report", str(tmp_path / "r.json"))
+    assert result.returncode == 0, result.stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["output"] == str(tmp_path / "o" / "model.onnx")
+    assert (tmp_path / "o" / "tokenizer_config.json").is_file()
+    for entry in report["passes"]:
+        assert entry["status"], entry  # every pass says what it did or why not
