@@ -11,7 +11,7 @@ import sys
 from rope_passes import __version__
 from rope_passes.errors import RopePassesError
 
-COMMANDS = ("optimize", "inspect", "check", "passes")
+COMMANDS = ("optimize", "inspect", "check", "passes", "demo")
 
 
 class _Parser(argparse.ArgumentParser):

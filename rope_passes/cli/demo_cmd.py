@@ -1,0 +1,42 @@
+"""``rope-passes demo``: the main job on the embedded tiny decoder, end to end.
+
+Builds the tiny genai-style decoder in code (no download), prints its RoPE census, optimizes it for WebGPU graph
+capture, prints the census again, and checks the rewritten model against the original (CPU reference, WebGPU,
+WebGPU with graph capture). Exit code is the checker's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+from rich.console import Console
+from rich.rule import Rule
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("demo", help="build the embedded tiny decoder, optimize it for WebGPU graph capture, check it")
+    p.add_argument("--out", help="folder for the demo models (default: a new temporary folder)")
+    p.add_argument("--steps", type=int, default=8, help="decode steps for the check (default 8)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rope_passes.cli import main
+    from rope_passes.demo import build_tiny_decoder
+
+    console = Console()
+    root = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="rope-passes-demo-"))
+    original = build_tiny_decoder(root / "tiny")
+    rewritten = root / "tiny-webgpu-graph"
+    console.print(Rule(f"1. embedded tiny decoder → {original}"))
+    main(["inspect", str(original)])
+    console.print(Rule("2. optimize --target webgpu-graph"))
+    code = main(["optimize", str(original), "-o", str(rewritten), "--target", "webgpu-graph"])
+    if code:
+        return code
+    console.print(Rule("3. the rewritten model"))
+    main(["inspect", str(rewritten)])
+    console.print(Rule("4. check: original (CPU, WebGPU) vs rewritten (WebGPU, graph capture)"))
+    return main(["check", str(original), str(rewritten), "--steps", str(args.steps), "--graph-capture"])
