@@ -1,0 +1,68 @@
+"""Pass infrastructure: onnx_ir pass protocol, reports, explicit preset order, cleanup."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from rope_passes.errors import UsageError
+from rope_passes.passes import ALL_PASSES, CleanupPass
+from rope_passes.pipeline import PRESETS, pass_names_for
+from rope_passes.report import Outcome
+
+
+def model_with_dead_code() -> ir.Model:
+    graph = helper.make_graph(
+        [
+            helper.make_node("Add", ["x", "w"], ["y"], "live"),
+            helper.make_node("Mul", ["x", "dead_w"], ["d1"], "dead1"),
+            helper.make_node("Cos", ["d1"], ["d2"], "dead2"),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])],
+        [numpy_helper.from_array(np.ones(3, np.float32), "w"), numpy_helper.from_array(np.ones(3, np.float32), "dead_w")],
+    )
+    return ir.from_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+
+
+def test_cleanup_removes_dead_nodes_and_initializers_and_reports_it():
+    model = model_with_dead_code()
+    result = CleanupPass()(model)
+    assert isinstance(result, ir.passes.PassResult) and result.model is model and result.modified
+    assert [n.name for n in model.graph] == ["live"]
+    assert list(model.graph.initializers) == ["w"]
+    r = result.report
+    assert (r.nodes_removed, r.nodes_added, r.initializers_removed) == (2, 0, 1)
+    assert r.status == "rewritten 1" and r.findings[0].outcome is Outcome.REWRITTEN
+
+
+def test_cleanup_on_clean_graph_says_why_nothing_changed():
+    model = model_with_dead_code()
+    CleanupPass()(model)
+    result = CleanupPass()(model)
+    assert not result.modified
+    assert result.report.status == "not matched: no dead nodes or initializers"
+
+
+def test_passes_work_in_an_onnx_ir_pass_manager():
+    model = model_with_dead_code()
+    manager = ir.passes.PassManager([CleanupPass()])
+    assert manager(model).modified and len(model.graph) == 1
+
+
+def test_presets_are_explicit_registered_and_end_with_cleanup():
+    for target, names in PRESETS.items():
+        assert names == pass_names_for(target, None)
+        assert all(n in ALL_PASSES for n in names), target
+        assert names[-1] == "cleanup", f"{target}: cleanup must run last to drop what earlier passes left dead"
+        assert len(set(names)) == len(names)
+
+
+def test_unknown_target_and_pass_are_usage_errors():
+    with pytest.raises(UsageError, match="unknown target 'gpu'"):
+        pass_names_for("gpu", None)
+    with pytest.raises(UsageError, match="unknown pass 'nope'"):
+        pass_names_for(None, ["cleanup", "nope"])
