@@ -1,0 +1,298 @@
+"""Decoder inputs that mean something: a real prefill + single-token decode, fed to whatever inputs a graph declares.
+
+The token sequence is the one the genai corpus's Hugging Face reference logits were computed from
+(``numpy.random.RandomState(0).randint(4, 492, size=(1, S))``, attention mask all ones, positions ``0..S-1``), so the
+CPU run of an fp32 builder graph reproduces ``ref_S8.npy``. Each graph gets exactly the inputs it declares, built from
+that one token sequence:
+
+* ``input_ids`` ``[B, S]``, or ``inputs_embeds`` ``[B, S, hidden]`` looked up in an embedding table (the table of a
+  graph that embeds its own ids, or a fixed-seed random table, see :func:`default_embedding_table`);
+* ``attention_mask`` ``[B, total]`` of ones;
+* ``position_ids`` ``[B, S]`` or ``[3, B, S]`` (three identical axes: text-only mRoPE), ``past .. past+S-1``;
+* ``past_key_values.*`` empty (``[B, kv_heads, 0, head]``) for the prefill, then the previous step's ``present.*``.
+
+Step 0 is the prefill of ``prefill`` tokens; steps 1..N feed one token each. Two graphs with different input sets
+(a rewrite that drops ``position_ids``) see the same tokens and positions.
+
+    sess = create_session("model.onnx", "webgpu")
+    spec = DecoderSpec.from_session(sess, genai_config)
+    steps = run_decode(sess, spec, token_ids(8 + 4), prefill=8, steps=4)
+    steps[0]["logits"].shape  # (1, 8, vocab); steps[1]["logits"].shape == (1, 1, vocab)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rope_passes.errors import UsageError
+
+#: Token ids of the corpus's Hugging Face references: RandomState(0).randint(TOKEN_LOW, TOKEN_HIGH).
+TOKEN_LOW, TOKEN_HIGH = 4, 492
+PAST_PREFIX, PRESENT_PREFIX = "past_key_values.", "present."
+
+ORT_DTYPES: dict[str, np.dtype] = {
+    "tensor(float)": np.dtype(np.float32),
+    "tensor(float16)": np.dtype(np.float16),
+    "tensor(double)": np.dtype(np.float64),
+    "tensor(int64)": np.dtype(np.int64),
+    "tensor(int32)": np.dtype(np.int32),
+    "tensor(int8)": np.dtype(np.int8),
+    "tensor(uint8)": np.dtype(np.uint8),
+    "tensor(bool)": np.dtype(np.bool_),
+}
+try:  # bfloat16 has no numpy dtype of its own; onnx depends on ml_dtypes, which provides one
+    import ml_dtypes
+
+    ORT_DTYPES["tensor(bfloat16)"] = np.dtype(ml_dtypes.bfloat16)
+except ImportError:  # pragma: no cover
+    pass
+
+#: onnx TensorProto element types -> onnxruntime type strings (for specs read from a model file).
+_ONNX_TO_ORT = {1: "tensor(float)", 10: "tensor(float16)", 11: "tensor(double)", 7: "tensor(int64)",
+                6: "tensor(int32)", 3: "tensor(int8)", 2: "tensor(uint8)", 9: "tensor(bool)", 16: "tensor(bfloat16)"}
+
+DECODER_INPUTS = {"input_ids", "inputs_embeds", "attention_mask", "position_ids"}
+
+
+def token_ids(total: int, seed: int = 0) -> np.ndarray:
+    """The corpus's token sequence of ``total`` tokens, ``[1, total]`` int64 (a prefix of a longer one is the same)."""
+    return np.random.RandomState(seed).randint(TOKEN_LOW, TOKEN_HIGH, size=(1, total)).astype(np.int64)
+
+
+@dataclasses.dataclass(frozen=True)
+class InputSpec:
+    """One graph input as onnxruntime declares it: dims are ints, symbolic names (str) or None."""
+
+    name: str
+    type: str  # onnxruntime spelling, e.g. "tensor(float16)"
+    shape: tuple[int | str | None, ...]
+
+    @property
+    def dtype(self) -> np.dtype:
+        if self.type not in ORT_DTYPES:
+            raise UsageError(f"input {self.name!r} has type {self.type}, which the checker cannot synthesise")
+        return ORT_DTYPES[self.type]
+
+
+def _specs_from_model(model: Any) -> tuple[list[InputSpec], list[str]]:
+    import onnx
+
+    if not isinstance(model, onnx.ModelProto):
+        model = onnx.load(str(model), load_external_data=False)
+    init = {t.name for t in model.graph.initializer}
+    ins = []
+    for v in model.graph.input:
+        if v.name in init:
+            continue
+        tt = v.type.tensor_type
+        dims = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim)
+        ins.append(InputSpec(v.name, _ONNX_TO_ORT.get(tt.elem_type, f"elem_type({tt.elem_type})"), dims))
+    return ins, [o.name for o in model.graph.output]
+
+
+@dataclasses.dataclass
+class DecoderSpec:
+    """What a graph declares, plus the sizes needed to synthesise its inputs."""
+
+    inputs: list[InputSpec]
+    outputs: list[str]
+    head_size: int | None = None  # from genai_config.json when the graph's dims are symbolic
+    dims: dict[str, int] = dataclasses.field(default_factory=dict)  # user-given sizes for symbolic dims
+    embedding_table: np.ndarray | None = None  # [vocab, hidden] for inputs_embeds graphs
+
+    @classmethod
+    def from_session(cls, sess: Any, genai_config: Mapping | None = None, **kw: Any) -> DecoderSpec:
+        ins = [InputSpec(i.name, i.type, tuple(i.shape)) for i in sess.get_inputs()]
+        return cls(ins, [o.name for o in sess.get_outputs()], head_size=_head_size(genai_config), **kw)
+
+    @classmethod
+    def from_model(cls, model: Any, genai_config: Mapping | None = None, **kw: Any) -> DecoderSpec:
+        """From an ``onnx.ModelProto`` or a model path (weights are not read)."""
+        ins, outs = _specs_from_model(model)
+        return cls(ins, outs, head_size=_head_size(genai_config), **kw)
+
+    @property
+    def names(self) -> list[str]:
+        return [i.name for i in self.inputs]
+
+    @property
+    def is_decoder(self) -> bool:
+        """True for LLM decoder graphs: ids or embeddings plus an attention mask (a KV cache is optional)."""
+        names = set(self.names)
+        return bool(names & {"input_ids", "inputs_embeds"}) and "attention_mask" in names
+
+    @property
+    def past_names(self) -> list[str]:
+        return [n for n in self.names if n.startswith(PAST_PREFIX)]
+
+    def present_name(self, past: str) -> str:
+        return PRESENT_PREFIX + past[len(PAST_PREFIX):]
+
+    def input(self, name: str) -> InputSpec | None:
+        return next((i for i in self.inputs if i.name == name), None)
+
+
+def _head_size(genai_config: Mapping | None) -> int | None:
+    if not genai_config:
+        return None
+    dec = genai_config.get("model", {}).get("decoder", {})
+    if dec.get("head_size"):
+        return int(dec["head_size"])
+    if dec.get("hidden_size") and dec.get("num_attention_heads"):
+        return int(dec["hidden_size"]) // int(dec["num_attention_heads"])
+    return None
+
+
+def default_embedding_table(width: int, dtype: np.dtype = np.dtype(np.float32), seed: int = 0) -> np.ndarray:
+    """A fixed-seed ``[TOKEN_HIGH, width]`` table, N(0, 0.02) like a fresh HF ``embed_tokens`` (same for every graph)."""
+    table = np.random.RandomState(seed).standard_normal((TOKEN_HIGH, width)) * 0.02
+    return table.astype(dtype)
+
+
+def embedding_table(model: str | Path) -> np.ndarray | None:
+    """The token embedding table of a graph that embeds its own ``input_ids`` (a ``Gather(table, input_ids)``).
+
+    Used to feed an ``inputs_embeds`` graph the embeddings its ``input_ids`` sibling computes, e.g. the corpus's
+    ``current/qwen25_vl/cpu_fp32`` table for ``legacy/qwen25_vl/cpu_fp32``: the checkpoint's own embeddings, which is
+    what the Hugging Face reference logits used. A ``.npy`` file is read as the table itself.
+    """
+    path = Path(model)
+    if path.suffix == ".npy":
+        return np.load(path)
+    import onnx_ir as ir
+
+    from rope_passes.io import load_model
+
+    m = load_model(path)
+    for node in ir.traversal.RecursiveGraphIterator(m.graph):
+        if node.op_type != "Gather" or len(node.inputs) < 2 or node.inputs[1] is None:
+            continue
+        if node.inputs[1].name != "input_ids" or node.inputs[0] is None:
+            continue
+        tensor = node.inputs[0].const_value
+        if tensor is not None:
+            return np.asarray(tensor.numpy())
+    return None
+
+
+def _dim(spec: InputSpec, axis: int, known: Mapping[str, int], what: str) -> int:
+    d = spec.shape[axis] if axis < len(spec.shape) else None
+    if isinstance(d, int) and d > 0:
+        return d
+    if isinstance(d, str) and d in known:
+        return int(known[d])
+    raise UsageError(
+        f"cannot size {spec.name} axis {axis} ({d or '?'}, the {what}): give it with --dim {d or 'NAME'}=VALUE"
+    )
+
+
+def step_feeds(
+    spec: DecoderSpec,
+    tokens: np.ndarray,
+    past_len: int,
+    past: Mapping[str, np.ndarray] | None = None,
+) -> dict[str, np.ndarray]:
+    """The feeds for one call that processes ``tokens`` (``[1, S]``) after ``past_len`` cached tokens.
+
+    ``past`` maps ``past_key_values.*`` to the previous ``present.*`` (None: empty cache, for the prefill).
+    """
+    seq = tokens.shape[1]
+    total = past_len + seq
+    feeds: dict[str, np.ndarray] = {}
+    for i in spec.inputs:
+        name, dtype = i.name, i.dtype
+        if name == "input_ids":
+            feeds[name] = tokens.astype(dtype)
+        elif name == "inputs_embeds":
+            width = _dim(i, 2, spec.dims, "hidden size")
+            table = spec.embedding_table
+            if table is None:
+                table = default_embedding_table(width)
+            if table.shape[-1] != width:
+                raise UsageError(f"the embedding table is {table.shape[-1]} wide but {name} takes {width}")
+            feeds[name] = table[tokens].astype(dtype)
+        elif name == "attention_mask":
+            feeds[name] = np.ones((tokens.shape[0], total), dtype)
+        elif name == "position_ids":
+            pos = np.broadcast_to(np.arange(past_len, total, dtype=dtype), tokens.shape)
+            if len(i.shape) == 3:  # [3, B, S]: text-only mRoPE, three identical axes
+                pos = np.broadcast_to(pos, (i.shape[0] if isinstance(i.shape[0], int) else 3, *tokens.shape))
+            feeds[name] = np.ascontiguousarray(pos)
+        elif name.startswith(PAST_PREFIX):
+            if past is not None and name in past:
+                feeds[name] = past[name]
+            else:
+                if past_len:
+                    raise UsageError(f"no cache for {name} at past length {past_len}")
+                kv_heads = _dim(i, 1, spec.dims, "number of KV heads")
+                known = dict(spec.dims)
+                if spec.head_size and isinstance(i.shape[3], str):
+                    known.setdefault(i.shape[3], spec.head_size)
+                head = _dim(i, 3, known, "head size")
+                feeds[name] = np.zeros((tokens.shape[0], kv_heads, 0, head), dtype)
+        else:
+            raise UsageError(f"the decoder input {name!r} is not one the checker knows how to synthesise")
+    return feeds
+
+
+def run_decode(
+    session: Any,
+    spec: DecoderSpec,
+    tokens: np.ndarray,
+    prefill: int,
+    steps: int,
+    on_step: Callable[[int], None] | None = None,
+) -> list[dict[str, np.ndarray]]:
+    """Prefill ``tokens[:, :prefill]``, then ``steps`` single-token steps; every output of every call, step 0 first.
+
+    ``present.*`` of a call is fed back as ``past_key_values.*`` of the next. ``tokens`` needs ``prefill + steps``
+    columns (use :func:`token_ids`).
+    """
+    if tokens.shape[1] < prefill + steps:
+        raise UsageError(f"{tokens.shape[1]} tokens for a prefill of {prefill} and {steps} steps")
+    results: list[dict[str, np.ndarray]] = []
+    past: dict[str, np.ndarray] | None = None
+    past_len = 0
+    for step in range(steps + 1):
+        chunk = tokens[:, :prefill] if step == 0 else tokens[:, past_len:past_len + 1]
+        feeds = step_feeds(spec, chunk, past_len, past)
+        outs = dict(zip(spec.outputs, session.run(spec.outputs, feeds)))
+        results.append(outs)
+        past = {p: outs[spec.present_name(p)] for p in spec.past_names if spec.present_name(p) in outs}
+        past_len += chunk.shape[1]
+        if on_step is not None:
+            on_step(step)
+    return results
+
+
+def random_feeds(spec: DecoderSpec, seed: int = 0) -> dict[str, np.ndarray]:
+    """Fixed-seed inputs for a graph that is not a decoder: symbolic dims come from ``spec.dims`` (``--dim``)."""
+    rng = np.random.RandomState(seed)
+    feeds = {}
+    for i in spec.inputs:
+        shape = tuple(_dim(i, a, spec.dims, "symbolic dimension") for a in range(len(i.shape)))
+        dtype = i.dtype
+        if dtype.kind == "f" or dtype.name == "bfloat16":
+            feeds[i.name] = rng.standard_normal(shape).astype(dtype)
+        elif dtype.kind == "b":
+            feeds[i.name] = rng.randint(0, 2, size=shape).astype(dtype)
+        else:
+            feeds[i.name] = rng.randint(0, 8, size=shape).astype(dtype)
+    return feeds
+
+
+def parse_dims(items: Sequence[str] | None) -> dict[str, int]:
+    """``["batch=1", "seq=8"]`` -> ``{"batch": 1, "seq": 8}`` (the CLI's ``--dim name=value``)."""
+    out = {}
+    for item in items or ():
+        m = re.fullmatch(r"\s*([^=\s]+)\s*=\s*(\d+)\s*", item)
+        if not m:
+            raise UsageError(f"--dim takes name=value with a positive integer value, got {item!r}")
+        out[m.group(1)] = int(m.group(2))
+    return out
