@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from rope_passes.passes.base import RopePass, RopePassResult
 from rope_passes.passes.cleanup import CleanupPass
+from rope_passes.passes.fold_text_mrope import FoldTextMRoPEPass
+from rope_passes.passes.lower_mrope import LowerMRoPEPass
 
-ALL_PASSES: dict[str, type[RopePass]] = {cls.name: cls for cls in (CleanupPass,)}
+ALL_PASSES: dict[str, type[RopePass]] = {cls.name: cls for cls in (FoldTextMRoPEPass, LowerMRoPEPass, CleanupPass)}
 
 
 def register(cls: type[RopePass]) -> type[RopePass]:
@@ -18,4 +20,4 @@ def register(cls: type[RopePass]) -> type[RopePass]:
     return cls
 
 
-__all__ = ["ALL_PASSES", "CleanupPass", "RopePass", "RopePassResult", "register"]
+__all__ = ["ALL_PASSES", "CleanupPass", "FoldTextMRoPEPass", "LowerMRoPEPass", "RopePass", "RopePassResult", "register"]

@@ -1,0 +1,152 @@
+"""``lower-mrope``: replace ``com.microsoft::MRotaryEmbedding`` with standard ops + ``com.microsoft::RotaryEmbedding``.
+
+onnxruntime-webgpu 1.27 has no MRotaryEmbedding kernel (the builder 0.18 Qwen2.5-VL/Qwen3-VL/Qwen3.5 graphs do not
+even load), but it runs RotaryEmbedding. For every MRotaryEmbedding the pass builds, once per distinct
+(positions, caches, sections, layout, scale):
+
+* ``axis = [t/h/w axis of column c]`` (a constant from ``mrope_section``/``mrope_layout``, onnxruntime's own
+  column assignment, see :func:`rope_passes.analysis.mrope.axis_of_columns`);
+* ``pos_tok = Reshape(Transpose(Gather(position_ids, axis, axis=0), [1,2,0]), [-1, half])`` — for token
+  ``(b, s)`` and column ``c`` the position of the axis that owns ``c``;
+* ``cos_tok = GatherElements(cos_cache, pos_tok, axis=0)`` (same for sin): the per-token ``[B*S, half]`` rows
+  MRotaryEmbedding would combine;
+* the token index ``Reshape(Range(0, B*S), [B, S])`` as RotaryEmbedding's position_ids, so token (b, s) reads its
+  own row;
+
+then ``RotaryEmbedding(x, token_index, cos_tok, sin_tok)`` with the node's ``interleaved``, ``num_heads`` and
+``rotary_embedding_dim``. A ``scale`` other than 1 is folded into scaled copies of the caches.
+
+**Exact**: the same cos/sin values reach the same rotation for any positions (distinct t/h/w included); it is
+the builder 0.15.2 formulation of mRoPE, which onnxruntime 1.27 runs on CPU and WebGPU. The token index and the
+``Shape`` it needs run on CPU, so the lowered graph is for users who need images, not for graph capture (for
+text prompts use ``fold-text-mrope`` first).
+
+**Refuses**: ``is_packed_batching=1``; caches that are not ``[max_pos, half]`` with ``half`` = sum of the
+sections; position_ids that are not int64 ``[3, B, S]``. A model without MRotaryEmbedding comes out unchanged.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+from rope_passes.analysis.graph import MS_DOMAIN, attr, nodes_of
+from rope_passes.analysis.mrope import Mismatch, axis_of_columns
+from rope_passes.passes.base import RopePass
+from rope_passes.passes.fold_text_mrope import add_initializer, remove_dead
+from rope_passes.report import PassReport
+
+
+class LowerMRoPEPass(RopePass):
+    name = "lower-mrope"
+    summary = "replace MRotaryEmbedding by per-token cos/sin gathers + RotaryEmbedding (runs on onnxruntime-webgpu 1.27)"
+
+    def apply(self, model: ir.Model, report: PassReport) -> None:
+        graph = model.graph
+        nodes = nodes_of(graph, "MRotaryEmbedding", MS_DOMAIN)
+        if not nodes:
+            report.not_matched("<model>", "no com.microsoft::MRotaryEmbedding node")
+            return
+        shared: dict[tuple, tuple[ir.Value, ir.Value, ir.Value]] = {}
+        old: list[ir.Value] = []
+        for node in nodes:
+            if node.graph is not graph:
+                report.not_matched(node.name, "MRotaryEmbedding inside a subgraph is not lowered")
+                continue
+            try:
+                key, half, sections, layout, scale = self._check(node)
+            except Mismatch as exc:
+                report.refused(node.name, str(exc))
+                continue
+            if key not in shared:
+                shared[key] = self._per_token_tables(graph, node, half, sections, layout, scale)
+            token_index, cos_tok, sin_tok = shared[key]
+            attrs = {"interleaved": int(attr(node, "interleaved", 0) or 0)}
+            if attr(node, "num_heads"):
+                attrs["num_heads"] = int(attr(node, "num_heads"))
+            if attr(node, "rotary_embedding_dim"):
+                attrs["rotary_embedding_dim"] = int(attr(node, "rotary_embedding_dim"))
+            rope = ir.node(
+                "RotaryEmbedding",
+                [node.inputs[0], token_index, cos_tok, sin_tok],
+                attrs,
+                domain=MS_DOMAIN,
+                name=f"{node.name}/lowered/RotaryEmbedding",
+            )
+            out = rope.outputs[0]
+            out.name = f"{node.outputs[0].name}/lowered"
+            out.dtype, out.shape = node.outputs[0].dtype, node.outputs[0].shape
+            graph.insert_before(node, rope)
+            ir.convenience.replace_all_uses_with(node.outputs[0], out)
+            if node.outputs[0].is_graph_output():
+                idx = graph.outputs.index(node.outputs[0])
+                graph.outputs[idx] = out
+            old.extend(node.outputs)
+            report.rewritten(
+                node.name,
+                f"lowered to RotaryEmbedding with per-token cos/sin (sections {sections}, layout {layout})",
+                sections=sections,
+                layout=layout,
+            )
+        if old:
+            remove_dead(graph, old)
+            if MS_DOMAIN not in model.opset_imports:
+                model.opset_imports[MS_DOMAIN] = 1
+
+    @staticmethod
+    def _check(node: ir.Node):
+        if int(attr(node, "is_packed_batching", 0) or 0):
+            raise Mismatch("is_packed_batching=1 (packed batches) is not supported")
+        pos, cos, sin = node.inputs[1], node.inputs[2], node.inputs[3]
+        if pos is None or pos.dtype != ir.DataType.INT64:
+            raise Mismatch("position_ids is not an int64 tensor")
+        if pos.shape is not None and (len(pos.shape) != 3 or pos.shape[0] != 3):
+            raise Mismatch(f"position_ids has shape {pos.shape}, not [3, batch, seq]")
+        if cos is None or sin is None or cos.shape is None or len(cos.shape) != 2 or not isinstance(cos.shape[1], int):
+            raise Mismatch("cos_cache is not a 2D [max_pos, half] tensor with a static width")
+        half = cos.shape[1]
+        sections = [int(s) for s in (attr(node, "mrope_section") or [])]
+        layout = int(attr(node, "mrope_layout", 0) or 0)
+        if len(sections) != 3 or sum(sections) != half:
+            raise Mismatch(f"mrope_section {sections} does not sum to the cache width {half}")
+        axis_of_columns(sections, layout, half)
+        scale = float(attr(node, "scale", 1.0) or 1.0)
+        return (id(pos), id(cos), id(sin), tuple(sections), layout, scale), half, sections, layout, scale
+
+    @staticmethod
+    def _per_token_tables(graph, node, half, sections, layout, scale):
+        pos, cos, sin = node.inputs[1], node.inputs[2], node.inputs[3]
+        base = f"{node.name}/lowered"
+        nodes: list[ir.Node] = []
+
+        def op(op_type, inputs, attrs=None, name="", dtype=None, shape=None):
+            n = ir.node(op_type, inputs, attrs or {}, name=f"{base}/{name or op_type}")
+            n.outputs[0].name = f"{base}/{name or op_type}/output_0"
+            if dtype is not None:
+                n.outputs[0].dtype = dtype
+            if shape is not None:
+                n.outputs[0].shape = ir.Shape(shape)
+            nodes.append(n)
+            return n.outputs[0]
+
+        if scale != 1.0:
+            cos = add_initializer(graph, f"{cos.name}_scaled", (cos.const_value.numpy().astype(np.float32) * scale).astype(cos.const_value.numpy().dtype))
+            sin = add_initializer(graph, f"{sin.name}_scaled", (sin.const_value.numpy().astype(np.float32) * scale).astype(sin.const_value.numpy().dtype))
+        axis = add_initializer(graph, f"{base}/axis_of_column", axis_of_columns(sections, layout, half))
+        flat_shape = add_initializer(graph, f"{base}/flat_shape", np.array([-1, half], np.int64))
+        i64 = ir.DataType.INT64
+        per_col = op("Gather", [pos, axis], {"axis": 0}, "pos_per_column", i64)  # [half, B, S]
+        per_tok = op("Transpose", [per_col], {"perm": [1, 2, 0]}, "pos_per_token", i64)  # [B, S, half]
+        flat = op("Reshape", [per_tok, flat_shape], name="pos_flat", dtype=i64, shape=["tokens", half])
+        cos_tok = op("GatherElements", [cos, flat], {"axis": 0}, "cos_per_token", cos.dtype, ["tokens", half])
+        sin_tok = op("GatherElements", [sin, flat], {"axis": 0}, "sin_per_token", sin.dtype, ["tokens", half])
+        # token index Reshape(Range(0, B*S), [B, S]): token (b, s) reads row b*S + s of the per-token tables
+        bs = op("Shape", [pos], {"start": 1, "end": 3}, "batch_seq", i64, [2])
+        total = op("ReduceProd", [bs], {"keepdims": 0}, "tokens", i64, [])
+        zero = add_initializer(graph, f"{base}/zero", np.array(0, np.int64))
+        one = add_initializer(graph, f"{base}/one", np.array(1, np.int64))
+        rng = op("Range", [zero, total, one], name="token_range", dtype=i64, shape=["tokens"])
+        token_index = op("Reshape", [rng, bs], name="token_index", dtype=i64, shape=["batch", "seq"])
+        for n in nodes:
+            graph.insert_before(node, n)
+        return token_index, cos_tok, sin_tok
