@@ -6,12 +6,13 @@ Errors caused by input (bad file, bad option) print one line ``rope-passes: erro
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from rope_passes import __version__
 from rope_passes.errors import RopePassesError
 
-COMMANDS = ("optimize", "inspect", "check", "passes", "demo")
+COMMANDS = ("optimize", "inspect", "check", "lint", "passes", "demo")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -58,6 +59,13 @@ def main(argv: list[str] | None = None) -> int:
     except MemoryError:
         print("rope-passes: error: out of memory", file=sys.stderr)
         return 2
+    except Exception as exc:  # a bug of ours: one line for users, the traceback on request
+        if os.environ.get("ROPE_PASSES_DEBUG"):
+            raise
+        detail = " ".join(str(exc).split())[:300]
+        print(f"rope-passes: internal error: {type(exc).__name__}: {detail} "
+              "(please report it; set ROPE_PASSES_DEBUG=1 for the traceback)", file=sys.stderr)
+        return 3
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,1 +1,59 @@
-"""Graph lint rules (rule code, message, explanation, fix)."""
+"""Graph lint: rules with a code, message, explanation and fix (``rope-passes lint``).
+
+    from rope_passes.lint import lint_bundle
+    for d in lint_bundle("model_dir"):
+        print(d.code, d.message)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from rope_passes.lint.core import RULES, Diagnostic, LintContext, Rule, Severity, run_rules
+
+
+def _context(bundle) -> LintContext:
+    from rope_passes.lint import rules as _rules  # noqa: F401  (registers the rules)
+
+    census = None
+    try:
+        from rope_passes.analysis.census import census as make_census
+
+        census = make_census(bundle.model, bundle.genai_config)
+    except ImportError:
+        pass
+    return LintContext(bundle.model, bundle.genai_config, census, str(bundle.model_path))
+
+
+def lint_bundle(path_or_bundle: Any, select: Iterable[str] | None = None, ignore: Iterable[str] = ()) -> list[Diagnostic]:
+    """Lint a model file/folder (or a loaded ModelBundle)."""
+    from rope_passes.io import ModelBundle, load_bundle
+
+    bundle = path_or_bundle if isinstance(path_or_bundle, ModelBundle) else load_bundle(path_or_bundle)
+    return run_rules(_context(bundle), select, ignore)
+
+
+def fix_bundle(path: str, *, options: dict | None = None, select: Iterable[str] | None = None,
+               ignore: Iterable[str] = (), log: Callable[[str], None] = print) -> list[str]:
+    """Rewrite ``path`` in place with the passes that fix its diagnostics (in pipeline order); returns them."""
+    from rope_passes.io import load_bundle, save_bundle
+    from rope_passes.pipeline import PRESETS, run_pipeline
+
+    bundle = load_bundle(path)
+    found = run_rules(_context(bundle), select, ignore)
+    wanted = {d.fix for d in found if d.fix}
+    if not wanted:
+        return []
+    order = [n for n in PRESETS["webgpu-graph"] if n in wanted] + sorted(wanted - set(PRESETS["webgpu-graph"]))
+    if "cleanup" not in order:
+        order.append("cleanup")
+    report = run_pipeline(bundle, passes=order, options=options)
+    for p in report.passes:
+        log(f"{path}: {p.pass_name}: {p.status}")
+    if report.modified or any(d.code == "RP001" for d in found):  # saving is RP001's fix (IR version capped)
+        save_bundle(bundle, None, in_place=True)
+    return order
+
+
+__all__ = ["RULES", "Diagnostic", "LintContext", "Rule", "Severity", "fix_bundle", "lint_bundle", "run_rules"]

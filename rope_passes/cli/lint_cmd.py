@@ -1,0 +1,61 @@
+"""``rope-passes lint MODEL... [--format text|json|github|sarif] [--fix] [--select/--ignore CODES]``.
+
+Exit 0: no problem at or above ``--fail-on`` (default: warning); 1: problems found; 2: a model could not be read.
+``--fix`` rewrites each model in place (atomically) with the passes that fix what was found, then lints again and
+reports what is left.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from rope_passes.lint import fix_bundle, lint_bundle
+from rope_passes.lint.core import RULES, Severity
+from rope_passes.lint.formats import FORMATS
+
+ORDER = {Severity.NOTE: 0, Severity.WARNING: 1, Severity.ERROR: 2}
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("lint", help="lint models for WebGPU RoPE problems (rule codes, --fix, CI formats)")
+    p.add_argument("models", nargs="*", help="model files or folders")
+    p.add_argument("--format", default="text", choices=sorted(FORMATS))
+    p.add_argument("--output", "-o", help="write the report to this file instead of stdout")
+    p.add_argument("--fix", action="store_true", help="apply the fixing passes in place, then lint again")
+    p.add_argument("--text-only", action="store_true", help="with --fix: allow folding 3D-position mRoPE")
+    p.add_argument("--select", help="comma-separated rule codes to run (default: all)")
+    p.add_argument("--ignore", help="comma-separated rule codes to skip")
+    p.add_argument("--fail-on", default="warning", choices=[s.value for s in Severity],
+                   help="lowest severity that makes the exit code 1 (default: warning)")
+    p.add_argument("--list-rules", action="store_true", help="print the rules and exit")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.list_rules:
+        for r in sorted(RULES.values(), key=lambda r: r.code):
+            fix = f" [fix: {r.fix}]" if r.fix else ""
+            print(f"{r.code} {r.name} ({r.severity}){fix}\n    {r.summary}\n    {r.explanation}")
+        return 0
+    if not args.models:
+        from rope_passes.errors import UsageError
+
+        raise UsageError("no model given (rope-passes lint MODEL...)")
+    select = args.select.split(",") if args.select else None
+    ignore = args.ignore.split(",") if args.ignore else ()
+    results = {}
+    for path in args.models:
+        if args.fix:
+            fix_bundle(path, options={"text_only": args.text_only}, select=select, ignore=ignore,
+                       log=lambda m: print(m, file=sys.stderr))
+        results[path] = lint_bundle(path, select=select, ignore=ignore)
+    text = FORMATS[args.format](results)
+    if args.output:
+        with open(args.output, "w") as f:
+            f.write(text + "\n")
+    elif text:
+        print(text)
+    threshold = ORDER[Severity(args.fail_on)]
+    failing = any(ORDER[d.severity] >= threshold for diags in results.values() for d in diags)
+    return 1 if failing else 0

@@ -1,0 +1,83 @@
+"""Lint rules: each has a code, a name, a message, an explanation and (where one exists) a fix.
+
+A rule is a function from a :class:`LintContext` to diagnostics, registered with :func:`rule`. A fix is the name of
+a rope-passes pass: ``rope-passes lint --fix`` runs the passes that fix what was found, in pipeline order, and
+lints again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import onnx_ir as ir
+
+
+class Severity(str, enum.Enum):
+    ERROR = "error"  # the model will not load or computes wrong results on the target
+    WARNING = "warning"  # it runs, but a documented target feature (graph capture) is blocked or degraded
+    NOTE = "note"  # something a user should know (e.g. WebGPU-only output)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclasses.dataclass
+class Diagnostic:
+    code: str
+    severity: Severity
+    message: str
+    target: str  # node or value name, or "<model>"
+    fix: str | None = None  # pass name that fixes it
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"code": self.code, "severity": str(self.severity), "message": self.message, "target": self.target,
+                "fix": self.fix}
+
+
+@dataclasses.dataclass
+class LintContext:
+    model: ir.Model
+    genai_config: dict | None
+    census: Any  # rope_passes.analysis.census.RopeCensus
+    path: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    code: str
+    name: str
+    severity: Severity
+    summary: str
+    explanation: str
+    fix: str | None
+    check: Callable[[LintContext], Iterable[tuple[str, str]]]  # yields (target, message)
+
+
+RULES: dict[str, Rule] = {}
+
+
+def rule(code: str, name: str, severity: Severity, summary: str, explanation: str, fix: str | None = None):
+    """Register ``check(ctx) -> Iterable[(target, message)]`` as a lint rule."""
+
+    def register(check: Callable[[LintContext], Iterable[tuple[str, str]]]):
+        if code in RULES:
+            raise ValueError(f"duplicate lint rule code {code}")
+        RULES[code] = Rule(code, name, severity, summary, " ".join(explanation.split()), fix, check)
+        return check
+
+    return register
+
+
+def run_rules(ctx: LintContext, select: Iterable[str] | None = None, ignore: Iterable[str] = ()) -> list[Diagnostic]:
+    selected = set(select) if select else set(RULES)
+    out = []
+    for code in sorted(RULES):
+        r = RULES[code]
+        if code not in selected or code in set(ignore):
+            continue
+        for target, message in r.check(ctx):
+            out.append(Diagnostic(code, r.severity, message, target, r.fix))
+    return out

@@ -1,0 +1,210 @@
+"""The lint rules. Codes: RP0xx loading on onnxruntime-webgpu, RP1xx mRoPE, RP2xx graph capture, RP3xx rotary caches.
+
+Each rule is a small function over the graph (and the RoPE census); its registration states code, name, severity,
+summary, explanation and the pass that fixes it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import onnx_ir as ir
+
+from rope_passes.analysis.graph import MS_DOMAIN, ancestors, attr, iter_nodes, nodes_of
+from rope_passes.io import MAX_IR_VERSION
+from rope_passes.lint.core import LintContext, Severity, rule
+
+Found = Iterator[tuple[str, str]]
+
+
+def _gqa(ctx: LintContext) -> list[ir.Node]:
+    return nodes_of(ctx.model, "GroupQueryAttention", MS_DOMAIN)
+
+
+def _decoder(ctx: LintContext) -> dict:
+    return ((ctx.genai_config or {}).get("model") or {}).get("decoder") or {}
+
+
+def _context_length(ctx: LintContext) -> int | None:
+    model = (ctx.genai_config or {}).get("model") or {}
+    return model.get("context_length")
+
+
+def _provider_options(ctx: LintContext) -> dict[str, str]:
+    merged: dict[str, str] = {}
+    for entry in (_decoder(ctx).get("session_options") or {}).get("provider_options") or []:
+        for opts in entry.values():
+            merged.update({k: str(v) for k, v in (opts or {}).items()})
+    return merged
+
+
+@rule("RP001", "ir-version-unsupported", Severity.ERROR,
+      "IR version newer than onnxruntime 1.27 accepts",
+      """onnxruntime 1.27 loads IR versions up to 13; onnx 1.23 saves 14 by default, which fails with
+      'max supported IR version: 13'. Saving through rope-passes caps the IR version at 13.""",
+      fix="cleanup")
+def ir_version(ctx: LintContext) -> Found:
+    if (ctx.model.ir_version or 0) > MAX_IR_VERSION:
+        yield "<model>", f"IR version {ctx.model.ir_version} > {MAX_IR_VERSION}: onnxruntime 1.27 will not load it"
+
+
+@rule("RP002", "gqa-input-count", Severity.ERROR,
+      "GroupQueryAttention with more inputs than onnxruntime 1.27 accepts",
+      """GroupQueryAttention in onnxruntime 1.27 takes 7 to 14 inputs. Builders that fuse q/k-norm into GQA
+      (16 inputs) produce graphs 1.27 refuses to load; rebuild without that fusion.""")
+def gqa_inputs(ctx: LintContext) -> Found:
+    for node in _gqa(ctx):
+        if len(node.inputs) > 14:
+            yield node.name or "GroupQueryAttention", f"GroupQueryAttention has {len(node.inputs)} inputs (1.27 accepts 7..14)"
+
+
+@rule("RP101", "mrotary-embedding-unsupported", Severity.ERROR,
+      "com.microsoft::MRotaryEmbedding cannot be loaded by onnxruntime-webgpu 1.27",
+      """onnxruntime 1.27 has no MRotaryEmbedding kernel on any EP, so the graph fails to load. `lower-mrope`
+      replaces it with standard ops + RotaryEmbedding (full 3-axis semantics); for text-only use,
+      `fold-text-mrope --text-only` folds it into GroupQueryAttention.""",
+      fix="lower-mrope")
+def mrotary(ctx: LintContext) -> Found:
+    for node in nodes_of(ctx.model, "MRotaryEmbedding", MS_DOMAIN):
+        yield node.name or "MRotaryEmbedding", "MRotaryEmbedding is not registered in onnxruntime 1.27"
+
+
+@rule("RP102", "text-mrope-not-folded", Severity.WARNING,
+      "mRoPE with provably text-only positions computed at run time",
+      """The graph takes 2D position ids and tiles them to three identical mRoPE axes, so its mRoPE equals plain
+      1D RoPE. The manual cos/sin subgraph costs time and its Shape paths force Memcpy, blocking graph capture.
+      `fold-text-mrope` folds it into GroupQueryAttention (do_rotary=1) exactly.""",
+      fix="fold-text-mrope")
+def text_mrope(ctx: LintContext) -> Found:
+    if ctx.census is None:
+        return
+    facts = ctx.census.to_dict()
+    if "manual-mrope" not in facts.get("flavours", []):
+        return
+    for pos in facts.get("positions") or []:
+        if pos.get("tiled_to_3d"):
+            yield pos["name"], f"manual mRoPE over 2D {pos['name']} tiled to 3 identical axes: foldable into GQA"
+
+
+@rule("RP103", "vl-mrope-text-use", Severity.NOTE,
+      "mRoPE with 3D position ids from the caller",
+      """Positions arrive as [3, batch, seq] from outside, so the graph cannot prove they are text-only.
+      Folding mRoPE into GroupQueryAttention is exact only for text prompts: use
+      `rope-passes optimize --text-only` for a text-only deployment, otherwise keep (or lower) the mRoPE.""")
+def vl_mrope(ctx: LintContext) -> Found:
+    if ctx.census is None:
+        return
+    facts = ctx.census.to_dict()
+    if not {"manual-mrope", "mrotary-embedding"} & set(facts.get("flavours", [])):
+        return
+    for pos in facts.get("positions") or []:
+        if pos.get("rank") == 3:
+            yield pos["name"], f"{pos['name']} is a [3,B,S] input: mRoPE folds into GQA only with --text-only"
+
+
+@rule("RP201", "total-seq-from-shape", Severity.WARNING,
+      "total_sequence_length computed from Shape on CPU",
+      """GroupQueryAttention's total_sequence_length comes from Shape(attention_mask) → Gather → Cast. Shape
+      outputs live on the CPU, so onnxruntime inserts a Memcpy and WebGPU graph capture is refused.
+      `total-seq-on-gpu` computes it from the mask on the GPU (ReduceSum / ReduceMax), as builders do for
+      enable_webgpu_graph.""",
+      fix="total-seq-on-gpu")
+def total_seq(ctx: LintContext) -> Found:
+    for node in _gqa(ctx):
+        if len(node.inputs) > 6 and node.inputs[6] is not None:
+            shapes = [n for n in ancestors([node.inputs[6]]) if n.op_type == "Shape"]
+            if shapes:
+                src = shapes[0].inputs[0].name if shapes[0].inputs[0] is not None else "?"
+                yield node.name or "GroupQueryAttention", f"total_sequence_length comes from Shape({src}) on CPU"
+
+
+@rule("RP202", "control-flow-blocks-capture", Severity.WARNING,
+      "If/Loop/Scan nodes: WebGPU graph capture refused",
+      """onnxruntime refuses enableGraphCapture when the graph has control flow. Builders emit
+      If(Greater(total_len, original_max)) to switch LongRoPE cos/sin caches; `longrope-concat` replaces it
+      with one concatenated table and records multiRotaryCacheConcatOffset.""",
+      fix="longrope-concat")
+def control_flow(ctx: LintContext) -> Found:
+    for node in ctx.model.graph:
+        if node.op_type in ("If", "Loop", "Scan") and node.domain in ("", "ai.onnx"):
+            yield node.name or node.op_type, f"{node.op_type} node: graph capture will be refused"
+
+
+def _concat_cache_rows(ctx: LintContext) -> tuple[ir.Node, int, int] | None:
+    """(GQA, cache rows, context length) when the GQA cache is longer than the context (a concatenated table)."""
+    context = _context_length(ctx)
+    if not context:
+        return None
+    for node in _gqa(ctx):
+        if attr(node, "do_rotary", 0) and len(node.inputs) > 7 and node.inputs[7] is not None:
+            shape = node.inputs[7].shape
+            if shape is not None and len(shape) == 2 and isinstance(shape[0], int) and shape[0] > context:
+                return node, shape[0], context
+    return None
+
+
+@rule("RP203", "concat-cache-offset-missing", Severity.ERROR,
+      "concatenated LongRoPE cache without multiRotaryCacheConcatOffset",
+      """The cos/sin cache has more rows than the context length: a [short; long] LongRoPE concatenation. Without
+      multiRotaryCacheConcatOffset in genai_config.json's WebGPU provider options, onnxruntime reads the short
+      table past the switch point and results are wrong. `annotate-cache-offset` writes it.""",
+      fix="annotate-cache-offset")
+def concat_offset(ctx: LintContext) -> Found:
+    found = _concat_cache_rows(ctx)
+    if found and not int(_provider_options(ctx).get("multiRotaryCacheConcatOffset", "0") or 0):
+        node, rows, context = found
+        yield node.name or "GroupQueryAttention", (
+            f"cos_cache has {rows} rows > context {context} (concatenated LongRoPE) and no multiRotaryCacheConcatOffset")
+
+
+@rule("RP204", "webgpu-only-cache", Severity.NOTE,
+      "concatenated LongRoPE cache: correct on WebGPU only",
+      """multiRotaryCacheConcatOffset is a WebGPU EP option; the CPU EP has none and reads the concatenated
+      table from row 0, so CPU results are wrong past the offset. Use this model with the WebGPU EP.""")
+def webgpu_only(ctx: LintContext) -> Found:
+    offset = int(_provider_options(ctx).get("multiRotaryCacheConcatOffset", "0") or 0)
+    if offset and _concat_cache_rows(ctx):
+        yield "<model>", f"multiRotaryCacheConcatOffset={offset}: CPU EP results are wrong past {offset} tokens"
+
+
+@rule("RP301", "rotary-cache-layout", Severity.ERROR,
+      "GQA cos/sin cache shape or dtype GroupQueryAttention cannot use",
+      """With do_rotary=1, GroupQueryAttention's cos_cache/sin_cache are [max_pos, rotary_dim/2] in the query's
+      dtype, with rotary_dim/2 a multiple of 8 and at most head_size/2; cos and sin must match.""")
+def cache_layout(ctx: LintContext) -> Found:
+    head = _decoder(ctx).get("head_size")
+    for node in _gqa(ctx):
+        if not attr(node, "do_rotary", 0) or len(node.inputs) < 9:
+            continue
+        cos, sin = node.inputs[7], node.inputs[8]
+        name = node.name or "GroupQueryAttention"
+        if cos is None or sin is None:
+            yield name, "do_rotary=1 but cos_cache/sin_cache are missing"
+            continue
+        if cos.shape != sin.shape or cos.dtype != sin.dtype:
+            yield name, f"cos_cache {cos.shape} {cos.dtype} and sin_cache {sin.shape} {sin.dtype} differ"
+        shape = cos.shape
+        if shape is not None and len(shape) == 2 and isinstance(shape[1], int):
+            half = shape[1]
+            if half % 8:
+                yield name, f"cos_cache has {half} columns: rotary_dim/2 must be a multiple of 8"
+            if head and half > head // 2:
+                yield name, f"cos_cache has {half} columns > head_size/2 = {head // 2}"
+        query = node.inputs[0]
+        if query is not None and query.dtype is not None and cos.dtype is not None and query.dtype != cos.dtype:
+            yield name, f"cos_cache is {cos.dtype}, query is {query.dtype}: they must match"
+
+
+@rule("RP302", "rotary-cache-short", Severity.WARNING,
+      "cos/sin cache shorter than the context length",
+      """Positions past the cache's last row have no rotation angle: GroupQueryAttention reads out of range.
+      The cache needs at least context_length rows (genai_config.json model.context_length).""")
+def cache_short(ctx: LintContext) -> Found:
+    context = _context_length(ctx)
+    if not context or any(n.op_type == "If" for n in iter_nodes(ctx.model)):
+        return  # LongRoPE If graphs switch between a short and a long table on purpose
+    for node in _gqa(ctx):
+        if attr(node, "do_rotary", 0) and len(node.inputs) > 7 and node.inputs[7] is not None:
+            shape = node.inputs[7].shape
+            if shape is not None and isinstance(shape[0], int) and shape[0] < context:
+                yield node.name or "GroupQueryAttention", f"cos_cache has {shape[0]} rows < context length {context}"

@@ -1,0 +1,97 @@
+"""Lint: each rule fires where the corpus README says the problem is, and nowhere else; formats are valid; --fix."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from rope_passes.lint import RULES, lint_bundle
+from rope_passes.lint.formats import FORMATS
+
+from conftest import GENAI, genai_models
+
+# The rule codes each corpus model must raise (from the corpus README's "how it fails today" column).
+EXPECTED = {
+    "current/llama/cpu_fp32": {"RP201"},
+    "current/llama/webgpu_fp16": {"RP201"},
+    "current/llama/webgpu_fp16_graph": set(),
+    "current/phi3_mini_128k/cpu_fp32": {"RP201", "RP202"},
+    "current/phi3_mini_128k/webgpu_fp32": {"RP201", "RP202"},
+    "current/phi3_mini_128k/webgpu_fp16_graph": {"RP204"},
+    "current/qwen25_vl/cpu_fp32": {"RP101", "RP103", "RP201"},
+    "current/qwen25_vl/webgpu_fp16": {"RP101", "RP103", "RP201"},
+    "current/qwen25_vl/webgpu_int4_graph": {"RP101", "RP103"},
+    "current/qwen3/cpu_fp32": {"RP201"},
+    "current/qwen3/webgpu_fp16": {"RP002", "RP201"},
+    "current/qwen3/webgpu_fp16_noqknormfuse": {"RP201"},
+    "current/qwen35/webgpu_fp16_graph": {"RP101", "RP103"},
+    "current/qwen35/webgpu_fp32": {"RP101", "RP103", "RP201"},
+    "legacy/qwen25_vl/cpu_fp32": {"RP103", "RP201"},
+    "legacy/qwen25_vl/webgpu_fp16_graph": {"RP103"},
+    "legacy/qwen35/cpu_fp32": {"RP103", "RP201"},
+    "legacy/qwen35/cpu_fp32_text": {"RP102", "RP201"},
+    "legacy/qwen35/webgpu_fp16_graph_text": {"RP102"},
+}
+
+
+def test_expected_table_covers_the_corpus():
+    assert sorted(EXPECTED) == genai_models()
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_rules_on_corpus(name):
+    codes = {d.code for d in lint_bundle(GENAI / name)}
+    assert codes == EXPECTED[name]
+
+
+def test_every_rule_has_code_message_explanation():
+    assert len(RULES) >= 10
+    for code, r in RULES.items():
+        assert code.startswith("RP") and len(code) == 5 and r.name and r.summary and len(r.explanation) > 60
+
+
+def test_ir_version_rule_fires_and_fixes(tmp_path):
+    import onnx
+
+    src = GENAI / "current/llama/webgpu_fp16_graph"
+    work = tmp_path / "m"
+    shutil.copytree(src, work)
+    proto = onnx.load(work / "model.onnx", load_external_data=False)
+    proto.ir_version = 14
+    onnx.save_model(proto, work / "model.onnx")
+    assert {d.code for d in lint_bundle(work)} == {"RP001"}
+    result = subprocess.run([sys.executable, "-m", "rope_passes", "lint", str(work), "--fix"], capture_output=True,
+                            text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert onnx.load(work / "model.onnx", load_external_data=False).ir_version == 13
+    assert "0 problems" in result.stdout
+
+
+def test_formats_are_machine_readable():
+    results = {"m.onnx": lint_bundle(GENAI / "current/phi3_mini_128k/cpu_fp32")}
+    data = json.loads(FORMATS["json"](results))
+    assert sorted(d["code"] for d in data["m.onnx"]) == ["RP201", "RP201", "RP202"]
+    sarif = json.loads(FORMATS["sarif"](results))
+    run = sarif["runs"][0]
+    assert sarif["version"] == "2.1.0" and run["tool"]["driver"]["name"] == "rope-passes"
+    assert [r["ruleId"] for r in run["results"]] == ["RP201", "RP201", "RP202"]
+    ids = [r["id"] for r in run["tool"]["driver"]["rules"]]
+    assert all(ids[r["ruleIndex"]] == r["ruleId"] for r in run["results"])
+    github = FORMATS["github"](results).splitlines()
+    assert len(github) == 3 and all(line.startswith("::warning file=m.onnx,title=RP20") for line in github)
+
+
+def test_cli_exit_codes():
+    clean = subprocess.run([sys.executable, "-m", "rope_passes", "lint", str(GENAI / "current/llama/webgpu_fp16_graph")],
+                           capture_output=True, text=True)
+    assert clean.returncode == 0 and "0 problems" in clean.stdout
+    dirty = subprocess.run([sys.executable, "-m", "rope_passes", "lint", "--format", "github",
+                            str(GENAI / "current/llama/cpu_fp32")], capture_output=True, text=True)
+    assert dirty.returncode == 1 and dirty.stdout.count("RP201") == 2
+    notes_only = subprocess.run([sys.executable, "-m", "rope_passes", "lint",
+                                 str(GENAI / "current/phi3_mini_128k/webgpu_fp16_graph")], capture_output=True, text=True)
+    assert notes_only.returncode == 0, "notes alone must not fail a pre-commit hook"
