@@ -1,0 +1,181 @@
+"""One decode run of one graph on one execution provider, in this process or isolated in a subprocess.
+
+A run is described by a :class:`RunSpec` (plain data, JSON-serialisable) so the same description runs in-process or in
+``python -m rope_passes.check.runner SPEC.json OUT_DIR``. Isolation matters: onnxruntime-webgpu has been seen to
+segfault on some graphs (and under graph capture); in a subprocess a crash is a reported result
+(``status="crashed"``, with the signal), not the end of the checker.
+
+The worker prints ``STEP k`` after each call so the parent can drive a progress bar, writes every output of every
+step to ``step<k>.npz`` and the outcome to ``result.json``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rope_passes.check.decode import DecoderSpec, random_feeds, run_decode, token_ids
+
+#: status values of a run
+OK, LOAD_FAILED, RUN_FAILED, CRASHED, TIMED_OUT = "ok", "load-failed", "run-failed", "crashed", "timed-out"
+
+
+@dataclasses.dataclass
+class RunSpec:
+    """What to run: a model on an EP, with a decode schedule (prefill + single-token steps)."""
+
+    label: str  # e.g. "original@cpu"
+    model: str  # path of the .onnx file
+    ep: str  # "cpu" | "webgpu"
+    prefill: int
+    steps: int
+    genai_config: dict | None = None
+    webgpu_options: dict[str, str] = dataclasses.field(default_factory=dict)
+    graph_capture: bool = False  # drive the session with fixed WebGPU buffers (see capture.py)
+    max_length: int | None = None  # static KV length under capture
+    dims: dict[str, int] = dataclasses.field(default_factory=dict)
+    embedding: str | None = None  # .npy embedding table for inputs_embeds graphs
+    seed: int = 0
+
+
+@dataclasses.dataclass
+class RunResult:
+    label: str
+    status: str
+    reason: str = ""
+    steps: list[dict[str, np.ndarray]] = dataclasses.field(default_factory=list)
+    providers: list[str] = dataclasses.field(default_factory=list)
+    wall_s: float = 0.0
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == OK
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"label": self.label, "status": self.status, "reason": self.reason, "providers": self.providers,
+                "steps_run": len(self.steps), "wall_s": round(self.wall_s, 3), "notes": self.notes}
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text[:600]
+
+
+def execute_run(spec: RunSpec, on_step: Callable[[int], None] | None = None) -> RunResult:
+    """Run ``spec`` in this process; every failure becomes a status with a one-line reason."""
+    from rope_passes.check.runtime import create_session
+
+    start = time.perf_counter()
+    result = RunResult(spec.label, OK)
+    table = np.load(spec.embedding) if spec.embedding else None
+    try:
+        if spec.graph_capture:
+            from rope_passes.check.capture import CaptureDriver
+
+            driver = CaptureDriver(spec, table)
+            result.providers = driver.providers
+        else:
+            sess = create_session(spec.model, spec.ep, webgpu_options=spec.webgpu_options)
+            result.providers = list(sess.get_providers())
+    except Exception as exc:  # noqa: BLE001 - a model that does not load is a result
+        result.status, result.reason = LOAD_FAILED, _one_line(exc)
+        result.wall_s = time.perf_counter() - start
+        return result
+    try:
+        if spec.graph_capture:
+            result.steps = driver.run(on_step=on_step)
+            result.notes.extend(driver.notes)
+        else:
+            dspec = DecoderSpec.from_session(sess, spec.genai_config, dims=dict(spec.dims), embedding_table=table)
+            if dspec.is_decoder:
+                tokens = token_ids(spec.prefill + spec.steps, spec.seed)
+                result.steps = run_decode(sess, dspec, tokens, spec.prefill, spec.steps, on_step=on_step)
+            else:
+                feeds = random_feeds(dspec, spec.seed)
+                result.steps = [dict(zip(dspec.outputs, sess.run(dspec.outputs, feeds)))]
+                if on_step:
+                    on_step(0)
+    except Exception as exc:  # noqa: BLE001
+        result.status, result.reason = RUN_FAILED, _one_line(exc)
+    result.wall_s = time.perf_counter() - start
+    return result
+
+
+def run_isolated(spec: RunSpec, on_step: Callable[[int], None] | None = None, timeout: float = 600) -> RunResult:
+    """Run ``spec`` in a subprocess; a segfault or a hang is a result (``crashed`` / ``timed-out``)."""
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="rope-check-") as tmp:
+        spec_path = Path(tmp) / "spec.json"
+        spec_path.write_text(json.dumps(dataclasses.asdict(spec)))
+        err_path = Path(tmp) / "stderr.txt"
+        with open(err_path, "w") as err:
+            proc = subprocess.Popen([sys.executable, "-m", "rope_passes.check.runner", str(spec_path), tmp],
+                                    stdout=subprocess.PIPE, stderr=err, text=True)
+            try:
+                assert proc.stdout is not None
+                for line in proc.stdout:
+                    if line.startswith("STEP ") and on_step is not None:
+                        on_step(int(line.split()[1]))
+                    if time.perf_counter() - start > timeout:
+                        raise subprocess.TimeoutExpired(proc.args, timeout)
+                rc = proc.wait(timeout=max(1.0, timeout - (time.perf_counter() - start)))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                return RunResult(spec.label, TIMED_OUT, f"no result after {timeout:.0f} s",
+                                 wall_s=time.perf_counter() - start)
+        result_path = Path(tmp) / "result.json"
+        if rc != 0 or not result_path.is_file():
+            if rc < 0:
+                try:
+                    sig = signal.Signals(-rc).name
+                except ValueError:
+                    sig = f"signal {-rc}"
+                reason = f"the onnxruntime process died with {sig}"
+            else:
+                reason = f"the worker exited with status {rc}"
+            tail = [ln for ln in err_path.read_text(errors="replace").splitlines()
+                    if ln.strip() and "maxDynamicUniformBuffersPerPipelineLayout" not in ln]
+            if tail:
+                reason += f": {' '.join(tail[-1].split())[:400]}"
+            return RunResult(spec.label, CRASHED, reason, wall_s=time.perf_counter() - start)
+        data = json.loads(result_path.read_text())
+        steps = []
+        for k in range(data.pop("n_steps")):
+            with np.load(Path(tmp) / f"step{k}.npz") as z:
+                steps.append({name: z[name] for name in z.files})
+        data.pop("steps_run", None)
+        return RunResult(steps=steps, **data)
+
+
+def _worker(spec_path: str, out_dir: str) -> int:
+    spec = RunSpec(**json.loads(Path(spec_path).read_text()))
+
+    def on_step(k: int) -> None:
+        print(f"STEP {k}", flush=True)
+
+    result = execute_run(spec, on_step)
+    for k, outs in enumerate(result.steps):
+        np.savez(os.path.join(out_dir, f"step{k}.npz"), **outs)
+    data = result.to_dict()
+    data.pop("steps_run")
+    data["wall_s"] = result.wall_s
+    data["n_steps"] = len(result.steps)
+    Path(out_dir, "result.json").write_text(json.dumps(data))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_worker(sys.argv[1], sys.argv[2]))

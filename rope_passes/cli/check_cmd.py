@@ -1,0 +1,124 @@
+"""``rope-passes check ORIGINAL REWRITTEN``: same function, step by step, on CPU and WebGPU (exit 0 / 1 / 2)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from rope_passes.errors import UsageError
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "check",
+        help="check that a rewritten model computes what the original does (CPU reference, WebGPU, capture)",
+        description="Runs the original on CPU (reference) and on WebGPU, and the rewritten model on WebGPU, through "
+        "a real prefill + decode, and compares every output at every step. Exit code: 0 equivalent, "
+        "1 not equivalent, 2 could not run.",
+    )
+    p.add_argument("original", help="original model: .onnx file or model folder (model + genai_config.json)")
+    p.add_argument("rewritten", help="rewritten model: .onnx file or model folder")
+    p.add_argument("--ep", default="webgpu", choices=("webgpu", "cpu"), help="EP of the rewritten run (default webgpu)")
+    p.add_argument("--prefill", type=int, default=8, help="prompt tokens of the first call (default 8)")
+    p.add_argument("--steps", type=int, default=4, help="single-token decode steps after it (default 4)")
+    p.add_argument("--graph-capture", action="store_true",
+                   help="also run the rewritten model under enableGraphCapture=1 (capture, then replay) and compare")
+    p.add_argument("--reference-logits", metavar="FILE.npy",
+                   help="[rows, vocab] logits to compare with (rows = positions, or one per call)")
+    p.add_argument("--embeddings", metavar="FILE",
+                   help="token embeddings for inputs_embeds graphs: a [vocab, hidden] .npy or a model that embeds "
+                   "its own input_ids (default: the other model's table, else a fixed-seed table)")
+    p.add_argument("--dim", action="append", metavar="NAME=VALUE", help="size of a symbolic dimension (repeatable)")
+    p.add_argument("--atol", type=float, help="absolute tolerance (default: by dtype, printed)")
+    p.add_argument("--rtol", type=float, help="relative tolerance (default: by dtype, printed)")
+    p.add_argument("--in-process", action="store_true",
+                   help="run the sessions in this process (faster; an EP crash then ends the checker)")
+    p.add_argument("--timeout", type=float, default=300, help="seconds per run before it counts as hung (default 300)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rope_passes.check.core import check
+    from rope_passes.check.decode import parse_dims
+
+    tolerance = {k: v for k, v in (("atol", args.atol), ("rtol", args.rtol)) if v is not None}
+    if any(v < 0 for v in tolerance.values()):
+        raise UsageError("--atol and --rtol must be >= 0")
+    console = Console(stderr=True)
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        console=console, transient=True, disable=not console.is_terminal or args.json)
+    tasks: dict[str, int] = {}
+
+    def on_step(label: str, step: int, total: int) -> None:
+        if label not in tasks:
+            tasks[label] = progress.add_task(label, total=total)
+        progress.update(tasks[label], completed=step + 1)
+
+    with progress:
+        report = check(args.original, args.rewritten, ep=args.ep, prefill=args.prefill, steps=args.steps,
+                       graph_capture=args.graph_capture, reference_logits=args.reference_logits,
+                       dims=parse_dims(args.dim), embeddings=args.embeddings, tolerance=tolerance,
+                       isolate=not args.in_process, timeout=args.timeout, progress=on_step)
+    if args.json:
+        print(report.to_json())
+    else:
+        render(report, Console())
+    return report.exit_code
+
+
+def _fmt(x: float) -> str:
+    return "-" if x != x else ("inf" if x == float("inf") else f"{x:.3g}")
+
+
+def render(report, console: Console) -> None:
+    colour = {"equivalent": "green", "not equivalent": "red", "could not run": "yellow"}[report.verdict]
+    console.print(f"original:  {report.original.path} ({report.original.precision})")
+    console.print(f"rewritten: {report.rewritten.path} ({report.rewritten.precision})")
+    console.print(f"decode: prefill {report.prefill} + {report.steps} single-token steps "
+                  f"= {report.prefill + report.steps} tokens")
+    runs = Table(title="runs", title_justify="left")
+    for col in ("run", "status", "providers", "wall s", "detail"):
+        runs.add_column(col)
+    for r in report.runs:
+        runs.add_row(r.label, r.status, ",".join(p.replace("ExecutionProvider", "") for p in r.providers),
+                     f"{r.wall_s:.2f}", escape((r.reason or "; ".join(r.notes))[:160]))
+    console.print(runs)
+    for c in report.comparisons:
+        title = f"{c.name}  [{c.tolerance}]" + ("" if c.counts else "  (for information: not counted)")
+        if c.status != "compared":
+            console.print(f"{title}: skipped: {c.reason}")
+            continue
+        table = Table(title=title, title_justify="left")
+        for col in ("output", "max abs", "max rel", "worst step", "first failing step"):
+            table.add_column(col)
+        firsts: dict[str, int] = {}
+        for d in c.diffs:
+            if not d.ok and d.output not in firsts:
+                firsts[d.output] = d.step
+        for name, d in c.worst().items():
+            first = firsts.get(name)
+            table.add_row(name, _fmt(d.max_abs), _fmt(d.max_rel), str(d.step),
+                          "" if first is None else f"[red]{first}[/red]" + (f" ({d.reason})" if d.reason else ""))
+        console.print(table)
+        if c.reason:
+            console.print(f"  {c.reason}")
+    for note in report.notes:
+        console.print(f"note: {escape(note)}")
+    first = report.first_failure
+    if first is not None:
+        c, d = first
+        console.print(f"first failure: step {d.step}, output {d.output}, {c.name}: max abs {_fmt(d.max_abs)}"
+                      + (f" ({d.reason})" if d.reason else ""))
+    console.print(f"[{colour}]{report.verdict}[/{colour}] (exit {report.exit_code}) in {report.wall_s:.1f} s")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    from rope_passes.cli import main
+
+    sys.exit(main(["check", *sys.argv[1:]]))
