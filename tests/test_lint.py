@@ -95,3 +95,11 @@ def test_cli_exit_codes():
     notes_only = subprocess.run([sys.executable, "-m", "rope_passes", "lint",
                                  str(GENAI / "current/phi3_mini_128k/webgpu_fp16_graph")], capture_output=True, text=True)
     assert notes_only.returncode == 0, "notes alone must not fail a pre-commit hook"
+
+
+def test_docs_list_every_rule():
+    from conftest import REPO
+
+    doc = (REPO / "docs" / "lint.md").read_text()
+    missing = [code for code in RULES if f"### {code} {RULES[code].name}" not in doc]
+    assert not missing, f"docs/lint.md lacks {missing}"

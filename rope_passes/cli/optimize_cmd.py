@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:
-        render(report, Console())
+        render(report, Console(width=None if sys.stdout.isatty() else 140))
     return 0
 
 
@@ -69,13 +69,18 @@ def render(report: PipelineReport, console: Console) -> None:
         table.add_column(col)
     for p in report.passes:
         d = p.to_dict()
+        status = p.status if len(p.status) <= 70 else p.status[:67] + "..."
         table.add_row(p.pass_name, str(d["matched"]), str(d["rewritten"]), str(d["refused"]),
-                      f"{p.nodes_removed}/{p.nodes_added}", p.status)
+                      f"{p.nodes_removed}/{p.nodes_added}", status)
     console.print(table)
     for p in report.passes:
+        grouped: dict[tuple[str, str], list[str]] = {}
         for f in p.findings:
             if str(f.outcome) in ("refused", "note"):
-                console.print(f"  {p.pass_name}: {f.outcome} at {f.target}: {f.reason}")
+                grouped.setdefault((str(f.outcome), f.reason), []).append(f.target)
+        for (outcome, reason), targets in grouped.items():
+            where = targets[0] if len(targets) == 1 else f"{len(targets)} places ({targets[0]}, ...)"
+            console.print(f"  {p.pass_name}: {outcome} at {where}: {reason}", highlight=False)
     if report.dry_run:
         console.print("dry run: nothing written")
     elif report.output_path:
