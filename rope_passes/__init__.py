@@ -13,6 +13,7 @@ from rope_passes.errors import ModelLoadError, ModelSaveError, RopePassesError, 
 from rope_passes.io import ModelBundle, load_bundle, load_model, save_bundle
 from rope_passes.pipeline import PRESETS, optimize, run_pipeline
 from rope_passes.report import Finding, Outcome, PassReport, PipelineReport
+from rope_passes import check  # noqa: E402 - a callable module: rope_passes.check(original, rewritten)
 
 __all__ = [
     "PRESETS",

@@ -10,6 +10,8 @@ Modules: :mod:`.decode` (decoder inputs), :mod:`.runner` (one run, optionally in
 
 from __future__ import annotations
 
+import sys
+import types
 from typing import Any
 
 
@@ -19,3 +21,16 @@ def __getattr__(name: str) -> Any:  # lazy: importing rope_passes.check.runtime 
 
         return getattr(core, name)
     raise AttributeError(name)
+
+
+class _CallableModule(types.ModuleType):
+    """``rope_passes.check(original, rewritten, **options)`` calls :func:`.core.check`, while
+    ``rope_passes.check.runtime`` and friends stay importable submodules."""
+
+    def __call__(self, original: Any, rewritten: Any, **options: Any) -> Any:
+        from rope_passes.check.core import check
+
+        return check(original, rewritten, **options)
+
+
+sys.modules[__name__].__class__ = _CallableModule
