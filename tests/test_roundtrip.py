@@ -12,13 +12,10 @@ import onnx
 import pytest
 
 import rope_passes
+from rope_passes.check.decode import DecoderSpec, run_decode, token_ids
 from rope_passes.check.runtime import create_session
 
 from conftest import GENAI, UNLOADABLE, genai_models
-
-ORT_TYPES = {"tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(float)": np.float32,
-             "tensor(float16)": np.float16}
-
 
 def node_signature(model: onnx.ModelProto) -> list[tuple]:
     """Nodes as (op, name, inputs, outputs); trailing omitted optional inputs ('') are not significant."""
@@ -34,42 +31,12 @@ def tree_digest(folder: Path) -> dict[str, str]:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
 
 
-def feeds_for(sess, genai_config: dict, tokens: np.ndarray, past: dict | None) -> dict[str, np.ndarray]:
-    """Prefill (past=None) or one decode step: the inputs each graph declares, from one token sequence."""
-    decoder = genai_config["model"]["decoder"]
-    seq = tokens.shape[1]
-    past_len = 0 if past is None else next(iter(past.values())).shape[2]
-    total = past_len + seq
-    rng = np.random.RandomState(1)
-    out = {}
-    for i in sess.get_inputs():
-        dtype = ORT_TYPES[i.type]
-        if i.name == "input_ids":
-            out[i.name] = tokens.astype(dtype)
-        elif i.name == "inputs_embeds":
-            table = rng.standard_normal((512, i.shape[-1])).astype(dtype) * 0.5
-            out[i.name] = table[tokens]
-        elif i.name == "attention_mask":
-            out[i.name] = np.ones((1, total), dtype)
-        elif i.name == "position_ids":
-            pos = np.arange(past_len, total, dtype=dtype)[None]
-            out[i.name] = np.broadcast_to(pos, (3, 1, seq)).copy() if len(i.shape) == 3 else pos
-        elif i.name.startswith("past_key_values."):
-            out[i.name] = past[i.name] if past is not None else np.zeros(
-                (1, i.shape[1], 0, decoder["head_size"]), dtype)
-        else:
-            raise AssertionError(f"unexpected input {i.name}")
-    return out
-
-
 def run_two_steps(model_path: Path, genai_config: dict) -> list[np.ndarray]:
+    """A 4-token prefill and one decode step on WebGPU; every output of both calls."""
     sess = create_session(str(model_path), "webgpu")
-    names = [o.name for o in sess.get_outputs()]
-    tokens = np.random.RandomState(0).randint(4, 492, size=(1, 5))
-    outs = dict(zip(names, sess.run(None, feeds_for(sess, genai_config, tokens[:, :4], None))))
-    past = {n.replace("present.", "past_key_values."): v for n, v in outs.items() if n.startswith("present.")}
-    outs2 = dict(zip(names, sess.run(None, feeds_for(sess, genai_config, tokens[:, 4:], past))))
-    return [outs[n] for n in names] + [outs2[n] for n in names]
+    spec = DecoderSpec.from_session(sess, genai_config)
+    steps = run_decode(sess, spec, token_ids(5), prefill=4, steps=1)
+    return [step[name] for step in steps for name in spec.outputs]
 
 
 @pytest.mark.parametrize("name", genai_models())
