@@ -21,7 +21,6 @@ LongRoPE threshold), each at most :data:`SMALL_TENSOR` elements.
 from __future__ import annotations
 
 import dataclasses
-from collections import Counter
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -42,7 +41,7 @@ FLAVOURS = (
 )
 
 #: Constants read for their values (section sizes, masks, thresholds) have at most this many elements.
-SMALL_TENSOR = 4096
+SMALL_TENSOR = 256
 
 #: Input slot names per (domain, op_type); the op's schema order.
 INPUT_SLOTS: dict[tuple[str, str], tuple[str, ...]] = {
@@ -392,7 +391,10 @@ def _last_dim(value: ir.Value | None, depth: int = 0) -> int | None:
         split = _ints(_small_const(producer.inputs[1])) if len(producer.inputs) > 1 else attr(producer, "split")
         if split is not None and index < len(split):
             return int(split[index])
-    if op in (*_PASS_THROUGH, "Add", "SimplifiedLayerNormalization", "LayerNormalization", *ROTARY_OPS):
+    if op in ("Add", "Sub", "Mul", "Div"):  # broadcasting: the widest known input
+        widths = [w for w in (_last_dim(i, depth + 1) for i in producer.inputs) if w is not None]
+        return max(widths) if widths else None
+    if op in (*_PASS_THROUGH, "SimplifiedLayerNormalization", "LayerNormalization", *ROTARY_OPS):
         return _last_dim(producer.inputs[0], depth + 1)
     return None
 
@@ -547,9 +549,13 @@ def _table_like(tensor: ir.TensorProtocol | None) -> bool:
     return tensor is not None and len(tensor.shape) == 2 and tensor.dtype.is_floating_point()
 
 
-def _caches(model: ir.Model) -> tuple[list[tuple[ir.Value, str, str, ir.TensorProtocol, ir.Node | None]], list[ir.Node]]:
-    """Constant 2D float tables reached from cos/sin inputs: (value, role, source, tensor, If node); If nodes."""
-    found: dict[int, tuple[ir.Value, str, str, ir.TensorProtocol, ir.Node | None]] = {}
+#: A cache found in the graph: (value, role "cos"/"sin", source, tensor metadata, the If node choosing it or None).
+_RawCache = tuple[ir.Value, str, str, ir.TensorProtocol, "ir.Node | None"]
+
+
+def _caches(model: ir.Model) -> tuple[list[_RawCache], list[ir.Node]]:
+    """Constant 2D float tables reached from cos/sin inputs, and the If nodes choosing between tables."""
+    found: dict[int, _RawCache] = {}
     if_nodes: dict[int, ir.Node] = {}
 
     def add(value: ir.Value, role: str, source: str, if_node: ir.Node | None = None) -> None:
@@ -611,7 +617,8 @@ def _cache_records(
             )
     if longrope is None and offset is not None:
         rows = sorted({t.shape[0] for _, _, src, t, n in raw if n is None and isinstance(t.shape[0], int)})
-        if len(rows) == 1 and rows[0] > offset:
+        # the concatenated table is short (offset rows) + long (context_length rows)
+        if len(rows) == 1 and rows[0] > offset and (context_length is None or rows[0] - offset == context_length):
             longrope = LongRope(kind="concat", original_max_position=offset, short_rows=offset,
                                 long_rows=rows[0] - offset, switch=None, if_node=None, concat_offset=offset)
             for v, *_ in raw:
@@ -661,7 +668,7 @@ def _if_switch(node: ir.Node, model: ir.Model) -> tuple[int | None, str | None]:
 def _gather_axis(value: ir.Value) -> int | None:
     """The position axis (0=t, 1=h, 2=w) a gathered table row comes from: Gather(positions, const k)."""
     for node in _ancestors([value]):
-        if node.op_type == "Gather" and len(node.inputs) == 2 and _small_const(node.inputs[0]) is None:
+        if node.op_type == "Gather" and len(node.inputs) == 2 and _const_tensor(node.inputs[0]) is None:
             index = _ints(_small_const(node.inputs[1]))
             if index is not None and len(index) == 1 and attr(node, "axis", 0) == 0:
                 data = node.inputs[0]
@@ -942,12 +949,9 @@ def census(model: ir.Model, genai_config: dict | None = None, *, source: str | N
     for p in positions:
         if p.tiled_to_3d:
             notes.append(f"{p.name} is 2D and tiled to 3 identical axes in-graph ({p.tile_node}): text-only mRoPE")
-    for g in rotary:
-        if g.op_type == "MRotaryEmbedding":
-            pos = next((p for p in positions if p.name == g.position_input), None)
-            if pos is not None and pos.layout == "[3,B,S]":
-                notes.append(f"MRotaryEmbedding reads the 3D input {pos.name}: its three axes may differ "
-                             f"(image/video prompts), nothing in the graph proves them equal")
+        if p.layout == "[3,B,S]":
+            notes.append(f"{p.name} is a 3D input: its three axes may differ (image/video prompts); nothing in "
+                         f"the graph proves them equal")
 
     return RopeCensus(
         source=source,
