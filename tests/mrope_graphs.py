@@ -9,8 +9,7 @@ rotation written as
   ``Where`` masks, fed to ``RotaryEmbedding`` with the token index ``Range(0, B*S)`` as positions; its 3D
   positions either a graph input or a 2D input tiled in-graph (text only).
 
-Decoder driver: :func:`decode` runs a genai-style decoder (input_ids or inputs_embeds, attention_mask, optional
-position_ids, past/present KV) for a prefill and greedy (or forced) decode steps.
+:func:`mrotary_graph` is a lone MRotaryEmbedding (``x, position_ids → y``) for lowering tests.
 """
 
 from __future__ import annotations
@@ -47,6 +46,15 @@ class _Builder:
     def op(self, op_type, inputs, attrs=None, domain="", num_outputs=1, dtype=None):
         self.n += 1
         node = ir.node(op_type, inputs, attrs or {}, domain=domain, num_outputs=num_outputs, name=f"{op_type}_{self.n}")
+        if dtype is None:  # enough type inference for these graphs (the passes read dtypes, as builder graphs have)
+            if op_type == "Cast":
+                dtype = ir.DataType(attrs["to"])
+            elif op_type == "Shape":
+                dtype = ir.DataType.INT64
+            elif op_type == "Where":
+                dtype = inputs[1].dtype
+            elif inputs and inputs[0] is not None:
+                dtype = inputs[0].dtype
         for i, out in enumerate(node.outputs):
             out.name = f"{op_type}_{self.n}_out{i}"
             if dtype is not None:
@@ -99,6 +107,8 @@ def attention_graph(
     wk = b.const("wk", (rng.randn(hidden, kv_heads * head) * 0.2).astype(np_dt))
     wv = b.const("wv", (rng.randn(hidden, kv_heads * head) * 0.2).astype(np_dt))
     q, k, v = b.op("MatMul", [x, wq]), b.op("MatMul", [x, wk]), b.op("MatMul", [x, wv])
+    for t, n in ((q, heads), (k, kv_heads), (v, kv_heads)):
+        t.shape = ir.Shape(["batch", "seq", n * head])
     cos, sin = rope_tables(max_pos, half)
     cos_c, sin_c = b.const("cos_cache", cos), b.const("sin_cache", sin)
 
@@ -185,65 +195,36 @@ def to_bytes(model: ir.Model) -> bytes:
     return ir.serde.serialize_model(model).SerializeToString()
 
 
-# --------------------------------------------------------------------------------------------------------------
-# Minimal decoder driver (genai-style inputs)
-# --------------------------------------------------------------------------------------------------------------
-
-_ORT_NP = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int64)": np.int64, "tensor(int32)": np.int32}
-
-
-def decode(
-    sess,
-    prompt: np.ndarray,
-    steps: int,
+def mrotary_graph(
     *,
-    embed: np.ndarray | None = None,
-    forced: Sequence[int] | None = None,
-    positions3d: np.ndarray | None = None,
-    head_size: int | None = None,
-) -> tuple[list[np.ndarray], list[int]]:
-    """Prefill ``prompt`` [1, S] then ``steps`` single-token steps; returns (logits per call, tokens fed).
-
-    Steps feed ``forced`` tokens when given (so two models see the same sequence), else the greedy argmax.
-    ``head_size`` fills a symbolic last KV dimension. ``positions3d`` [3, 1, S] overrides the prefill positions of a 3D position input (default: t=h=w=0..S-1).
-    """
-    inputs = {i.name: i for i in sess.get_inputs()}
-    past: dict[str, np.ndarray] = {}
-    for name, info in inputs.items():
-        if name.startswith("past_key_values") or name in ("past_key", "past_value"):
-            shape = [1 if not isinstance(d, int) else d for d in info.shape]
-            shape[2] = 0
-            if not isinstance(info.shape[3], int):
-                shape[3] = head_size
-            past[name] = np.zeros(shape, dtype=_ORT_NP[info.type])
-    outputs = [o.name for o in sess.get_outputs()]
-    tokens = [int(t) for t in prompt[0]]
-    all_logits = []
-    cur = prompt
-    past_len = 0
-    for step in range(steps + 1):
-        s = cur.shape[1]
-        feeds = dict(past)
-        if "input_ids" in inputs:
-            feeds["input_ids"] = cur.astype(np.int64)
-        if "inputs_embeds" in inputs:
-            feeds["inputs_embeds"] = embed[cur].astype(_ORT_NP[inputs["inputs_embeds"].type])
-        feeds["attention_mask"] = np.ones((1, past_len + s), np.int64)
-        if "position_ids" in inputs:
-            pos = np.arange(past_len, past_len + s, dtype=np.int64)[None]
-            if len(inputs["position_ids"].shape) == 3:
-                pos = np.tile(pos[None], (3, 1, 1)) if (positions3d is None or step) else positions3d
-            feeds["position_ids"] = pos
-        result = dict(zip(outputs, sess.run(None, feeds), strict=True))
-        logits = result["logits"][0].astype(np.float32)
-        all_logits.append(logits)
-        for name in past:
-            present = name.replace("past_key_values", "present")
-            past[name] = result[present]
-        past_len += s
-        if step == steps:
-            break
-        nxt = forced[step] if forced is not None else int(np.argmax(logits[-1]))
-        tokens.append(nxt)
-        cur = np.array([[nxt]], np.int64)
-    return all_logits, tokens
+    sections: Sequence[int],
+    layout: int,
+    head: int,
+    heads: int = 2,
+    rotary_dim: int | None = None,
+    interleaved: bool = False,
+    scale: float | None = None,
+    max_pos: int = 64,
+    rank4: bool = False,
+    dtype: str = "float32",
+) -> tuple[ir.Model, np.ndarray, np.ndarray]:
+    """``y = MRotaryEmbedding(x, position_ids, cos, sin)``; returns (model, cos, sin)."""
+    half = sum(sections)
+    np_dt = np.float16 if dtype == "float16" else np.float32
+    ir_dt = ir.DataType.FLOAT16 if dtype == "float16" else ir.DataType.FLOAT
+    b = _Builder()
+    shape = ["batch", heads, "seq", head] if rank4 else ["batch", "seq", heads * head]
+    x = ir.Value(name="x", shape=ir.Shape(shape), type=ir.TensorType(ir_dt))
+    pos = ir.Value(name="position_ids", shape=ir.Shape([3, "batch", "seq"]), type=ir.TensorType(ir.DataType.INT64))
+    cos, sin = rope_tables(max_pos, half)
+    cos, sin = cos.astype(np_dt), sin.astype(np_dt)
+    attrs = {"interleaved": int(interleaved), "num_heads": heads, "mrope_section": list(sections), "mrope_layout": layout}
+    if rotary_dim:
+        attrs["rotary_embedding_dim"] = rotary_dim
+    if scale is not None:
+        attrs["scale"] = float(scale)
+    y = b.op("MRotaryEmbedding", [x, pos, b.const("cos_cache", cos), b.const("sin_cache", sin)], attrs, domain=MS)
+    y.name, y.dtype, y.shape = "y", ir_dt, ir.Shape(shape)
+    graph = ir.Graph(inputs=[x, pos], outputs=[y], nodes=b.nodes, initializers=b.inits,
+                     opset_imports={"": 21, MS: 1}, name="mrotary")
+    return ir.Model(graph, ir_version=10), cos, sin

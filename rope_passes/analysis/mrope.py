@@ -157,10 +157,11 @@ def _mirrors(before: ir.Node, after: ir.Node) -> str | None:
     return f"Reshape {after.name!r} does not restore the shape before Reshape {before.name!r}"
 
 
-def trace_rotation(value: ir.Value, heads: int) -> Rotation:
+def trace_rotation(value: ir.Value, heads: int, head_size_hint: int | None = None) -> Rotation:
     """The rotation whose output, through mirrored Cast/Reshape/Transpose adapters, is ``value``.
 
-    ``heads`` is the GQA's head count for this input (num_heads for q, kv_num_heads for k).
+    ``heads`` is the GQA's head count for this input (num_heads for q, kv_num_heads for k); ``head_size_hint``
+    (from the KV cache shape or genai_config) is used when the graph carries no static hidden size.
     """
     after: list[ir.Node] = []
     v = value
@@ -192,23 +193,31 @@ def trace_rotation(value: ir.Value, heads: int) -> Rotation:
     rank = len(rot_in.shape) if rot_in.shape is not None else None
     if layout_ops == [] and rank in (3, None):
         pass
-    elif layout_ops == ["Reshape", "Transpose"] and rank == 4:
+    elif layout_ops == ["Reshape", "Transpose"] and rank in (4, None):
         reshape = next(n for n in before[::-1] if n.op_type == "Reshape")
         transpose = next(n for n in before[::-1] if n.op_type == "Transpose")
         target = const_array(reshape.inputs[1])
         if list(attr(transpose, "perm") or []) != [0, 2, 1, 3] or target is None or len(target) != 4:
             raise Mismatch(f"{rot.name!r}: input is not [batch, heads, seq, head] from a [batch, seq, hidden] value")
+        rank = 4
+        if int(target[3]) > 0 and not (rot_in.shape is not None and isinstance(rot_in.shape[3], int)):
+            head_size_hint = int(target[3])
     else:
         raise Mismatch(f"{rot.name!r}: unsupported layout around the rotation ({' -> '.join(layout_ops)})")
-    if pre.dtype != value.dtype:
+    if pre.dtype is not None and value.dtype is not None and pre.dtype != value.dtype:
         raise Mismatch(f"{rot.name!r}: value before the rotation is {pre.dtype}, GQA reads {value.dtype}")
-    if rank == 4 and isinstance(rot_in.shape[3], int):
+    if rank == 4 and rot_in.shape is not None and isinstance(rot_in.shape[3], int):
         head_size = rot_in.shape[3]
+    elif rank == 4 and head_size_hint:
+        head_size = head_size_hint
     else:
         hidden = pre.shape[-1] if pre.shape is not None else None
-        if not isinstance(hidden, int):
-            raise Mismatch(f"{rot.name!r}: hidden size of {pre.name!r} is not static")
-        head_size = hidden // heads
+        if isinstance(hidden, int):
+            head_size = hidden // heads
+        elif head_size_hint:
+            head_size = head_size_hint
+        else:
+            raise Mismatch(f"{rot.name!r}: hidden size of {pre.name!r} is not static and the head size is unknown")
     num_heads = int(attr(rot, "num_heads", 0) or heads)
     if num_heads != heads:
         raise Mismatch(f"{rot.name!r}: num_heads={num_heads} but GroupQueryAttention has {heads} heads here")

@@ -119,6 +119,14 @@ def add_initializer(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
 # ----------------------------------------------------------------------------------------------------------------
 
 
+def _query_dtype(gqa: ir.Node) -> ir.DataType | None:
+    """GQA's T: query's dtype, else the KV cache's or the output's (graphs built without type info)."""
+    for v in (gqa.inputs[0], gqa.inputs[3] if len(gqa.inputs) > 3 else None, gqa.outputs[0]):
+        if v is not None and v.dtype is not None:
+            return v.dtype
+    return None
+
+
 class _Site:
     """One GroupQueryAttention with its q and k rotations, checked and ready to fold."""
 
@@ -187,6 +195,14 @@ class FoldTextMRoPEPass(RopePass):
         value = model_cfg.get("context_length")
         return int(value) if isinstance(value, (int, float)) and value > 0 else None
 
+    def _head_size(self, past_key: ir.Value | None) -> int | None:
+        """Head size from the KV cache input's static last dim, else genai_config's decoder.head_size."""
+        if past_key is not None and past_key.shape is not None and len(past_key.shape) == 4:
+            if isinstance(past_key.shape[3], int):
+                return past_key.shape[3]
+        value = (self.genai_config or {}).get("model", {}).get("decoder", {}).get("head_size")
+        return int(value) if isinstance(value, int) else None
+
     def _match(self, model, gqa, report, table_cache, max_positions) -> _Site | None:
         if int(attr(gqa, "do_rotary", 0) or 0):
             report.not_matched(gqa.name, "GroupQueryAttention already rotates (do_rotary=1)")
@@ -197,6 +213,7 @@ class FoldTextMRoPEPass(RopePass):
             return None
         query, key = inputs[0], inputs[1]
         heads, kv_heads = int(attr(gqa, "num_heads", 0)), int(attr(gqa, "kv_num_heads", 0))
+        hint = self._head_size(inputs[3])
         packed = None
         try:
             if key is None or not key.name:
@@ -206,9 +223,10 @@ class FoldTextMRoPEPass(RopePass):
                 axis = int(attr(packed, "axis", -1))
                 if axis not in (-1, 2):
                     raise Mismatch(f"packed QKV Concat {packed.name!r} is on axis {axis}, not the hidden axis")
-                q_rot, k_rot = trace_rotation(packed.inputs[0], heads), trace_rotation(packed.inputs[1], kv_heads)
+                q_rot = trace_rotation(packed.inputs[0], heads, hint)
+                k_rot = trace_rotation(packed.inputs[1], kv_heads, hint)
             else:
-                q_rot, k_rot = trace_rotation(query, heads), trace_rotation(key, kv_heads)
+                q_rot, k_rot = trace_rotation(query, heads, hint), trace_rotation(key, kv_heads, hint)
             q_tables = self._tables(model, q_rot, table_cache, max_positions)
             k_tables = self._tables(model, k_rot, table_cache, max_positions)
         except Mismatch as exc:
@@ -242,14 +260,14 @@ class FoldTextMRoPEPass(RopePass):
             return f"rotary_dim/2 = {half} is not a multiple of 8 (GroupQueryAttention's fused rotary needs that)"
         if q.rotary_dim > q.head_size:
             return f"rotary_dim {q.rotary_dim} exceeds head_size {q.head_size}"
-        if gqa.inputs[0].dtype not in _NP_DTYPES:
-            return f"query dtype {gqa.inputs[0].dtype} is not float or float16"
+        if _query_dtype(gqa) not in _NP_DTYPES:
+            return f"query dtype {_query_dtype(gqa)} is not float or float16"
         return None
 
     # -- rewriting --------------------------------------------------------------------------------------------
     def _rewrite(self, graph: ir.Graph, site: _Site, cache_values) -> list[ir.Value]:
         gqa = site.gqa
-        np_dtype = _NP_DTYPES[gqa.inputs[0].dtype]
+        np_dtype = _NP_DTYPES[_query_dtype(gqa)]
         cos = site.tables.cos.astype(np_dtype)
         sin = site.tables.sin.astype(np_dtype)
         key = (cos.dtype.str, cos.shape, cos.tobytes(), sin.tobytes())
@@ -266,7 +284,7 @@ class FoldTextMRoPEPass(RopePass):
                 "Concat",
                 [site.q.pre, site.k.pre, concat.inputs[2]],
                 {"axis": int(attr(concat, "axis", -1))},
-                name=f"{concat.name}/text_mrope_folded",
+                name=f"{concat.name}/unrotated",
             )
             new_concat.outputs[0].dtype = concat.outputs[0].dtype
             new_concat.outputs[0].shape = concat.outputs[0].shape

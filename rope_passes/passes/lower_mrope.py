@@ -75,12 +75,20 @@ class LowerMRoPEPass(RopePass):
             )
             out = rope.outputs[0]
             out.name = f"{node.outputs[0].name}/lowered"
-            out.dtype, out.shape = node.outputs[0].dtype, node.outputs[0].shape
+            dtype = node.outputs[0].dtype or node.inputs[0].dtype
+            if dtype is not None:
+                out.dtype = dtype
+            if node.outputs[0].shape is not None:
+                out.shape = node.outputs[0].shape
             graph.insert_before(node, rope)
-            ir.convenience.replace_all_uses_with(node.outputs[0], out)
-            if node.outputs[0].is_graph_output():
-                idx = graph.outputs.index(node.outputs[0])
-                graph.outputs[idx] = out
+            was = node.outputs[0]
+            if was.is_graph_output():  # keep the graph output's name
+                name = was.name
+                was.name = f"{name}/mrotary"
+                was.replace_all_uses_with(out, replace_graph_outputs=True)
+                out.name = name
+            else:
+                was.replace_all_uses_with(out)
             old.extend(node.outputs)
             report.rewritten(
                 node.name,
