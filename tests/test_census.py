@@ -110,7 +110,8 @@ def test_readme_facts(name, censuses):
         assert {k.dtype for k in c.caches} == {want["dtype"]}
     assert c.context_length == 256
     for k in c.caches:
-        expected_vs = "< context_length" if k.variant == "short" else "= context_length"
+        expected_vs = {"short": "< context_length", "concat (short+long)": "= context_length + offset 32"}.get(
+            k.variant, "= context_length")
         assert k.rows_vs_context == expected_vs, k
 
     # rotary ops

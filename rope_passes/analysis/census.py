@@ -135,7 +135,9 @@ class CosSinCache(_Dict):
     source: str  # "initializer", "Constant", "If.then_branch", "If.else_branch"
     variant: str | None  # LongRoPE: "short", "long", "concat (short+long)"; else None
     read_by: list[str]  # op types of the nodes reading it (GroupQueryAttention, MRotaryEmbedding, Gather, ...)
-    rows_vs_context: str | None  # "= context_length", "< context_length", "> context_length", or None when unknown
+    # "= context_length", "< context_length", "> context_length" ("= context_length + offset 32" for a concatenated
+    # LongRoPE table), or None when the context length is unknown
+    rows_vs_context: str | None
 
 
 @dataclasses.dataclass
@@ -407,7 +409,9 @@ def _total_seq_description(value: ir.Value | None, model: ir.Model) -> tuple[str
     if shapes:
         src = shapes[0].inputs[0]
         return f"Shape({src.name if src is not None else '?'})", True
-    ops = [n.op_type for n in reversed(nodes) if n.op_type != "Constant"]
+    order = {id(n): i for i, n in enumerate(model.graph)}
+    nodes.sort(key=lambda n: order.get(id(n), -1))
+    ops = [n.op_type for n in nodes if n.op_type != "Constant"]
     inputs = _graph_inputs_of(nodes, model)
     chain = " → ".join([*inputs[:1], *ops]) if ops else (value.name or "?")
     return chain, False
@@ -437,6 +441,9 @@ def _attention_groups(model: ir.Model, genai_config: dict | None) -> list[Attent
         else:
             width = _last_dim(first.inputs[0])
             per_token_heads = (heads + 2 * (kv_heads or heads) if packed else heads) if heads else None
+            query_shape = first.inputs[0].shape if first.inputs and first.inputs[0] is not None else None
+            if domain == "" and query_shape is not None and len(query_shape) == 4:  # ONNX Attention [B,N,S,H]
+                per_token_heads = 1
         if width is not None and per_token_heads and width % per_token_heads == 0:
             head_size, head_source = width // per_token_heads, "graph"
         if head_size is None and decoder.get("head_size"):
@@ -634,7 +641,7 @@ def _cache_records(
         versus = None
         if context_length is not None and effective is not None:
             versus = ("=" if effective == context_length else "<" if effective < context_length else ">")
-            versus += " context_length"
+            versus += " context_length" if effective == rows else f" context_length + offset {offset}"
         read_by = sorted({u.op_type for u, _ in value.uses()} | ({"If"} if source.startswith("If.") else set()))
         records.append(CosSinCache(
             name=value.name or "", role=role, shape=_shape_list(tensor.shape) or [],
@@ -1063,9 +1070,15 @@ def render(c: RopeCensus, console) -> None:
     counts = ", ".join(f"{op} {n}" for op, n in c.dynamic_counts.items())
     table.add_row("dynamic", counts)
     for op, nodes in c.dynamic_nodes.items():
+        # one row per distinct target set, so a 40-layer graph stays as short as a 2-layer one
+        by_feeds: dict[tuple[str, ...], list[DynamicNode]] = {}
         for n in nodes:
-            feeds = ", ".join(n.feeds) or "-"
-            table.add_row(f"  {op}", f"{n.name}({', '.join(i for i in n.inputs if i)}) → {feeds}")
+            by_feeds.setdefault(tuple(n.feeds), []).append(n)
+        for feeds, group in by_feeds.items():
+            first = group[0]
+            more = f" and {len(group) - 1} more" if len(group) > 1 else ""
+            table.add_row(f"  {op} ×{len(group)}", f"→ {', '.join(feeds) or '-'}: "
+                                                  f"{first.name}({', '.join(i for i in first.inputs if i)}){more}")
     table.add_row("inputs", _inputs_line(c.inputs))
     for note in c.notes:
         table.add_row("note", note)
