@@ -241,8 +241,12 @@ def test_reads_no_weights(monkeypatch):
 # ------------------------------------------------------------------------------------------------------------
 
 
-def _torch_style_mha() -> ir.Model:
-    """position_ids [B,S] → Cast → MatMul(inv_freq) → Cos/Sin → scaled into packed QKV → MultiHeadAttention."""
+def _torch_style_mha(folded: bool) -> ir.Model:
+    """position_ids [B,S] → Cast → MatMul(inv_freq) → Cos/Sin → scaled into packed QKV → MultiHeadAttention.
+
+    ``folded``: inv_freq is the [1,4,1] constant torch exporters fold ``inv_freq[None, :, None]`` into; else a
+    1D [4] initializer reshaped in-graph.
+    """
     b, s = ir.SymbolicDim("batch"), ir.SymbolicDim("seq")
     pos = ir.Value(name="position_ids", shape=ir.Shape([b, s]), type=ir.TensorType(ir.DataType.INT64))
     qkv = ir.Value(name="qkv", shape=ir.Shape([b, s, 3 * 2 * 8]), type=ir.TensorType(ir.DataType.FLOAT))
@@ -250,30 +254,33 @@ def _torch_style_mha() -> ir.Model:
     def const(name, array):
         return ir.Value(name=name, const_value=ir.tensor(array, name=name))
 
-    inv_freq = const("inv_freq", np.linspace(1, 0.01, 4, dtype=np.float32))
+    inv_freq = const("inv_freq", np.linspace(1, 0.01, 4, dtype=np.float32).reshape((1, 4, 1) if folded else (4,)))
     unused = const("unrelated_vector", np.ones(4, dtype=np.float32))  # on no Cos path: must not be reported
     axes = const("axes", np.array([1], dtype=np.int64))
     inv_shape = const("inv_shape", np.array([1, 4, 1], dtype=np.int64))
     unsqueeze = ir.node("Unsqueeze", [pos, axes])  # [B,1,S]
     cast = ir.node("Cast", [unsqueeze.outputs[0]], attributes={"to": ir.DataType.FLOAT})
-    reshape = ir.node("Reshape", [inv_freq, inv_shape])  # [1,4,1]
-    matmul = ir.node("MatMul", [reshape.outputs[0], cast.outputs[0]])  # [B,4,S]
+    reshape = [] if folded else [ir.node("Reshape", [inv_freq, inv_shape])]  # [1,4,1]
+    matmul = ir.node("MatMul", [reshape[0].outputs[0] if reshape else inv_freq, cast.outputs[0]])  # [B,4,S]
     cos = ir.node("Cos", [matmul.outputs[0]])
     sin = ir.node("Sin", [matmul.outputs[0]])
     # (not a real rotation: the census only needs the data flow, and the hidden width through the Mul/Add)
     mul = ir.node("Mul", [qkv, cos.outputs[0]])
     add = ir.node("Add", [mul.outputs[0], sin.outputs[0]])
     mha = ir.node("MultiHeadAttention", [add.outputs[0]], attributes={"num_heads": 2}, domain="com.microsoft")
-    graph = ir.Graph([pos, qkv], mha.outputs, nodes=[unsqueeze, cast, reshape, matmul, cos, sin, mul, add, mha],
+    nodes = [unsqueeze, cast, *reshape, matmul, cos, sin, mul, add, mha]
+    graph = ir.Graph([pos, qkv], mha.outputs, nodes=nodes,
                      initializers=[inv_freq, unused, axes, inv_shape], opset_imports={"": 21, "com.microsoft": 1})
     return ir.Model(graph, ir_version=10)
 
 
-def test_torch_style_inv_freq_and_mha():
-    c = census(_torch_style_mha())
+@pytest.mark.parametrize("folded", [False, True])
+def test_torch_style_inv_freq_and_mha(folded):
+    c = census(_torch_style_mha(folded))
     assert c.flavours == ["inv-freq-matmul"]
     (f,) = c.inv_freq
-    assert (f.inv_freq, f.inv_freq_shape, f.cos_nodes, f.sin_nodes) == ("inv_freq", [4], 1, 1)
+    shape = [1, 4, 1] if folded else [4]
+    assert (f.inv_freq, f.inv_freq_shape, f.cos_nodes, f.sin_nodes) == ("inv_freq", shape, 1, 1)
     assert f.positions_from == ["position_ids"]
     (g,) = c.attention
     assert (g.op_type, g.count, g.packed_qkv, g.num_heads, g.head_size, g.head_size_source) == (

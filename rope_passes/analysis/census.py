@@ -768,6 +768,13 @@ def _table_source(nodes: list[ir.Node], inv: list[InvFreqMatMul]) -> str:
     return "caches " + ", ".join(tables) if tables else "computed"
 
 
+def _is_vector(shape: ir.Shape) -> bool:
+    """One axis longer than 1, the others 1: ``[16]``, or ``[1, 16, 1]`` (torch exporters fold
+    ``inv_freq[None, :, None]`` into a constant)."""
+    dims = [d for d in shape if d != 1]
+    return len(dims) == 1 and isinstance(dims[0], int)
+
+
 def _inv_freq_matmuls(model: ir.Model) -> list[InvFreqMatMul]:
     records: dict[str, InvFreqMatMul] = {}
     trig = [n for n in iter_nodes(model) if n.op_type in ("Cos", "Sin") and _domain(n) == ""]
@@ -779,7 +786,7 @@ def _inv_freq_matmuls(model: ir.Model) -> list[InvFreqMatMul]:
             for side in mm.inputs:
                 for anc_value in [side, *[i for a in _ancestors([side]) for i in a.inputs]]:
                     t = _const_tensor(anc_value) if anc_value is not None else None
-                    if t is not None and len(t.shape) == 1 and t.dtype.is_floating_point() and t.shape[0] != 1:
+                    if t is not None and t.dtype.is_floating_point() and _is_vector(t.shape):
                         vector = anc_value
                         break
                 if vector is not None:
