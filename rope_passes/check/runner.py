@@ -73,8 +73,11 @@ def _one_line(exc: BaseException) -> str:
     return text[:600]
 
 
-def execute_run(spec: RunSpec, on_step: Callable[[int], None] | None = None) -> RunResult:
-    """Run ``spec`` in this process; every failure becomes a status with a one-line reason."""
+def execute_run(spec: RunSpec, on_step: Callable[[int], None] | None = None, capture_log: bool = False) -> RunResult:
+    """Run ``spec`` in this process; every failure becomes a status with a one-line reason.
+
+    ``capture_log``: log the capture session at info level (the worker does, so the parent can count replays).
+    """
     from rope_passes.check.runtime import create_session
 
     start = time.perf_counter()
@@ -84,7 +87,7 @@ def execute_run(spec: RunSpec, on_step: Callable[[int], None] | None = None) -> 
         if spec.graph_capture:
             from rope_passes.check.capture import CaptureDriver
 
-            driver = CaptureDriver(spec, table)
+            driver = CaptureDriver(spec, table, log_severity=1 if capture_log else 3)
             result.providers = driver.providers
         else:
             sess = create_session(spec.model, spec.ep, webgpu_options=spec.webgpu_options)
@@ -152,6 +155,10 @@ def run_isolated(spec: RunSpec, on_step: Callable[[int], None] | None = None, ti
                 reason += f": {' '.join(tail[-1].split())[:400]}"
             return RunResult(spec.label, CRASHED, reason, wall_s=time.perf_counter() - start)
         data = json.loads(result_path.read_text())
+        if spec.graph_capture and data["status"] == OK:
+            log = err_path.read_text(errors="replace")
+            replays = log.count("Replaying the captured")
+            data["notes"].append(f"onnxruntime logged {replays} replays of the captured graph")
         steps = []
         for k in range(data.pop("n_steps")):
             with np.load(Path(tmp) / f"step{k}.npz") as z:
@@ -162,13 +169,16 @@ def run_isolated(spec: RunSpec, on_step: Callable[[int], None] | None = None, ti
 
 def _worker(spec_path: str, out_dir: str) -> int:
     spec = RunSpec(**json.loads(Path(spec_path).read_text()))
+    if os.environ.get("ROPE_PASSES_CHECK_WORKER_FAULT") == spec.label:  # test hook: an EP segfault, simulated
+        os.kill(os.getpid(), signal.SIGSEGV)
 
     def on_step(k: int) -> None:
         print(f"STEP {k}", flush=True)
 
-    result = execute_run(spec, on_step)
-    for k, outs in enumerate(result.steps):
-        np.savez(os.path.join(out_dir, f"step{k}.npz"), **outs)
+    result = execute_run(spec, on_step, capture_log=True)
+    for k, outs in enumerate(result.steps):  # npz has no bfloat16: such outputs travel as float32
+        np.savez(os.path.join(out_dir, f"step{k}.npz"),
+                 **{n: (v.astype(np.float32) if v.dtype.name == "bfloat16" else v) for n, v in outs.items()})
     data = result.to_dict()
     data.pop("steps_run")
     data["wall_s"] = result.wall_s
