@@ -106,7 +106,7 @@ def test_small_graph_fold_is_numerically_the_original_on_cpu(case):
 
 
 def test_small_graph_fold_on_webgpu_matches_original_on_cpu():
-    kw = dict(form="mrotary", sections=[24, 20, 20], layout=1, head=128, interleaved=False, positions="3d")
+    kw = dict(form="mrotary", sections=[24, 20, 20], layout=1, head=128, interleaved=False, positions="3d", packed=True)
     folded = attention_graph(**kw)
     FoldTextMRoPEPass(text_only=True)(folded)
     ref = run_attention(_reference_bytes(attention_graph(**kw), "mrotary"), "cpu", positions="3d")

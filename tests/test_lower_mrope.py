@@ -171,3 +171,18 @@ def test_corpus_lowered_loads_on_webgpu_and_rotates_like_mrope(name, genai_corpu
     cpu_logits = run_decode(cpu, spec, token_ids(8), prefill=8, steps=0)[0]["logits"][0]
     assert np.abs(logits - cpu_logits).max() < 0.15
     assert abs(err - float(np.abs(cpu_logits - ref).max())) < 0.15, err
+
+
+def test_lowering_works_below_opset_15():
+    """Shape has no start/end before opset 15: the lowering slices the shape instead."""
+    sections, layout, head = [2, 3, 3], 1, 16
+    model, cos, sin = mrotary_graph(sections=sections, layout=layout, head=head, heads=2)
+    model.graph.opset_imports[""] = 14
+    LowerMRoPEPass()(model)
+    assert any(n.op_type == "Slice" for n in model.graph)
+    pos = distinct_positions()
+    x = np.random.RandomState(4).randn(2, S, 2 * head).astype(np.float32)
+    (y,) = create_session(to_bytes(model), "cpu").run(None, {"x": x, "position_ids": pos})
+    want = reference(x, pos, cos, sin, sections=sections, layout=layout, heads=2, interleaved=False,
+                     rotary_dim=None, scale=1.0, rank4=False)
+    np.testing.assert_allclose(y, want, rtol=0, atol=1e-5)

@@ -97,6 +97,11 @@ class LowerMRoPEPass(RopePass):
                 layout=layout,
             )
         if old:
+            report.note(
+                "<model>",
+                "the token index is computed with Shape/Range on CPU: fine for image+text use, but no WebGPU graph "
+                "capture; for text-only use run fold-text-mrope with --text-only instead",
+            )
             remove_dead(graph, old)
             if MS_DOMAIN not in model.opset_imports:
                 model.opset_imports[MS_DOMAIN] = 1
@@ -149,7 +154,13 @@ class LowerMRoPEPass(RopePass):
         cos_tok = op("GatherElements", [cos, flat], {"axis": 0}, "cos_per_token", cos.dtype, ["tokens", half])
         sin_tok = op("GatherElements", [sin, flat], {"axis": 0}, "sin_per_token", sin.dtype, ["tokens", half])
         # token index Reshape(Range(0, B*S), [B, S]): token (b, s) reads row b*S + s of the per-token tables
-        bs = op("Shape", [pos], {"start": 1, "end": 3}, "batch_seq", i64, [2])
+        if (graph.opset_imports.get("", 1)) >= 15:
+            bs = op("Shape", [pos], {"start": 1, "end": 3}, "batch_seq", i64, [2])
+        else:  # Shape has no start/end before opset 15
+            shape = op("Shape", [pos], name="pos_shape", dtype=i64, shape=[3])
+            starts = add_initializer(graph, f"{base}/one_1d", np.array([1], np.int64))
+            ends = add_initializer(graph, f"{base}/three_1d", np.array([3], np.int64))
+            bs = op("Slice", [shape, starts, ends], name="batch_seq", dtype=i64, shape=[2])
         total = op("ReduceProd", [bs], {"keepdims": 0}, "tokens", i64, [])
         zero = add_initializer(graph, f"{base}/zero", np.array(0, np.int64))
         one = add_initializer(graph, f"{base}/one", np.array(1, np.int64))
