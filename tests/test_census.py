@@ -14,7 +14,7 @@ import json
 import numpy as np
 import onnx_ir as ir
 import pytest
-from conftest import GENAI, genai_models
+from conftest import GENAI, TORCH, genai_models
 from rich.console import Console
 
 from rope_passes.analysis.census import SMALL_TENSOR, census, render
@@ -147,7 +147,7 @@ def test_readme_facts(name, censuses):
             kind, short, long_, original, offset)
         if kind == "if":
             assert lr.switch == "If(Greater(total_sequence_length, 32))"
-            assert [n.name for n in c.dynamic_nodes["If"]] == [lr.if_node]
+            assert [n.name for n in c.dynamic_nodes["If"]] == [lr.switch_node]
             assert {k.variant for k in c.caches} == {"short", "long"}
         else:
             assert {k.variant for k in c.caches} == {"concat (short+long)"}
@@ -234,6 +234,39 @@ def test_reads_no_weights(monkeypatch):
         census(bundle.model, bundle.genai_config)
     assert read and all(size <= SMALL_TENSOR for _, size in read)
     assert {n for n, _ in read} <= {"model.rotary_emb.h_mask", "model.rotary_emb.w_mask"}
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Torch exporter graphs (../shared/corpus/torch): the on-the-fly flavours
+# ------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name, flavours, inv_shape, sections, threshold", [
+    ("tf4/torchscript/llama/decode.onnx", ["inv-freq-matmul"], [1, 8, 1], None, None),
+    ("tf4/torchscript/qwen2_5_vl_text/decode.onnx", ["manual-mrope", "inv-freq-matmul"], [1, 1, 8, 1], [2, 3, 3],
+     None),
+    ("tf5/dynamo/qwen2_5_vl_text/prefill.onnx", ["manual-mrope", "inv-freq-matmul"], [8], [2, 3, 3], None),
+    ("tf5/dynamo/phi4mini_longrope_partial/decode.onnx", ["inv-freq-matmul", "longrope-where"], [6], None, 64),
+])
+def test_torch_exports(name, flavours, inv_shape, sections, threshold):
+    path = TORCH / name
+    assert path.is_file(), f"the shared torch corpus is missing {path}"
+    c = census(load_bundle(path).model)
+    assert c.flavours == flavours and c.attention_op == "none"
+    (f,) = c.inv_freq
+    assert (f.inv_freq_shape, f.cos_nodes, f.sin_nodes, f.positions_from) == (inv_shape, 1, 1, ["position_ids"])
+    if sections is None:
+        assert c.manual_mrope == []
+    else:
+        (m,) = c.manual_mrope
+        assert (m.variant, m.sections, m.layout) == ("chunked", sections, 0)
+        assert m.table_source.startswith("inv_freq Mul (" if "tf5" in name else "inv_freq MatMul (")
+        assert [p.layout for p in c.positions] == ["[3,B,S]"]
+    if threshold is None:
+        assert c.longrope is None
+    else:
+        assert (c.longrope.kind, c.longrope.original_max_position) == ("where", threshold)
+        assert c.longrope.switch == f"Where(Greater(position_ids → ReduceMax → Add, {threshold}))"
 
 
 # ------------------------------------------------------------------------------------------------------------

@@ -38,6 +38,7 @@ FLAVOURS = (
     "inv-freq-matmul",  # cos/sin computed per call from an inv_freq MatMul, as torch exporters emit
     "longrope-if",  # an If node choosing between a short and a long cos/sin cache
     "longrope-concat",  # one cache = concat(short, long), read at an offset (multiRotaryCacheConcatOffset)
+    "longrope-where",  # Where(cond, long_inv_freq, short_inv_freq) before an inv_freq product (torch exports)
 )
 
 #: Constants read for their values (section sizes, masks, thresholds) have at most this many elements.
@@ -144,12 +145,12 @@ class CosSinCache(_Dict):
 class LongRope(_Dict):
     """LongRoPE: two caches (short for positions below the original context, long beyond)."""
 
-    kind: str  # "if" or "concat"
-    original_max_position: int | None  # the switch point: If threshold, or the concat offset
-    short_rows: int | None
+    kind: str  # "if", "concat" or "where"
+    original_max_position: int | None  # the switch point: If/Where threshold, or the concat offset
+    short_rows: int | None  # None for "where" (no tables: two inv_freq vectors)
     long_rows: int | None
     switch: str | None  # "If(Greater(total_sequence_length, 32))"; None for concat
-    if_node: str | None
+    switch_node: str | None  # the If or Where node
     concat_offset: int | None  # genai_config provider option multiRotaryCacheConcatOffset
 
 
@@ -620,14 +621,14 @@ def _cache_records(
             longrope = LongRope(
                 kind="if", original_max_position=threshold if threshold is not None else min(then_rows, else_rows),
                 short_rows=min(then_rows, else_rows), long_rows=max(then_rows, else_rows), switch=switch,
-                if_node=node.name, concat_offset=offset,
+                switch_node=node.name, concat_offset=offset,
             )
     if longrope is None and offset is not None:
         rows = sorted({t.shape[0] for _, _, src, t, n in raw if n is None and isinstance(t.shape[0], int)})
         # the concatenated table is short (offset rows) + long (context_length rows)
         if len(rows) == 1 and rows[0] > offset and (context_length is None or rows[0] - offset == context_length):
             longrope = LongRope(kind="concat", original_max_position=offset, short_rows=offset,
-                                long_rows=rows[0] - offset, switch=None, if_node=None, concat_offset=offset)
+                                long_rows=rows[0] - offset, switch=None, switch_node=None, concat_offset=offset)
             for v, *_ in raw:
                 variants[id(v)] = "concat (short+long)"
     records = []
@@ -652,19 +653,41 @@ def _cache_records(
     return records, longrope, if_nodes
 
 
+def _longrope_where(model: ir.Model) -> LongRope | None:
+    """Where(cond, long_inv_freq, short_inv_freq) feeding a Cos: LongRoPE chosen per call on the frequencies."""
+    for cos in iter_nodes(model):
+        if cos.op_type != "Cos":
+            continue
+        for node in _ancestors(cos.inputs):
+            if node.op_type != "Where" or len(node.inputs) != 3:
+                continue
+            a, b = (_const_tensor(v) for v in node.inputs[1:])
+            if a is None or b is None or a.shape != b.shape or not a.dtype.is_floating_point() or not _is_vector(
+                    a.shape):
+                continue
+            threshold, switch = _if_switch(node, model)
+            return LongRope(kind="where", original_max_position=threshold, short_rows=None, long_rows=None,
+                            switch=switch, switch_node=node.name, concat_offset=None)
+    return None
+
+
 def _if_switch(node: ir.Node, model: ir.Model) -> tuple[int | None, str | None]:
+    """(threshold, "If(Greater(lhs, 32))") for an If or Where whose condition compares with a constant."""
     cond = node.inputs[0] if node.inputs else None
     producer = cond.producer() if cond is not None else None
     if producer is None or len(producer.inputs) != 2:
-        return None, f"If({cond.name if cond is not None else '?'})"
+        return None, f"{node.op_type}({cond.name if cond is not None else '?'})"
     a, b = producer.inputs
     threshold = _ints(_small_const(b))
     lhs = a.name or "?"
     desc, from_shape = _total_seq_description(a, model)
     if from_shape or (desc and "attention_mask" in desc):
         lhs = "total_sequence_length"
+    elif desc:
+        lhs = desc
     rhs = str(threshold[0]) if threshold and len(threshold) == 1 else (b.name or "?")
-    return (threshold[0] if threshold and len(threshold) == 1 else None), f"If({producer.op_type}({lhs}, {rhs}))"
+    switch = f"{node.op_type}({producer.op_type}({lhs}, {rhs}))"
+    return (threshold[0] if threshold and len(threshold) == 1 else None), switch
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -700,38 +723,52 @@ def _sections_from_masks(masks: dict[int, np.ndarray]) -> tuple[list[int] | None
     return None, None
 
 
+def _chunked_sections(node: ir.Node) -> list[int] | None:
+    """[t, h, w] when ``node`` splits a per-axis cos/sin table by mRoPE sections: output ``i`` gathered at position
+    axis ``i % 3`` (3 outputs, or 6 when the table is rotate-half's doubled ``[f, f]``, as torch exporters emit)."""
+    if node.op_type != "Split" or len(node.outputs) not in (3, 6):
+        return None
+    if len(node.inputs) > 1 and node.inputs[1] is not None:
+        sizes = _ints(_small_const(node.inputs[1]))
+    else:
+        sizes = _ints(np.array(attr(node, "split"))) if attr(node, "split") is not None else None
+    if sizes is None or len(sizes) != len(node.outputs) or (len(sizes) == 6 and sizes[:3] != sizes[3:]):
+        return None
+    for i, out in enumerate(node.outputs):
+        gathers = [u for u, _ in out.uses() if u.op_type == "Gather" and len(u.inputs) > 1]
+        if not gathers or _ints(_small_const(gathers[0].inputs[1])) != [i % 3]:
+            return None
+    return sizes[:3]
+
+
 def _manual_mrope(model: ir.Model, inv: list[InvFreqMatMul]) -> list[ManualMRope]:
     found: dict[tuple, ManualMRope] = {}
+    # chunked: Split(per-axis table, sections), chunk i from position axis i, concatenated back (anywhere in the
+    # graph: torch exports rotate with Mul/Add, not a rotary op)
+    chunked: dict[int, ManualMRope] = {}
+    for node in iter_nodes(model):
+        sections = _chunked_sections(node)
+        if sections is None:
+            continue
+        nodes = _ancestors(node.inputs[:1])
+        if not any(n.op_type in ("Cos", "Sin") for n in nodes) and not any(
+                _table_like(_const_tensor(v)) for n in nodes for v in n.inputs if v is not None):
+            continue  # not a cos/sin table
+        table = _table_source(nodes, inv)
+        rec = found.setdefault(("chunked", tuple(sections), table),
+                               ManualMRope("chunked", sections, 0, table, [], [], []))
+        rec.section_nodes.append(node.name or "")
+        if len(node.inputs) > 1 and node.inputs[1] is not None and node.inputs[1].name not in rec.section_constants:
+            rec.section_constants.append(node.inputs[1].name or "")
+        chunked[id(node)] = rec
     for node, role, value in _rope_sinks(model):
         if role != "cos" or node.op_type == "MRotaryEmbedding":
             continue
         nodes = _ancestors([value])
-        if not nodes:
-            continue
-        # chunked: Split(table, sections) with output i gathered at index i of the 3 position axes
-        splits = []
-        for n in nodes:
-            if n.op_type != "Split" or len(n.outputs) != 3:
-                continue
-            sections = _ints(_small_const(n.inputs[1])) if len(n.inputs) > 1 else _ints(
-                np.array(attr(n, "split")) if attr(n, "split") is not None else None)
-            chunks = []
-            for i, out in enumerate(n.outputs):
-                gathers = [u for u, _ in out.uses() if u.op_type == "Gather"]
-                idx = _ints(_small_const(gathers[0].inputs[1])) if gathers else None
-                chunks.append(idx == [i] or idx == [[i]])
-            if sections is not None and all(chunks):
-                splits.append((n, sections))
-        if splits:
-            table = _table_source(nodes, inv)
-            key = ("chunked", tuple(splits[0][1]), table)
-            rec = found.setdefault(key, ManualMRope("chunked", list(splits[0][1]), 0, table, [], [], []))
-            for split, _ in splits:
-                if split.name not in rec.section_nodes:
-                    rec.section_nodes.append(split.name or "")
-                if len(split.inputs) > 1 and split.inputs[1].name not in rec.section_constants:
-                    rec.section_constants.append(split.inputs[1].name or "")
+        feeding = {id(rec): rec for n in nodes if (rec := chunked.get(id(n))) is not None}
+        for rec in feeding.values():
             rec.feeds.append(node.name or "")
+        if feeding:
             continue
         # masked: Where(mask_h, from axis 1, Where(mask_w, from axis 2, from axis 0)) over cache rows
         wheres = [n for n in nodes if n.op_type == "Where" and _small_const(n.inputs[0]) is not None
@@ -755,10 +792,11 @@ def _manual_mrope(model: ir.Model, inv: list[InvFreqMatMul]) -> list[ManualMRope
 
 
 def _table_source(nodes: list[ir.Node], inv: list[InvFreqMatMul]) -> str:
-    matmuls = {n.name for n in nodes if n.op_type in ("MatMul", "Einsum")}
+    products = {n.name: n.op_type for n in nodes if n.op_type in ("MatMul", "Einsum", "Mul")}
     for record in inv:
-        if matmuls & set(record.matmuls):
-            return f"inv_freq MatMul ({record.inv_freq} {record.inv_freq_shape})"
+        hit = next((name for name in record.matmuls if name in products), None)
+        if hit is not None:
+            return f"inv_freq {products[hit]} ({record.inv_freq} {record.inv_freq_shape})"
     tables = []
     for n in nodes:
         for v in n.inputs:
@@ -780,7 +818,10 @@ def _inv_freq_matmuls(model: ir.Model) -> list[InvFreqMatMul]:
     trig = [n for n in iter_nodes(model) if n.op_type in ("Cos", "Sin") and _domain(n) == ""]
     for node in trig:
         for mm in _ancestors(node.inputs):
-            if mm.op_type not in ("MatMul", "Einsum"):
+            if mm.op_type not in ("MatMul", "Einsum", "Mul") or len(mm.inputs) != 2:
+                continue
+            if mm.op_type == "Mul" and not any(  # outer product by broadcasting (transformers 5 dynamo exports)
+                    _graph_inputs_of(_ancestors([side]), model) for side in mm.inputs):
                 continue
             vector = None
             for side in mm.inputs:
@@ -915,6 +956,8 @@ def census(model: ir.Model, genai_config: dict | None = None, *, source: str | N
     attention = _attention_groups(model, genai_config)
     rotary = _rotary_groups(model)
     caches, longrope, _ = _cache_records(model, context_length, offset)
+    if longrope is None:
+        longrope = _longrope_where(model)
     inv = _inv_freq_matmuls(model)
     manual = _manual_mrope(model, inv)
     positions = _positions(model, genai_config)
@@ -1066,9 +1109,9 @@ def render(c: RopeCensus, console) -> None:
         table.add_row("  context", ctx + (f" from {c.context_length_source}" if c.context_length_source else ""))
     if c.longrope is not None:
         lr = c.longrope
-        how = lr.switch if lr.kind == "if" else f"offset {lr.concat_offset} (genai_config)"
-        table.add_row("LongRoPE", f"{lr.kind}: short {lr.short_rows} rows, long {lr.long_rows} rows, "
-                                  f"original {lr.original_max_position}; {how}")
+        how = f"offset {lr.concat_offset} (genai_config)" if lr.kind == "concat" else lr.switch
+        rows = f"short {lr.short_rows} rows, long {lr.long_rows} rows, " if lr.short_rows is not None else ""
+        table.add_row("LongRoPE", f"{lr.kind}: {rows}original {lr.original_max_position}; {how}")
     if not c.positions:
         table.add_row("positions", "no position input")
     for p in c.positions:
