@@ -16,12 +16,14 @@ of fp32) and 0.1 on corpus logits (untouched builder graphs are already 0.02-0.0
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import onnx_ir as ir
 import pytest
 
 from rope_passes.analysis.graph import MS_DOMAIN, attr, nodes_of
 from rope_passes.check.decode import DecoderSpec, embedding_table, run_decode, token_ids
-from rope_passes.check.runtime import create_session
+from rope_passes.check.runner import RunSpec, run_isolated
+from rope_passes.check.runtime import create_session, session_options
 from rope_passes.io import load_bundle, save_bundle
 from rope_passes.passes import CleanupPass, FoldTextMRoPEPass, LowerMRoPEPass
 from rope_passes.pipeline import run_pipeline
@@ -244,8 +246,27 @@ def test_corpus_fold(name, genai_corpus, tmp_path):
         w = want[step]["logits"].astype(np.float32)
         np.testing.assert_allclose(got[step]["logits"], w, rtol=0, atol=webgpu_tol, err_msg=f"WebGPU step {step}")
         np.testing.assert_allclose(cpu[step]["logits"], w, rtol=0, atol=cpu_tol, err_msg=f"CPU step {step}")
-    if "_graph" in name:  # capture needs every node on WebGPU: the folded graph has no Shape→Memcpy left
-        create_session(path, "webgpu", graph_capture=True)
+    if "_graph" in name:
+        _assert_capture_replays(path, bundle.genai_config, embed, got, tmp_path)
+
+
+def _assert_capture_replays(path, genai_config, embed, plain_steps, tmp_path):
+    """Under enableGraphCapture=1: no Memcpy node, and the captured/replayed decode equals the plain WebGPU run."""
+    so = session_options("webgpu", graph_capture=True)
+    so.optimized_model_filepath = str(tmp_path / "placed.onnx")
+    create_session(path, "webgpu", so=so)  # raises when capture is impossible (Memcpy or control flow)
+    placed = onnx.load(str(tmp_path / "placed.onnx"), load_external_data=False)
+    assert not [n.op_type for n in placed.graph.node if n.op_type.startswith("Memcpy")]
+    emb_path = None
+    if embed is not None:
+        emb_path = str(tmp_path / "embed.npy")
+        np.save(emb_path, embed)
+    spec = RunSpec("folded@webgpu+capture", str(path), "webgpu", 8, STEPS, genai_config=genai_config,
+                   graph_capture=True, max_length=8 + STEPS, embedding=emb_path)
+    captured = run_isolated(spec)  # a subprocess: capture failures may segfault
+    assert captured.ok, captured.reason
+    for step, (c, p) in enumerate(zip(captured.steps, plain_steps, strict=True)):
+        np.testing.assert_array_equal(c["logits"], p["logits"], err_msg=f"captured step {step}")
 
 
 def test_legacy_qwen35_3d_input_without_text_only_is_unchanged_in_the_pipeline(genai_corpus):
