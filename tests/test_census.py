@@ -85,6 +85,7 @@ def censuses() -> dict:
 def test_readme_facts(name, censuses):
     c, want = censuses[name], EXPECTED[name]
     assert c.flavours == want["flavours"]
+    assert json.loads(json.dumps(c.to_dict()))["flavours"] == want["flavours"]
 
     # attention: one GQA group over both layers
     assert c.attention_op == "GroupQueryAttention"

@@ -604,7 +604,8 @@ def _on_path(value: ir.Value) -> set[int]:
 
 def _cache_records(
     model: ir.Model, context_length: int | None, offset: int | None,
-) -> tuple[list[CosSinCache], LongRope | None, list[ir.Node]]:
+) -> tuple[list[CosSinCache], LongRope | None]:
+    """The cos/sin caches as records, and the LongRoPE pair they form (If branches, or a concatenated table)."""
     raw, if_nodes = _caches(model)
     longrope: LongRope | None = None
     variants: dict[int, str] = {}
@@ -650,7 +651,7 @@ def _cache_records(
             read_by=read_by, rows_vs_context=versus,
         ))
     records.sort(key=lambda c: (c.variant or "", c.role, c.name))
-    return records, longrope, if_nodes
+    return records, longrope
 
 
 def _longrope_where(model: ir.Model) -> LongRope | None:
@@ -955,7 +956,7 @@ def census(model: ir.Model, genai_config: dict | None = None, *, source: str | N
     offset = _concat_offset(genai_config)
     attention = _attention_groups(model, genai_config)
     rotary = _rotary_groups(model)
-    caches, longrope, _ = _cache_records(model, context_length, offset)
+    caches, longrope = _cache_records(model, context_length, offset)
     if longrope is None:
         longrope = _longrope_where(model)
     inv = _inv_freq_matmuls(model)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 
 from rich.console import Console
 
@@ -25,13 +27,17 @@ def run(args: argparse.Namespace) -> int:
     for path in args.models:
         bundle = load_bundle(path)
         results.append(census(bundle.model, bundle.genai_config, source=str(path)))
-    if args.json:
-        data = [r.to_dict() for r in results]
-        print(json.dumps(data[0] if len(data) == 1 else data, indent=2))
-        return 0
-    console = Console()
-    for i, result in enumerate(results):
-        if i:
-            console.print()
-        render(result, console)
+    try:
+        if args.json:
+            data = [r.to_dict() for r in results]
+            print(json.dumps(data[0] if len(data) == 1 else data, indent=2))
+            return 0
+        console = Console()
+        for i, result in enumerate(results):
+            if i:
+                console.print()
+            render(result, console)
+        sys.stdout.flush()
+    except BrokenPipeError:  # `rope-passes inspect ... | head`: the reader left, which is fine
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
