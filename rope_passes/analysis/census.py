@@ -1,13 +1,13 @@
 """The RoPE census: read-only facts about how a decoder graph does rotary position embeddings.
 
-:func:`census` walks an onnx_ir model once and reports, as dataclasses (``to_dict()`` gives JSON):
+:func:`census` walks an onnx_ir model (main graph and subgraphs) and reports, as dataclasses (``to_dict()`` gives JSON):
 
 * the attention op (GroupQueryAttention / MultiHeadAttention / Attention / none): count, ``do_rotary``,
   ``rotary_interleaved``, heads, head size, packed QKV, and where ``total_sequence_length`` comes from;
 * the rotary ops (``RotaryEmbedding``, ``MRotaryEmbedding``) with their attributes;
 * the cos/sin caches (name, shape, dtype, rows against the context length), LongRoPE pairs and concatenations;
 * the RoPE flavours found (:data:`FLAVOURS`), manual mRoPE subgraphs with the sections read from their constants,
-  on-the-fly ``inv_freq`` MatMuls;
+  cos/sin computed on the fly from an ``inv_freq`` vector (MatMul, or a broadcasting Mul);
 * the position inputs (2D ``[B,S]`` / 3D ``[3,B,S]``), whether a 2D input is tiled to three identical axes in-graph;
 * the Shape / If / Range / Loop nodes and which attention or rotary inputs each one feeds.
 
@@ -35,7 +35,7 @@ FLAVOURS = (
     "rotary-embedding",  # RotaryEmbedding nodes (com.microsoft or ai.onnx)
     "mrotary-embedding",  # com.microsoft::MRotaryEmbedding nodes (multimodal RoPE as one op)
     "manual-mrope",  # mRoPE spelled out as a subgraph (chunked sections, or cache + h/w masks + Where)
-    "inv-freq-matmul",  # cos/sin computed per call from an inv_freq MatMul, as torch exporters emit
+    "inv-freq-matmul",  # cos/sin computed per call: positions MatMul (or broadcast Mul) inv_freq, as exporters emit
     "longrope-if",  # an If node choosing between a short and a long cos/sin cache
     "longrope-concat",  # one cache = concat(short, long), read at an offset (multiRotaryCacheConcatOffset)
     "longrope-where",  # Where(cond, long_inv_freq, short_inv_freq) before an inv_freq product (torch exports)
