@@ -290,7 +290,8 @@ def position_source(values: Iterable[ir.Value]) -> PositionSource:
         raise Mismatch(f"position input {pos.name!r} is {pos.dtype}, not an integer tensor")
     rank = len(pos.shape) if pos.shape is not None else None
     if rank == 3 and pos.shape[0] == 3:
-        return PositionSource(pos, pos, False, f"{pos.name!r} is a [3, batch, seq] graph input (positions set by the caller)")
+        how = f"{pos.name!r} is a [3, batch, seq] graph input (positions set by the caller)"
+        return PositionSource(pos, pos, False, how)
     if rank == 2:
         # Every use of the 2D input on the way to the tables must go through one Tile/Expand to 3 identical axes.
         node_ids = {id(n) for n in nodes}
@@ -301,14 +302,21 @@ def position_source(values: Iterable[ir.Value]) -> PositionSource:
             unsq_out = user.outputs[0]
             readers = [u for u, _ in unsq_out.uses() if id(u) in node_ids]
             if user.op_type != "Unsqueeze" or not readers:
-                raise Mismatch(f"2D {pos.name!r} reaches the rotary tables through {user.op_type} {user.name!r}, not a tile to 3 axes")
+                raise Mismatch(
+                    f"2D {pos.name!r} reaches the rotary tables through {user.op_type} {user.name!r}, "
+                    "not a tile to 3 axes"
+                )
             for reader in readers:
                 if _is_tile_of_2d(reader.outputs[0]) is not pos:
-                    raise Mismatch(f"2D {pos.name!r} is unsqueezed into {reader.op_type} {reader.name!r}, not a tile to 3 identical axes")
+                    raise Mismatch(
+                        f"2D {pos.name!r} is unsqueezed into {reader.op_type} {reader.name!r}, "
+                        "not a tile to 3 identical axes"
+                    )
                 tiles.append(reader.outputs[0])
         if len({id(t) for t in tiles}) != 1:
             raise Mismatch(f"2D {pos.name!r} is tiled to 3 axes in {len(tiles)} places")
-        return PositionSource(pos, tiles[0], True, f"2D {pos.name!r} is tiled to 3 identical axes in the graph (text only)")
+        how = f"2D {pos.name!r} is tiled to 3 identical axes in the graph (text only)"
+        return PositionSource(pos, tiles[0], True, how)
     raise Mismatch(f"position input {pos.name!r} has shape {pos.shape}, neither [3, batch, seq] nor [batch, seq]")
 
 
@@ -355,9 +363,8 @@ def mrotary_tables(node: ir.Node) -> TextTables:
     if scale != 1.0:
         cos32, sin32 = (cos32 * np.float32(scale)).astype(np.float32), (sin32 * np.float32(scale)).astype(np.float32)
     positions = position_source([node.inputs[1]])
-    return TextTables(
-        cos32, sin32, f"{node.inputs[2].name!r}/{node.inputs[3].name!r} (sections {sections}, layout {layout})", positions
-    )
+    source = f"{node.inputs[2].name!r}/{node.inputs[3].name!r} (sections {sections}, layout {layout})"
+    return TextTables(cos32, sin32, source, positions)
 
 
 def _evaluate(model: ir.Model, inputs: Sequence[ir.Value], outputs: Sequence[ir.Value], feeds: list[np.ndarray]):
@@ -399,7 +406,8 @@ def per_token_tables(model: ir.Model, node: ir.Node, max_positions: int | None) 
     """
     if not _is_token_index(node.inputs[1]):
         raise Mismatch(
-            f"{node.name!r}: position_ids is not the token index Range(0, batch*seq) (plain RoPE, not per-token mRoPE tables)"
+            f"{node.name!r}: position_ids is not the token index Range(0, batch*seq) "
+            "(plain RoPE, not per-token mRoPE tables)"
         )
     if float(attr(node, "scale", 1.0) or 1.0) != 1.0:
         raise Mismatch(f"{node.name!r}: RotaryEmbedding scale != 1 is not supported")
@@ -425,12 +433,13 @@ def per_token_tables(model: ir.Model, node: ir.Node, max_positions: int | None) 
     except Exception as exc:  # onnxruntime failures
         raise Mismatch(f"{node.name!r}: cannot evaluate the cos/sin subgraph ({type(exc).__name__})") from None
     if cos.ndim != 2 or cos.shape[0] != max_pos or cos.shape != sin.shape:
-        raise Mismatch(f"{node.name!r}: cos/sin subgraph gives shape {cos.shape} for {max_pos} tokens, not [tokens, half]")
+        raise Mismatch(
+            f"{node.name!r}: cos/sin subgraph gives shape {cos.shape} for {max_pos} tokens, not [tokens, half]"
+        )
     if not (np.array_equal(cos_p, cos[perm]) and np.array_equal(sin_p, sin[perm])):
         raise Mismatch(f"{node.name!r}: cos/sin rows do not depend on each token's own position alone")
-    return TextTables(
-        cos.astype(np.float32), sin.astype(np.float32), f"evaluated from the graph's cos/sin subgraph ({max_pos} positions)", positions
-    )
+    source = f"evaluated from the graph's cos/sin subgraph ({max_pos} positions)"
+    return TextTables(cos.astype(np.float32), sin.astype(np.float32), source, positions)
 
 
 def text_tables(model: ir.Model, rotation: Rotation, max_positions: int | None) -> TextTables:

@@ -85,7 +85,9 @@ def remove_dead(graph: ir.Graph, start: Iterable[ir.Value | None]) -> tuple[int,
     return nodes_removed, inits_removed
 
 
-def drop_unused_input(graph: ir.Graph, value: ir.Value, genai_config: dict[str, Any] | None) -> tuple[list[str], list[str]]:
+def drop_unused_input(
+    graph: ir.Graph, value: ir.Value, genai_config: dict[str, Any] | None
+) -> tuple[list[str], list[str]]:
     """Remove graph input ``value`` when nothing reads it, and its genai_config decoder input entry.
 
     Returns (graph changes, genai_config changes).
@@ -248,7 +250,10 @@ class FoldTextMRoPEPass(RopePass):
     @staticmethod
     def _check(gqa, q: Rotation, k: Rotation, qt: TextTables, kt: TextTables) -> str | None:
         if q.interleaved != k.interleaved or q.rotary_dim != k.rotary_dim:
-            return f"q and k are rotated differently (interleaved {q.interleaved}/{k.interleaved}, dim {q.rotary_dim}/{k.rotary_dim})"
+            return (
+                f"q and k are rotated differently (interleaved {q.interleaved}/{k.interleaved}, "
+                f"dim {q.rotary_dim}/{k.rotary_dim})"
+            )
         if not (np.array_equal(qt.cos, kt.cos) and np.array_equal(qt.sin, kt.sin)):
             return "q and k use different cos/sin tables"
         if qt.positions.graph_input is not kt.positions.graph_input:
@@ -315,4 +320,6 @@ class FoldTextMRoPEPass(RopePass):
             # onnxruntime-genai turns unknown session_options strings into session config entries, which
             # onnxruntime ignores: the one place in genai_config.json a marker cannot break loading.
             decoder.setdefault("session_options", {})[TEXT_ONLY_KEY] = "1"
-            report.genai_config_changes.append(f"model.decoder.session_options[{TEXT_ONLY_KEY!r}] = '1' (text prompts only)")
+            report.genai_config_changes.append(
+                f"model.decoder.session_options[{TEXT_ONLY_KEY!r}] = '1' (text prompts only)"
+            )

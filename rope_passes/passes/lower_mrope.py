@@ -39,7 +39,7 @@ from rope_passes.report import PassReport
 
 class LowerMRoPEPass(RopePass):
     name = "lower-mrope"
-    summary = "replace MRotaryEmbedding by per-token cos/sin gathers + RotaryEmbedding (runs on onnxruntime-webgpu 1.27)"
+    summary = "replace MRotaryEmbedding by per-token cos/sin gathers + RotaryEmbedding (runs on onnxruntime-webgpu)"
 
     def apply(self, model: ir.Model, report: PassReport) -> None:
         graph = model.graph
@@ -124,6 +124,8 @@ class LowerMRoPEPass(RopePass):
             raise Mismatch(f"mrope_section {sections} does not sum to the cache width {half}")
         axis_of_columns(sections, layout, half)
         scale = float(attr(node, "scale", 1.0) or 1.0)
+        if scale != 1.0 and (cos.const_value is None or sin.const_value is None):
+            raise Mismatch(f"scale={scale} with cos/sin caches that are not constants (cannot pre-scale them)")
         return (id(pos), id(cos), id(sin), tuple(sections), layout, scale), half, sections, layout, scale
 
     @staticmethod
@@ -143,8 +145,7 @@ class LowerMRoPEPass(RopePass):
             return n.outputs[0]
 
         if scale != 1.0:
-            cos = add_initializer(graph, f"{cos.name}_scaled", (cos.const_value.numpy().astype(np.float32) * scale).astype(cos.const_value.numpy().dtype))
-            sin = add_initializer(graph, f"{sin.name}_scaled", (sin.const_value.numpy().astype(np.float32) * scale).astype(sin.const_value.numpy().dtype))
+            cos, sin = (_scaled(graph, cache, scale) for cache in (cos, sin))
         axis = add_initializer(graph, f"{base}/axis_of_column", axis_of_columns(sections, layout, half))
         flat_shape = add_initializer(graph, f"{base}/flat_shape", np.array([-1, half], np.int64))
         i64 = ir.DataType.INT64
@@ -169,3 +170,9 @@ class LowerMRoPEPass(RopePass):
         for n in nodes:
             graph.insert_before(node, n)
         return token_index, cos_tok, sin_tok
+
+
+def _scaled(graph: ir.Graph, cache: ir.Value, scale: float) -> ir.Value:
+    """A copy of constant ``cache`` times ``scale`` (MRotaryEmbedding scales cos/sin in float, then rounds)."""
+    array = cache.const_value.numpy()
+    return add_initializer(graph, f"{cache.name}_scaled", (array.astype(np.float32) * scale).astype(array.dtype))
