@@ -293,3 +293,15 @@ def test_webgpu_preset_folds_with_text_only_and_lowers_without(genai_corpus):
     report = run_pipeline(lowered, target="webgpu")
     assert report.passes[0].status.startswith("refused: ") and report.passes[1].status == "rewritten 4"
     assert len(nodes_of(lowered.model, "RotaryEmbedding")) == 4 and not nodes_of(lowered.model, "MRotaryEmbedding")
+
+
+def test_fold_also_reads_a_lowered_graph(genai_corpus):
+    """lower-mrope's output is the per-token RotaryEmbedding form, so --text-only can still fold it afterwards."""
+    bundle = load_bundle(genai_corpus / "current/qwen35/webgpu_fp32")
+    LowerMRoPEPass()(bundle.model)
+    result = FoldTextMRoPEPass(genai_config=bundle.genai_config, text_only=True)(bundle.model)
+    assert result.report.status == "rewritten 2"
+    assert_folded(bundle.model, interleaved=False, half=8, dtype=ir.DataType.FLOAT)
+    cos = nodes_of(bundle.model, "GroupQueryAttention", MS_DOMAIN)[0].inputs[7].const_value.numpy()
+    original = load_bundle(genai_corpus / "current/qwen35/webgpu_fp32").model.graph.initializers["cos_cache"]
+    np.testing.assert_array_equal(cos, original.const_value.numpy())  # the cache's own rows, all 256

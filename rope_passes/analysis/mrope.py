@@ -387,7 +387,7 @@ def _gathered_rows(nodes: Iterable[ir.Node]) -> int | None:
     rows = [
         n.inputs[0].shape[0]
         for n in nodes
-        if n.op_type == "Gather"
+        if n.op_type in ("Gather", "GatherElements")
         and n.inputs[0] is not None
         and n.inputs[0].const_value is not None
         and n.inputs[0].shape is not None
