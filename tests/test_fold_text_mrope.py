@@ -305,3 +305,22 @@ def test_fold_also_reads_a_lowered_graph(genai_corpus):
     cos = nodes_of(bundle.model, "GroupQueryAttention", MS_DOMAIN)[0].inputs[7].const_value.numpy()
     original = load_bundle(genai_corpus / "current/qwen35/webgpu_fp32").model.graph.initializers["cos_cache"]
     np.testing.assert_array_equal(cos, original.const_value.numpy())  # the cache's own rows, all 256
+
+
+def test_tables_that_mix_tokens_are_not_folded():
+    """The evaluated table must be per token: a CumSum over tokens on the cos path is caught by the permuted run."""
+    model = attention_graph(form="manual", sections=[16, 24, 24], positions="tiled")
+    rope = nodes_of(model, "RotaryEmbedding", MS_DOMAIN)[0]
+    cos_flat = rope.inputs[2]
+    zero = ir.Value(name="axis0", shape=ir.Shape([]), type=ir.TensorType(ir.DataType.INT64))
+    zero.const_value = ir.tensor(np.array(0, np.int64), name="axis0")
+    model.graph.register_initializer(zero)
+    mix = ir.node("CumSum", [cos_flat, zero], name="mix_tokens")
+    mix.outputs[0].dtype = cos_flat.dtype
+    model.graph.insert_after(cos_flat.producer(), mix)
+    for node in nodes_of(model, "RotaryEmbedding", MS_DOMAIN):
+        node.replace_input_with(2, mix.outputs[0])
+    before = to_bytes(model)
+    result = FoldTextMRoPEPass()(model)
+    assert to_bytes(model) == before
+    assert result.report.status.endswith("cos/sin rows do not depend on each token's own position alone")
