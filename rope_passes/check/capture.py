@@ -101,7 +101,7 @@ class CaptureDriver:
                 raise UsageError(f"cannot size output {name} dimension {d!r} for graph capture: give --dim {d}=N")
         return tuple(shape)
 
-    def run(self, on_step: Any = None) -> list[dict[str, np.ndarray]]:
+    def run(self, on_step: Any = None, results: list | None = None) -> list[dict[str, np.ndarray]]:
         spec, dspec, sess, buf = self.spec, self.dspec, self.session, self.buffers
         tokens = token_ids(spec.prefill + spec.steps, spec.seed)
         outputs = {o.name: o for o in sess.get_outputs()}
@@ -134,7 +134,7 @@ class CaptureDriver:
                 io.bind_ortvalue_output(n, v)
             return io, ins, outs
 
-        results: list[dict[str, np.ndarray]] = []
+        results = [] if results is None else results
         mask_host = np.zeros((1, self.max_len), mask_spec.dtype)
         no_capture = ort.RunOptions()
         no_capture.add_run_config_entry("gpu_graph_id", "-1")

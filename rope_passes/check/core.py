@@ -42,6 +42,7 @@ from rope_passes.check.adapter import AdapterInfo, adapter_info, max_webgpu_pref
 from rope_passes.check.compare import (
     TOLERANCES,
     Comparison,
+    OutputDiff,
     compare_reference_logits,
     compare_steps,
     precision_of,
@@ -304,12 +305,17 @@ def check(
         a, b = by.get(actual), by.get(reference)
         if why_not:
             c.status, c.reason = "skipped", why_not
-        elif a is None or b is None or not a.ok or not b.ok:
-            bad = next(r for r in (a, b) if r is None or not r.ok)
+        elif a is None or b is None or not (a.ok or a.steps) or not (b.ok or b.steps):
+            bad = next(r for r in (a, b) if r is None or not (r.ok or r.steps))
             c.status, c.reason = "skipped", f"{bad.label if bad else actual} did not run" + (
                 f" ({bad.status})" if bad else "")
         else:
             compare_steps(a.steps, b.steps, c, only)
+            if a.failed_step is not None and a.failed_step < len(b.steps) and (only is None or a.failed_step in only):
+                c.diffs.append(OutputDiff(a.failed_step, "(run)", float("inf"), float("inf"), False,
+                                          f"{actual} failed at this step: {a.reason}"))
+            if b.failed_step is not None:
+                c.reason = f"{reference} failed at step {b.failed_step}: compared the steps before it"
             if only is not None:
                 c.reason = (c.reason + "; " if c.reason else "") + f"steps {only[0]}..{only[-1]} only" if only else \
                     "no step before the LongRoPE offset"
@@ -337,6 +343,14 @@ def check(
             c.status, c.reason = "skipped", f"{rew_label} did not run ({r.status})"
         comparisons.append(c)
 
+    originals = [r for r in runs if r.label.startswith("original@")]
+    if not any(r.ok for r in originals):
+        import onnxruntime
+
+        notes.append(f"the original does not run on this onnxruntime ({onnxruntime.__version__}): "
+                     f"{originals[0].reason}" + ("" if reference_logits is not None else
+                                                 "; give --reference-logits FILE.npy to check the rewritten graph"))
+
     # --- verdict ---
     counted = [c for c in comparisons if c.counts and c.status == "compared"]
     if any(not c.ok for c in counted):
@@ -352,8 +366,6 @@ def check(
         verdict = COULD_NOT_RUN
         if not by[rew_label].ok:
             notes.append("nothing to compare: the rewritten graph did not run")
-        else:
-            notes.append("nothing to compare against: the original did not run here; give --reference-logits")
     else:
         verdict = EQUIVALENT
     return EquivalenceReport(verdict, orig, rew, ep, prefill, steps, runs, comparisons, notes, adapter,

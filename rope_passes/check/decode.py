@@ -248,15 +248,17 @@ def run_decode(
     prefill: int,
     steps: int,
     on_step: Callable[[int], None] | None = None,
+    results: list[dict[str, np.ndarray]] | None = None,
 ) -> list[dict[str, np.ndarray]]:
     """Prefill ``tokens[:, :prefill]``, then ``steps`` single-token steps; every output of every call, step 0 first.
 
     ``present.*`` of a call is fed back as ``past_key_values.*`` of the next. ``tokens`` needs ``prefill + steps``
-    columns (use :func:`token_ids`).
+    columns (use :func:`token_ids`). Steps are appended to ``results`` when given, so a caller keeps the steps that
+    ran before an exception.
     """
     if tokens.shape[1] < prefill + steps:
         raise UsageError(f"{tokens.shape[1]} tokens for a prefill of {prefill} and {steps} steps")
-    results: list[dict[str, np.ndarray]] = []
+    results = [] if results is None else results
     past: dict[str, np.ndarray] | None = None
     past_len = 0
     for step in range(steps + 1):

@@ -58,6 +58,7 @@ class RunResult:
     providers: list[str] = dataclasses.field(default_factory=list)
     wall_s: float = 0.0
     notes: list[str] = dataclasses.field(default_factory=list)
+    failed_step: int | None = None  # run-failed: the step whose call raised (the steps before it are kept)
 
     @property
     def ok(self) -> bool:
@@ -65,7 +66,7 @@ class RunResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {"label": self.label, "status": self.status, "reason": self.reason, "providers": self.providers,
-                "steps_run": len(self.steps), "wall_s": round(self.wall_s, 3), "notes": self.notes}
+                "steps_run": len(self.steps), "failed_step": self.failed_step, "wall_s": round(self.wall_s, 3), "notes": self.notes}
 
 
 def _one_line(exc: BaseException) -> str:
@@ -98,13 +99,13 @@ def execute_run(spec: RunSpec, on_step: Callable[[int], None] | None = None, cap
         return result
     try:
         if spec.graph_capture:
-            result.steps = driver.run(on_step=on_step)
+            driver.run(on_step=on_step, results=result.steps)
             result.notes.extend(driver.notes)
         else:
             dspec = DecoderSpec.from_session(sess, spec.genai_config, dims=dict(spec.dims), embedding_table=table)
             if dspec.is_decoder:
                 tokens = token_ids(spec.prefill + spec.steps, spec.seed)
-                result.steps = run_decode(sess, dspec, tokens, spec.prefill, spec.steps, on_step=on_step)
+                run_decode(sess, dspec, tokens, spec.prefill, spec.steps, on_step=on_step, results=result.steps)
             else:
                 feeds = random_feeds(dspec, spec.seed)
                 result.steps = [dict(zip(dspec.outputs, sess.run(dspec.outputs, feeds)))]
@@ -112,6 +113,7 @@ def execute_run(spec: RunSpec, on_step: Callable[[int], None] | None = None, cap
                     on_step(0)
     except Exception as exc:  # noqa: BLE001
         result.status, result.reason = RUN_FAILED, _one_line(exc)
+        result.failed_step = len(result.steps)
     result.wall_s = time.perf_counter() - start
     return result
 

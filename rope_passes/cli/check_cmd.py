@@ -82,6 +82,8 @@ def render(report, console: Console) -> None:
     console.print(f"rewritten: {report.rewritten.path} ({report.rewritten.precision})")
     console.print(f"decode: prefill {report.prefill} + {report.steps} single-token steps "
                   f"= {report.prefill + report.steps} tokens")
+    tolerances = dict.fromkeys(str(c.tolerance) for c in report.comparisons)
+    console.print("tolerance (pass when |a - b| <= atol + rtol * |reference|): " + "; ".join(tolerances))
     runs = Table(title="runs", title_justify="left")
     for col in ("run", "status", "providers", "wall s", "detail"):
         runs.add_column(col)
@@ -90,7 +92,7 @@ def render(report, console: Console) -> None:
                      f"{r.wall_s:.2f}", escape((r.reason or "; ".join(r.notes))[:160]))
     console.print(runs)
     for c in report.comparisons:
-        title = f"{c.name}  [{c.tolerance}]" + ("" if c.counts else "  (for information: not counted)")
+        title = f"{c.name}  ({c.tolerance})" + ("" if c.counts else "  (for information: not counted)")
         if c.status != "compared":
             console.print(f"{title}: skipped: {c.reason}")
             continue

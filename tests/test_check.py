@@ -1,0 +1,283 @@
+"""The equivalence checker: it passes what is equal, fails what is not (at the right step), and its inputs are real.
+
+Every test here runs real sessions on onnxruntime-webgpu (lavapipe on CI): they fail, never skip, without an adapter.
+Budget (2 cores): ~2 min. Which corpus models run where is listed in docs/checker.md.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import onnx_ir as ir
+import pytest
+
+import rope_passes
+from rope_passes.analysis.graph import nodes_of
+from rope_passes.check.adapter import adapter_info, max_webgpu_prefill
+from rope_passes.check.compare import TOLERANCES
+from rope_passes.check.core import COULD_NOT_RUN, EQUIVALENT, NOT_EQUIVALENT, check
+from rope_passes.check.decode import DecoderSpec, embedding_table, run_decode, token_ids
+from rope_passes.check.runtime import create_session
+from rope_passes.cli import main
+from rope_passes.io import load_bundle, save_bundle
+
+from conftest import GENAI, UNLOADABLE, genai_models
+
+LOADABLE = [m for m in genai_models() if m not in UNLOADABLE]
+GRAPH_BUILDS = {m for m in LOADABLE if "_graph" in m}
+#: builder `_graph` models whose graph onnxruntime 1.27 captures (the others get Memcpy nodes: capture refused)
+CAPTURABLE = {"current/llama/webgpu_fp16_graph", "current/phi3_mini_128k/webgpu_fp16_graph"}
+
+
+def mutate(src: str, dst, edit) -> str:
+    """A rewritten copy of corpus model ``src`` in ``dst``, changed by ``edit(model, genai_config)``."""
+    bundle = load_bundle(GENAI / src)
+    edit(bundle.model, bundle.genai_config)
+    save_bundle(bundle, dst)
+    return str(dst)
+
+
+def set_initializer_row(name: str, row: int, delta: float):
+    def edit(model: ir.Model, _config) -> None:
+        value = model.graph.initializers[name]
+        table = value.const_value.numpy().copy()
+        table[row] += delta
+        value.const_value = ir.tensor(table, name=name)
+
+    return edit
+
+
+# ---------------------------------------------------------------- self-consistency: check M M
+
+
+@pytest.mark.parametrize("name", LOADABLE)
+def test_self_consistency(name):
+    capture = name in GRAPH_BUILDS
+    report = rope_passes.check(GENAI / name, GENAI / name, graph_capture=capture)
+    assert report.verdict == EQUIVALENT, report.to_json()
+    assert report.wall_s < 20, f"{name}: {report.wall_s:.1f} s"
+    same_ep = report.comparison("rewritten@webgpu", "original@webgpu")
+    assert same_ep.status == "compared" and same_ep.diffs
+    assert all(d.max_abs == 0.0 for d in same_ep.diffs)  # same graph, same EP: bit-identical
+    assert {d.output for d in same_ep.diffs} == set(report.run("original@webgpu").steps[0])
+    for run in report.runs:
+        if run.label.endswith("webgpu") and run.ok:
+            assert run.providers[0] == "WebGpuExecutionProvider"
+    if capture:
+        captured = report.run("rewritten@webgpu+capture")
+        if name in CAPTURABLE:
+            assert captured.ok, captured.reason
+            assert f"onnxruntime logged {report.steps - 1} replays of the captured graph" in captured.notes
+            cmp = report.comparison("rewritten@webgpu+capture", "rewritten@webgpu")
+            assert cmp.status == "compared" and all(d.max_abs == 0.0 for d in cmp.diffs)
+        else:  # a refused capture is a reported result, with onnxruntime's reason
+            assert captured.status == "load-failed"
+            assert "cannot use the graph capture feature" in captured.reason
+            assert any("graph capture is not available" in n for n in report.notes)
+
+
+@pytest.mark.parametrize("name", ["current/qwen25_vl/webgpu_fp16", "current/qwen3/webgpu_fp16"])
+def test_unloadable_original_is_reported_not_compared(name):
+    report = rope_passes.check(GENAI / name, GENAI / name, isolate=False)
+    assert report.verdict == COULD_NOT_RUN and report.exit_code == 2
+    assert report.run("original@webgpu").status == "load-failed"
+    assert any("--reference-logits" in n for n in report.notes)
+
+
+def test_unloadable_original_against_reference_logits():
+    """current/qwen25_vl (MRotaryEmbedding, not in 1.27) vs the legacy build's explicit mRoPE, which takes
+    inputs_embeds: fed the original's own embedding table, checked against the Hugging Face logits."""
+    ref = GENAI / "hf/qwen25_vl/ref_S8.npy"
+    report = check(GENAI / "current/qwen25_vl/cpu_fp32", GENAI / "legacy/qwen25_vl/cpu_fp32",
+                   steps=0, reference_logits=ref, isolate=False)
+    assert report.verdict == EQUIVALENT, report.to_json()
+    assert report.run("original@cpu").status == "load-failed"
+    assert "MRotaryEmbedding" in report.run("original@cpu").reason
+    c = report.comparison("rewritten@webgpu", "reference-logits")
+    assert c.status == "compared" and c.tolerance == TOLERANCES["fp32"]
+    assert c.diffs[0].max_abs < 1e-4
+
+
+# ---------------------------------------------------------------- inputs are the corpus README's
+
+
+@pytest.mark.parametrize("name,hf,embeds", [
+    ("current/llama/cpu_fp32", "llama", None),
+    ("current/qwen3/cpu_fp32", "qwen3", None),
+    ("current/phi3_mini_128k/cpu_fp32", "phi3_mini_128k", None),
+    ("legacy/qwen25_vl/cpu_fp32", "qwen25_vl", "current/qwen25_vl/cpu_fp32/model.onnx"),
+    ("legacy/qwen35/cpu_fp32", "qwen35", "legacy/qwen35/cpu_fp32_text/model.onnx"),
+    ("legacy/qwen35/cpu_fp32_text", "qwen35", None),
+])
+def test_cpu_reference_reproduces_hugging_face(name, hf, embeds):
+    ref = np.load(GENAI / "hf" / hf / "ref_S8.npy")  # logits[8, vocab] for a prefill of 8
+    report = check(GENAI / name, GENAI / name, ep="cpu", prefill=8, steps=0, reference_logits=ref,
+                   embeddings=str(GENAI / embeds) if embeds else None, isolate=False)
+    logits = report.run("original@cpu").steps[0]["logits"][0]
+    assert logits.shape == ref.shape
+    assert np.abs(logits - ref).max() < 1e-4
+    assert report.verdict == EQUIVALENT
+
+
+def test_decode_steps_reproduce_the_prefill():
+    """A prefill of 3 + 5 single-token steps gives the logits of a prefill of 8 (KV feed-back and positions)."""
+    folder = GENAI / "current/llama/cpu_fp32"
+    sess = create_session(folder / "model.onnx", "cpu")
+    spec = DecoderSpec.from_session(sess, json.loads((folder / "genai_config.json").read_text()))
+    steps = run_decode(sess, spec, token_ids(8), prefill=3, steps=5)
+    rows = np.concatenate([steps[0]["logits"][0]] + [s["logits"][0] for s in steps[1:]])
+    np.testing.assert_allclose(rows, np.load(GENAI / "hf/llama/ref_S8.npy"), atol=1e-4, rtol=0)
+    assert [s["present.0.key"].shape[2] for s in steps] == [3, 4, 5, 6, 7, 8]
+
+
+def test_token_ids_are_the_corpus_ones():
+    np.testing.assert_array_equal(token_ids(5), np.random.RandomState(0).randint(4, 492, size=(1, 5)))
+    assert embedding_table(GENAI / "current/qwen25_vl/cpu_fp32/model.onnx").shape == (500, 128)
+
+
+# ---------------------------------------------------------------- mutations: it can fail, at the right step
+
+
+def test_perturbed_cos_row_fails_at_the_prefill(tmp_path):
+    bad = mutate("current/llama/cpu_fp32", tmp_path / "m", set_initializer_row("cos_cache", 3, 1e-2))
+    report = check(GENAI / "current/llama/cpu_fp32", bad)
+    assert report.verdict == NOT_EQUIVALENT and report.exit_code == 1
+    cmp, diff = report.first_failure
+    assert diff.step == 0 and cmp.name == "rewritten@webgpu vs original@webgpu"
+
+
+def test_flipped_rotary_interleaved_fails(tmp_path):
+    def flip(model, _config):
+        for node in nodes_of(model, "GroupQueryAttention"):
+            node.attributes["rotary_interleaved"] = ir.AttrInt64("rotary_interleaved", 1)
+
+    bad = mutate("current/llama/cpu_fp32", tmp_path / "m", flip)
+    report = check(GENAI / "current/llama/cpu_fp32", bad, isolate=False)
+    assert report.verdict == NOT_EQUIVALENT
+    assert report.first_failure[1].step == 0
+
+
+def test_decode_only_error_fails_at_its_step(tmp_path):
+    """cos_cache row 9 is used only by the second decode step (prefill = positions 0..7, step 1 = position 8)."""
+    bad = mutate("current/llama/cpu_fp32", tmp_path / "m", set_initializer_row("cos_cache", 9, 1e-2))
+    report = check(GENAI / "current/llama/cpu_fp32", bad, prefill=8, steps=4, isolate=False)
+    assert report.verdict == NOT_EQUIVALENT
+    cmp, diff = report.first_failure
+    assert diff.step == 2, diff
+    same_ep = report.comparison("rewritten@webgpu", "original@webgpu")
+    assert all(d.ok for d in same_ep.diffs if d.step < 2)
+    assert not all(d.ok for d in same_ep.diffs if d.step == 2 and d.output == "logits")
+
+
+def test_wrong_longrope_offset_fails_past_it(tmp_path):
+    """phi3 concatenated cache, offset 32 -> 16: identical up to 16 tokens, wrong from token 17 = decode step 9."""
+
+    def offset16(_model, config):
+        config["model"]["decoder"]["session_options"]["provider_options"][0]["webgpu"][
+            "multiRotaryCacheConcatOffset"] = "16"
+
+    src = "current/phi3_mini_128k/webgpu_fp16_graph"
+    bad = mutate(src, tmp_path / "m", offset16)
+    report = check(GENAI / src, bad, isolate=False)
+    assert report.prefill + report.steps >= 36  # decoded past the original's switch point (32)
+    assert report.original.webgpu_options["multiRotaryCacheConcatOffset"] == "32"
+    assert report.verdict == NOT_EQUIVALENT
+    assert report.first_failure[1].step == 9
+    same_ep = report.comparison("rewritten@webgpu", "original@webgpu")
+    assert all(d.max_abs == 0.0 for d in same_ep.diffs if d.step < 9)
+
+
+def set_switch(value: int):
+    def edit(model, _config):
+        greater = nodes_of(model, "Greater")[0]
+        greater.inputs[1].producer().attributes["value"] = ir.AttrTensor("value", ir.tensor(np.int64(value)))
+
+    return edit
+
+
+def test_wrong_longrope_switch_fails_past_it(tmp_path):
+    """phi3 fp32 If(Greater(total, 32)) between two tables: switching after 30 tokens instead is wrong from 31
+    tokens on (decode step 23 after a prefill of 8)."""
+    src = "current/phi3_mini_128k/webgpu_fp32"
+    bad = mutate(src, tmp_path / "m", set_switch(30))
+    report = check(GENAI / src, bad, isolate=False)
+    assert report.original.longrope == {"kind": "if", "switch": 32}
+    assert report.verdict == NOT_EQUIVALENT
+    assert report.first_failure[1].step == 31 - report.prefill
+
+
+def test_run_that_fails_mid_decode_is_a_failure_at_that_step(tmp_path):
+    """Switching at 34: the 32-row short table is too small at 33 tokens; GQA raises there (step 25)."""
+    src = "current/phi3_mini_128k/webgpu_fp32"
+    bad = mutate(src, tmp_path / "m", set_switch(34))
+    report = check(GENAI / src, bad, isolate=False)
+    run = report.run("rewritten@webgpu")
+    assert run.status == "run-failed" and run.failed_step == 25 and len(run.steps) == 25
+    assert "cos_cache dimension 0 shall not be less than total_sequence_length" in run.reason
+    assert report.verdict == NOT_EQUIVALENT
+    cmp, diff = report.first_failure
+    assert diff.step == 25 and diff.output == "(run)"
+
+
+# ---------------------------------------------------------------- runtime defects and isolation
+
+
+def test_software_adapter_caps_the_webgpu_prefill():
+    info = adapter_info()
+    report = check(GENAI / "current/llama/cpu_fp32", GENAI / "current/llama/cpu_fp32", prefill=12, steps=1,
+                   isolate=False)
+    if info.software:
+        assert max_webgpu_prefill(info) == 8
+        assert (report.prefill, report.steps) == (8, 5)
+        assert any("software WebGPU adapter" in n for n in report.notes)
+    else:
+        assert (report.prefill, report.steps) == (12, 1)
+
+
+def test_software_adapter_can_be_forced_off(monkeypatch):
+    monkeypatch.setenv("ROPE_PASSES_SOFTWARE_ADAPTER", "0")
+    adapter_info.cache_clear()
+    try:
+        assert max_webgpu_prefill() is None
+    finally:
+        adapter_info.cache_clear()
+
+
+def test_segfault_in_a_run_is_reported(monkeypatch):
+    monkeypatch.setenv("ROPE_PASSES_CHECK_WORKER_FAULT", "original@webgpu")
+    report = check(GENAI / "current/llama/cpu_fp32", GENAI / "current/llama/cpu_fp32", steps=1)
+    run = report.run("original@webgpu")
+    assert run.status == "crashed" and "SIGSEGV" in run.reason
+    # the other runs still ran and were compared
+    assert report.comparison("rewritten@webgpu", "original@cpu").status == "compared"
+    assert report.verdict == EQUIVALENT
+
+
+# ---------------------------------------------------------------- CLI
+
+
+def test_cli_json_and_exit_codes(tmp_path, capsys):
+    model = str(GENAI / "current/llama/cpu_fp32")
+    assert main(["check", model, model, "--steps", "2", "--in-process", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["verdict"] == "equivalent" and data["schedule"]["steps"] == 2
+    tol = data["comparisons"][0]["tolerance"]
+    assert (tol["atol"], tol["rtol"], tol["precision"]) == (1e-4, 1e-4, "fp32")
+    bad = mutate("current/llama/cpu_fp32", tmp_path / "m", set_initializer_row("cos_cache", 2, 1e-2))
+    assert main(["check", model, bad, "--steps", "1", "--in-process"]) == 1
+    out = capsys.readouterr().out
+    assert "not equivalent" in out and "first failure: step 0" in out and "atol 0.0001" in out
+    assert main(["check", model, str(tmp_path / "missing")]) == 2
+    assert "no such file" in capsys.readouterr().err
+    assert main(["check", model, model, "--dim", "oops"]) == 2
+
+
+def test_cli_entry_point_runs():
+    model = str(GENAI / "current/llama/cpu_fp32")
+    proc = subprocess.run([sys.executable, "-m", "rope_passes", "check", model, model, "--ep", "cpu", "--steps", "1"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "equivalent (exit 0)" in proc.stdout
