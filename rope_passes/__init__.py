@@ -27,6 +27,7 @@ __all__ = [
     "RopePassesError",
     "UsageError",
     "__version__",
+    "check",
     "load_bundle",
     "load_model",
     "optimize",

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from rope_passes.analysis.graph import MS_DOMAIN, attr, iter_nodes
+from rope_passes.analysis.graph import MS_DOMAIN, ancestors, attr, const_array, const_tensor, iter_nodes
 
 #: The RoPE flavours the census can name, in the order it lists them.
 FLAVOURS = (
@@ -297,51 +297,13 @@ def _attributes(node: ir.Node) -> dict[str, Any]:
     return {k: _jsonable(a.value) for k, a in sorted(node.attributes.items())}
 
 
-def _const_tensor(value: ir.Value | None) -> ir.TensorProtocol | None:
-    """The constant tensor behind ``value`` (initializer or Constant ``value`` attribute), not read."""
-    if value is None:
-        return None
-    if value.const_value is not None:
-        return value.const_value
-    producer = value.producer()
-    if producer is not None and producer.op_type == "Constant" and _domain(producer) == "":
-        a = producer.attributes.get("value")
-        if a is not None and isinstance(a.value, ir.TensorProtocol):
-            return a.value
-    return None
-
-
 def _small_const(value: ir.Value | None) -> np.ndarray | None:
     """The values of a small constant (at most SMALL_TENSOR elements); None for anything else or large."""
-    if value is None:
-        return None
-    tensor = _const_tensor(value)
-    if tensor is not None:
-        if tensor.size > SMALL_TENSOR:
-            return None
-        return tensor.numpy()
-    producer = value.producer()
-    if producer is not None and producer.op_type == "Constant" and _domain(producer) == "":
-        for key in ("value_int", "value_ints", "value_float", "value_floats"):
-            a = producer.attributes.get(key)
-            if a is not None:
-                return np.array(a.value)
-    return None
+    return const_array(value, max_size=SMALL_TENSOR)
 
 
-def _ancestors(values: Iterable[ir.Value | None], stop: set[str] = frozenset()) -> list[ir.Node]:
-    """Producers of ``values`` transitively, in discovery order; does not walk past nodes whose op is in ``stop``."""
-    seen: dict[int, ir.Node] = {}
-    stack = [v.producer() for v in values if v is not None and v.producer() is not None]
-    while stack:
-        node = stack.pop()
-        if id(node) in seen:
-            continue
-        seen[id(node)] = node
-        if node.op_type in stop:
-            continue
-        stack.extend(inp.producer() for inp in node.inputs if inp is not None and inp.producer() is not None)
-    return list(seen.values())
+_ancestors = ancestors
+_const_tensor = const_tensor
 
 
 def _through(value: ir.Value | None, ops: tuple[str, ...] = _PASS_THROUGH) -> ir.Value | None:

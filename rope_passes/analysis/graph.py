@@ -34,21 +34,35 @@ def attr(node: ir.Node, name: str, default=None):
     return a.value
 
 
-def const_array(value: ir.Value | None) -> np.ndarray | None:
-    """The constant content of a value: an initializer or a Constant node's output; None if not constant.
-
-    Reads the tensor (for external initializers this maps the weights, so only call it on small tensors or when
-    the values are needed).
-    """
+def const_tensor(value: ir.Value | None) -> ir.TensorProtocol | None:
+    """The constant tensor behind ``value`` (initializer or Constant ``value`` attribute), without reading it."""
     if value is None:
         return None
     if value.const_value is not None:
-        return value.const_value.numpy()
+        return value.const_value
     producer = value.producer()
     if producer is not None and producer.op_type == "Constant" and producer.domain in ("", "ai.onnx"):
         a = producer.attributes.get("value")
-        if a is not None:
-            return a.value.numpy()
+        if a is not None and isinstance(a.value, ir.TensorProtocol):
+            return a.value
+    return None
+
+
+def const_array(value: ir.Value | None, max_size: int | None = None) -> np.ndarray | None:
+    """The constant content of a value: an initializer or a Constant node's output; None if not constant.
+
+    ``max_size``: return None for tensors with more elements (so weights are never read by accident). Without it,
+    an external initializer is read from disk, so only call it when the values are needed.
+    """
+    if value is None:
+        return None
+    tensor = const_tensor(value)
+    if tensor is not None:
+        if max_size is not None and tensor.size > max_size:
+            return None
+        return tensor.numpy()
+    producer = value.producer()
+    if producer is not None and producer.op_type == "Constant" and producer.domain in ("", "ai.onnx"):
         for key in ("value_int", "value_ints", "value_float", "value_floats"):
             a = producer.attributes.get(key)
             if a is not None:
@@ -56,8 +70,9 @@ def const_array(value: ir.Value | None) -> np.ndarray | None:
     return None
 
 
-def ancestors(values: Iterable[ir.Value]) -> list[ir.Node]:
-    """Every node that (transitively) produces one of ``values``, in no particular order."""
+def ancestors(values: Iterable[ir.Value | None], stop: Iterable[str] = ()) -> list[ir.Node]:
+    """Producers of ``values`` transitively, in discovery order; does not walk past nodes whose op is in ``stop``."""
+    stop = frozenset(stop)
     seen: dict[int, ir.Node] = {}
     stack = [v.producer() for v in values if v is not None and v.producer() is not None]
     while stack:
@@ -65,9 +80,9 @@ def ancestors(values: Iterable[ir.Value]) -> list[ir.Node]:
         if id(node) in seen:
             continue
         seen[id(node)] = node
-        for inp in node.inputs:
-            if inp is not None and inp.producer() is not None:
-                stack.append(inp.producer())
+        if node.op_type in stop:
+            continue
+        stack.extend(inp.producer() for inp in node.inputs if inp is not None and inp.producer() is not None)
     return list(seen.values())
 
 
