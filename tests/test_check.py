@@ -281,3 +281,44 @@ def test_cli_entry_point_runs():
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "equivalent (exit 0)" in proc.stdout
+
+
+def test_non_decoder_graph_gets_random_inputs_sized_by_dim(tmp_path):
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["x", "x"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    path = tmp_path / "square.onnx"
+    onnx.save(model, path)
+    report = check(path, path, dims={"n": 3}, isolate=False)
+    assert report.verdict == EQUIVALENT
+    assert report.run("original@cpu").steps[0]["y"].shape == (3, 4)
+    unsized = check(path, path, isolate=False)
+    assert unsized.verdict == COULD_NOT_RUN
+    assert "--dim n=VALUE" in unsized.run("original@cpu").reason
+
+
+def test_original_under_another_python(tmp_path):
+    """--reference-python: the original's runs use that interpreter (here the same one, to exercise the path)."""
+    model = GENAI / "current/llama/cpu_fp32"
+    report = check(model, model, steps=1, isolate=False, reference_python=sys.executable)
+    assert report.verdict == EQUIVALENT
+    assert report.run("original@cpu").runtime.startswith("onnxruntime ")
+    assert any(n.startswith(f"the original ran under {sys.executable}") for n in report.notes)
+    missing = check(model, model, steps=1, isolate=False, reference_python=str(tmp_path / "nopython"))
+    assert missing.verdict == COULD_NOT_RUN and "cannot start" in missing.run("original@cpu").reason
+
+
+def test_bad_reference_logits_is_a_usage_error(tmp_path):
+    np.save(tmp_path / "ints.npy", np.zeros((8, 500), np.int64))
+    model = GENAI / "current/llama/cpu_fp32"
+    with pytest.raises(rope_passes.UsageError, match="float \\[rows, vocab\\]"):
+        check(model, model, reference_logits=tmp_path / "ints.npy")
+    with pytest.raises(rope_passes.UsageError, match="cannot read reference logits"):
+        check(model, model, reference_logits=tmp_path / "missing.npy")

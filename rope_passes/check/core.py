@@ -97,6 +97,22 @@ def _read_model(path: str | Path) -> ModelInfo:
                      _longrope(proto, webgpu), any(i.name == "inputs_embeds" for i in proto.graph.input))
 
 
+def _load_reference(reference: str | Path | np.ndarray) -> np.ndarray:
+    """``[rows, vocab]`` float logits (a leading batch axis of 1 is dropped)."""
+    if isinstance(reference, np.ndarray):
+        ref = reference
+    else:
+        try:
+            ref = np.load(reference, allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"{reference}: cannot read reference logits ({type(exc).__name__}: {exc})") from None
+    if ref.ndim == 3 and ref.shape[0] == 1:
+        ref = ref[0]
+    if ref.ndim != 2 or ref.dtype.kind != "f":
+        raise UsageError(f"reference logits must be a float [rows, vocab] array, got {ref.dtype} {list(ref.shape)}")
+    return ref
+
+
 def _longrope(proto: Any, webgpu: Mapping[str, str]) -> dict[str, Any] | None:
     """A LongRoPE cache and its switch point: ``If(Greater(total_len, C))`` picking cos/sin tables, or a
     concatenated table whose offset is in ``multiRotaryCacheConcatOffset``."""
@@ -209,12 +225,14 @@ def check(
     tolerance: Mapping[str, float] | None = None,
     isolate: bool = True,
     timeout: float = 300,
+    reference_python: str | None = None,
     progress: Callable[[str, int, int], None] | None = None,
 ) -> EquivalenceReport:
     """Compare ``rewritten`` with ``original`` step by step on ``ep`` (see the module docstring).
 
     ``tolerance`` overrides ``atol``/``rtol`` of the dtype default; ``progress(label, step, n_steps)`` is called
-    after each decode step of each run.
+    after each decode step of each run. ``reference_python``: run the original with this Python interpreter (another
+    onnxruntime installation, e.g. one that has an op this one lacks), in a subprocess.
     """
     start = time.perf_counter()
     if ep not in ("webgpu", "cpu"):
@@ -224,6 +242,7 @@ def check(
     if graph_capture and ep != "webgpu":
         raise UsageError("--graph-capture needs --ep webgpu")
     orig, rew = _read_model(original), _read_model(rewritten)
+    ref_logits = None if reference_logits is None else _load_reference(reference_logits)
     notes: list[str] = []
     adapter = adapter_info() if ep == "webgpu" else None
 
@@ -282,7 +301,14 @@ def check(
                 if progress is not None:
                     progress(_label, k, steps + 1)
 
-            runs.append(run_isolated(s, on_step, timeout) if isolate else execute_run(s, on_step))
+            python = reference_python if s.label.startswith("original@") else None
+            if isolate or python:
+                runs.append(run_isolated(s, on_step, timeout, python=python))
+            else:
+                runs.append(execute_run(s, on_step))
+    if reference_python:
+        versions = sorted({r.runtime for r in runs if r.label.startswith("original@") and r.runtime})
+        notes.append(f"the original ran under {reference_python} ({', '.join(versions) or 'no onnxruntime result'})")
     by = {r.label: r for r in runs}
     for r in runs:
         if r.ok:
@@ -332,8 +358,8 @@ def check(
         add(rew_label, "original@cpu", True, tolerance_used)
     if graph_capture:
         add("rewritten@webgpu+capture", rew_label, True, tolerance_used)
-    if reference_logits is not None:
-        ref = reference_logits if isinstance(reference_logits, np.ndarray) else np.load(reference_logits)
+    if ref_logits is not None:
+        ref = ref_logits
         c = Comparison(rew_label, "reference-logits", ref_tol if orig.precision != "fp32" else TOLERANCES["fp32"],
                        True)
         r = by[rew_label]
@@ -347,7 +373,8 @@ def check(
     if not any(r.ok for r in originals):
         import onnxruntime
 
-        notes.append(f"the original does not run on this onnxruntime ({onnxruntime.__version__}): "
+        where = reference_python or f"onnxruntime {onnxruntime.__version__}"
+        notes.append(f"the original does not run here ({where}): "
                      f"{originals[0].reason}" + ("" if reference_logits is not None else
                                                  "; give --reference-logits FILE.npy to check the rewritten graph"))
 

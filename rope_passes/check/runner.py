@@ -59,6 +59,7 @@ class RunResult:
     wall_s: float = 0.0
     notes: list[str] = dataclasses.field(default_factory=list)
     failed_step: int | None = None  # run-failed: the step whose call raised (the steps before it are kept)
+    runtime: str = ""  # "onnxruntime <version>" that ran it
 
     @property
     def ok(self) -> bool:
@@ -66,7 +67,8 @@ class RunResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {"label": self.label, "status": self.status, "reason": self.reason, "providers": self.providers,
-                "steps_run": len(self.steps), "failed_step": self.failed_step, "wall_s": round(self.wall_s, 3), "notes": self.notes}
+                "steps_run": len(self.steps), "failed_step": self.failed_step, "runtime": self.runtime,
+                "wall_s": round(self.wall_s, 3), "notes": self.notes}
 
 
 def _one_line(exc: BaseException) -> str:
@@ -81,8 +83,10 @@ def execute_run(spec: RunSpec, on_step: Callable[[int], None] | None = None, cap
     """
     from rope_passes.check.runtime import create_session
 
+    import onnxruntime
+
     start = time.perf_counter()
-    result = RunResult(spec.label, OK)
+    result = RunResult(spec.label, OK, runtime=f"onnxruntime {onnxruntime.__version__}")
     table = np.load(spec.embedding) if spec.embedding else None
     try:
         if spec.graph_capture:
@@ -118,16 +122,29 @@ def execute_run(spec: RunSpec, on_step: Callable[[int], None] | None = None, cap
     return result
 
 
-def run_isolated(spec: RunSpec, on_step: Callable[[int], None] | None = None, timeout: float = 600) -> RunResult:
-    """Run ``spec`` in a subprocess; a segfault or a hang is a result (``crashed`` / ``timed-out``)."""
+def run_isolated(
+    spec: RunSpec, on_step: Callable[[int], None] | None = None, timeout: float = 600, python: str | None = None
+) -> RunResult:
+    """Run ``spec`` in a subprocess; a segfault or a hang is a result (``crashed`` / ``timed-out``).
+
+    ``python``: the interpreter to run it with (another onnxruntime installation); this package is put on its
+    ``PYTHONPATH``, numpy and onnx must be importable there.
+    """
     start = time.perf_counter()
+    env = dict(os.environ)
+    if python:
+        root = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
     with tempfile.TemporaryDirectory(prefix="rope-check-") as tmp:
         spec_path = Path(tmp) / "spec.json"
         spec_path.write_text(json.dumps(dataclasses.asdict(spec)))
         err_path = Path(tmp) / "stderr.txt"
         with open(err_path, "w") as err:
-            proc = subprocess.Popen([sys.executable, "-m", "rope_passes.check.runner", str(spec_path), tmp],
-                                    stdout=subprocess.PIPE, stderr=err, text=True)
+            try:
+                proc = subprocess.Popen([python or sys.executable, "-m", "rope_passes.check.runner", str(spec_path),
+                                         tmp], stdout=subprocess.PIPE, stderr=err, text=True, env=env)
+            except OSError as exc:
+                return RunResult(spec.label, LOAD_FAILED, f"cannot start {python or sys.executable}: {exc.strerror}")
             try:
                 assert proc.stdout is not None
                 for line in proc.stdout:

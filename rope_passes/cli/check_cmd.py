@@ -30,6 +30,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="also run the rewritten model under enableGraphCapture=1 (capture, then replay) and compare")
     p.add_argument("--reference-logits", metavar="FILE.npy",
                    help="[rows, vocab] logits to compare with (rows = positions, or one per call)")
+    p.add_argument("--reference-python", metavar="PYTHON",
+                   help="run the original with this Python interpreter (another onnxruntime installation), "
+                   "in a subprocess")
     p.add_argument("--embeddings", metavar="FILE",
                    help="token embeddings for inputs_embeds graphs: a [vocab, hidden] .npy or a model that embeds "
                    "its own input_ids (default: the other model's table, else a fixed-seed table)")
@@ -64,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
         report = check(args.original, args.rewritten, ep=args.ep, prefill=args.prefill, steps=args.steps,
                        graph_capture=args.graph_capture, reference_logits=args.reference_logits,
                        dims=parse_dims(args.dim), embeddings=args.embeddings, tolerance=tolerance,
-                       isolate=not args.in_process, timeout=args.timeout, progress=on_step)
+                       isolate=not args.in_process, timeout=args.timeout,
+                       reference_python=args.reference_python, progress=on_step)
     if args.json:
         print(report.to_json())
     else:
