@@ -164,8 +164,11 @@ class CaptureDriver:
             past_len = total
             if on_step is not None:
                 on_step(step)
-        self.notes.append(f"prefill run uncaptured (gpu_graph_id=-1); decode step 1 captured"
-                          + (f", steps 2..{spec.steps} replayed" if spec.steps > 1 else ""))
+        if spec.steps:
+            self.notes.append("prefill run uncaptured (gpu_graph_id=-1); decode step 1 captured"
+                              + (f", steps 2..{spec.steps} replayed" if spec.steps > 1 else ""))
+        else:
+            self.notes.append("no decode step (--steps 0): nothing was captured")
         return results
 
 

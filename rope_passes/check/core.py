@@ -266,6 +266,9 @@ def check(
                      f"EP has no multiRotaryCacheConcatOffset, so comparisons with original@cpu stop at "
                      f"{orig.longrope['switch']} tokens")
 
+    if ep == "cpu" and rew.longrope and rew.longrope["kind"] == "concat":
+        notes.append(f"{rew.path.name}: concatenated LongRoPE cache: it needs multiRotaryCacheConcatOffset, which the "
+                     f"CPU EP lacks, so on CPU it is wrong past {rew.longrope['switch']} tokens")
     tol = dict(dataclasses.asdict(TOLERANCES[orig.precision]))
     tol.update(tolerance or {})
     from rope_passes.check.compare import Tolerance
