@@ -19,7 +19,8 @@ from rope_passes.report import PipelineReport
 #: Target presets. Later entries may rely on what earlier ones established (documented per pass).
 PRESETS: dict[str, list[str]] = {
     "webgpu": ["fold-text-mrope", "lower-mrope", "cleanup"],
-    "webgpu-graph": ["fold-text-mrope", "lower-mrope", "cleanup"],
+    "webgpu-graph": ["fold-text-mrope", "lower-mrope", "longrope-concat", "annotate-cache-offset",
+                     "total-seq-on-gpu", "cleanup"],
 }
 
 

@@ -1,0 +1,174 @@
+"""``longrope-concat``: replace the LongRoPE ``If`` cache switch with one concatenated table and an offset.
+
+**Rewrites.** Builders emit LongRoPE (Phi-3 128k) as ``If(Greater(total_len, original))`` whose branches return
+constant ``[cos|sin]_cache_large`` (then) or ``..._small`` (else), read by every GroupQueryAttention as
+``cos_cache``/``sin_cache``. Control flow makes onnxruntime refuse WebGPU graph capture. The pass replaces the ``If``
+with two initializers ``[small[:original]; large]`` (``original + max_positions`` rows) and records the offset
+``original``:
+
+* ``genai_config.json``: ``model.decoder.session_options.provider_options[{"webgpu": {...}}]`` gets
+  ``"multiRotaryCacheConcatOffset": "<original>"`` (the spelling of the builder's own ``_graph`` variant);
+* model metadata ``rope_passes.multi_rotary_cache_concat_offset = <original>``.
+
+**Exact when** the WebGPU EP runs it with that offset: it reads row ``(total_seqlen > offset ? offset : 0) +
+position`` — the If's choice, row for row, with bit-identical table values. The offset only acts on GQA's packed-QKV
+path (key/value inputs empty).
+
+**CPU: wrong past the offset, and flagged.** The CPU EP has no such option and reads row ``position`` of the
+concatenated table: right up to ``original`` tokens, wrong after. The output is marked WebGPU-only: metadata
+``rope_passes.webgpu_only`` and ``model.decoder.session_options["rope_passes.webgpu_only"]`` (onnxruntime-genai
+passes unknown session_options on as session config entries, which onnxruntime ignores); ``lint`` rule RP204 says
+so too. ``tests/test_longrope.py`` pins both the WebGPU match and the CPU mismatch.
+
+**Refuses** (graph unchanged, reason in the report): a GQA reading the caches with separate key/value inputs (the
+offset would be ignored; packing Q/K/V is not done here); branches that are not constant tables of matching
+width/dtype; a then-branch that is not the longer table; a small table with fewer than ``original`` rows; a
+condition other than ``Greater(x, constant)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+
+from rope_passes.analysis.graph import MS_DOMAIN, const_array
+from rope_passes.passes.base import RopePass
+from rope_passes.report import PassReport
+
+OFFSET_KEY = "multiRotaryCacheConcatOffset"
+OFFSET_METADATA = "rope_passes.multi_rotary_cache_concat_offset"
+WEBGPU_ONLY_KEY = "rope_passes.webgpu_only"
+
+
+class _Refusal(Exception):
+    pass
+
+
+def _branch_tables(graph: ir.Graph) -> list[np.ndarray]:
+    tables = []
+    for out in graph.outputs:
+        arr = const_array(out)
+        if arr is None:
+            raise _Refusal(f"branch output {out.name!r} is not a constant table")
+        tables.append(arr)
+    return tables
+
+
+def webgpu_options(genai_config: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The ``{"webgpu": {...}}`` provider options dict of the decoder (created if missing); None without a config."""
+    decoder = (genai_config or {}).get("model", {}).get("decoder")
+    if not isinstance(decoder, dict):
+        return None
+    session = decoder.setdefault("session_options", {})
+    providers = session.setdefault("provider_options", [])
+    for entry in providers:
+        if isinstance(entry, dict) and "webgpu" in entry:
+            return entry["webgpu"]
+    entry = {"webgpu": {}}
+    providers.append(entry)
+    return entry["webgpu"]
+
+
+def record_offset(model: ir.Model, genai_config: dict[str, Any] | None, offset: int, report: PassReport) -> None:
+    """Write the offset to genai_config.json's WebGPU options and the model metadata, and flag CPU as wrong."""
+    reason = (f"concatenated LongRoPE cos/sin cache: correct with the WebGPU EP and {OFFSET_KEY}={offset}; "
+              f"the CPU EP reads wrong rows past {offset} tokens")
+    if model.metadata_props.get(OFFSET_METADATA) != str(offset):
+        model.metadata_props[OFFSET_METADATA] = str(offset)
+        report.metadata_changes.append(f"metadata_props[{OFFSET_METADATA!r}] = '{offset}'")
+    if model.metadata_props.get(WEBGPU_ONLY_KEY) != reason:
+        model.metadata_props[WEBGPU_ONLY_KEY] = reason
+        report.metadata_changes.append(f"metadata_props[{WEBGPU_ONLY_KEY!r}] (CPU EP wrong past {offset})")
+    options = webgpu_options(genai_config)
+    if options is None:
+        report.note("<model>", f"no genai_config.json: run with the WebGPU session config entry "
+                    f"ep.webgpuexecutionprovider.{OFFSET_KEY}={offset}")
+        return
+    if options.get(OFFSET_KEY) != str(offset):
+        old = options.get(OFFSET_KEY)
+        options[OFFSET_KEY] = str(offset)
+        report.genai_config_changes.append(
+            f"model.decoder.session_options.provider_options.webgpu.{OFFSET_KEY} = '{offset}'"
+            + (f" (was {old!r})" if old is not None else ""))
+    session = genai_config["model"]["decoder"]["session_options"]
+    if session.get(WEBGPU_ONLY_KEY) != "1":
+        session[WEBGPU_ONLY_KEY] = "1"
+        report.genai_config_changes.append(f"model.decoder.session_options[{WEBGPU_ONLY_KEY!r}] = '1'")
+
+
+class LongRoPEConcatPass(RopePass):
+    name = "longrope-concat"
+    summary = "replace the LongRoPE If(Greater(total, original)) cache switch by [small; large] + concat offset"
+
+    def apply(self, model: ir.Model, report: PassReport) -> None:
+        graph = model.graph
+        found = False
+        for node in list(graph):
+            if node.op_type != "If" or node.domain not in ("", "ai.onnx"):
+                continue
+            users = [u for out in node.outputs for u, _ in out.uses()]
+            gqas = [u for u in users if u.op_type == "GroupQueryAttention" and u.domain == MS_DOMAIN]
+            if not gqas:
+                report.not_matched(node.name or "If", "If does not feed GroupQueryAttention cos/sin caches")
+                continue
+            found = True
+            try:
+                offset, tables = self._match(node, gqas)
+            except _Refusal as exc:
+                report.refused(node.name or "If", str(exc))
+                continue
+            self._rewrite(graph, node, tables)
+            record_offset(model, self.genai_config, offset, report)
+            report.rewritten(node.name or "If", f"If replaced by concatenated caches [{offset} short; "
+                             f"{tables[0].shape[0] - offset} long] rows, offset {offset}",
+                             offset=offset, rows=int(tables[0].shape[0]), gqa=len(gqas))
+        if not found:
+            report.not_matched("<model>", "no If switching GroupQueryAttention cos/sin caches")
+
+    @staticmethod
+    def _match(node: ir.Node, gqas: list[ir.Node]) -> tuple[int, list[np.ndarray]]:
+        cond = node.inputs[0].producer() if node.inputs and node.inputs[0] is not None else None
+        if cond is None or cond.op_type != "Greater":
+            raise _Refusal("If condition is not Greater(total_length, original)")
+        original = const_array(cond.inputs[1])
+        if original is None or original.size != 1:
+            raise _Refusal("Greater's threshold is not a constant")
+        offset = int(original.reshape(-1)[0])
+        then_tables = _branch_tables(node.attributes["then_branch"].value)
+        else_tables = _branch_tables(node.attributes["else_branch"].value)
+        if len(then_tables) != len(node.outputs) or len(else_tables) != len(node.outputs):
+            raise _Refusal("branches do not return one table per If output")
+        for out in node.outputs:
+            for user, index in out.uses():
+                if user.op_type != "GroupQueryAttention" or index not in (7, 8):
+                    raise _Refusal(f"{out.name!r} is read by {user.name or user.op_type} input {index}, not as "
+                                   "a GQA cos/sin cache")
+        for gqa in gqas:
+            if any(len(gqa.inputs) > i and gqa.inputs[i] is not None for i in (1, 2)):
+                raise _Refusal(f"{gqa.name}: separate query/key/value inputs; {OFFSET_KEY} only acts on packed QKV "
+                               "(key/value empty) and packing is not done by this pass")
+        tables = []
+        for large, small in zip(then_tables, else_tables):
+            if large.ndim != 2 or small.ndim != 2 or large.shape[1] != small.shape[1] or large.dtype != small.dtype:
+                raise _Refusal(f"tables {large.shape} {large.dtype} / {small.shape} {small.dtype} do not stack")
+            if large.shape[0] <= offset:
+                raise _Refusal(f"then-branch table has {large.shape[0]} rows, not more than original {offset}")
+            if small.shape[0] < offset:
+                raise _Refusal(f"short table has {small.shape[0]} rows < original {offset}")
+            tables.append(np.concatenate([small[:offset], large], axis=0))
+        return offset, tables
+
+    @staticmethod
+    def _rewrite(graph: ir.Graph, node: ir.Node, tables: list[np.ndarray]) -> None:
+        for out, table in zip(list(node.outputs), tables):
+            name = out.name
+            out.name = f"{name}/rope_passes_replaced_if"
+            init = ir.Value(name=name, shape=ir.Shape(table.shape), type=ir.TensorType(ir.DataType.from_numpy(
+                table.dtype)), const_value=ir.tensor(table, name=name))
+            graph.register_initializer(init)
+            out.replace_all_uses_with(init)
+            if out.is_graph_output():
+                graph.outputs[graph.outputs.index(out)] = init
+        graph.remove(node, safe=True)
