@@ -776,27 +776,39 @@ def _is_vector(shape: ir.Shape) -> bool:
     return len(dims) == 1 and isinstance(dims[0], int)
 
 
+def inv_freq_product(trig: ir.Node, model: ir.Model) -> tuple[ir.Node, ir.Value] | None:
+    """``(product, inv_freq)`` when the Cos/Sin node ``trig`` reads positions times an ``inv_freq`` vector.
+
+    ``product`` is the MatMul/Einsum, or the broadcasting Mul (transformers 5 dynamo exports) with a graph input
+    behind one side, among ``trig``'s ancestors; ``inv_freq`` the constant float vector (``[N]`` or ``[1,N,1]``)
+    behind one of its sides. None when ``trig`` is not computed that way (e.g. it reads a constant table).
+    """
+    for mm in _ancestors(trig.inputs):
+        if mm.op_type not in ("MatMul", "Einsum", "Mul") or len(mm.inputs) != 2:
+            continue
+        if mm.op_type == "Mul" and not any(  # outer product by broadcasting (transformers 5 dynamo exports)
+                _graph_inputs_of(_ancestors([side]), model) for side in mm.inputs):
+            continue
+        for side in mm.inputs:
+            for anc_value in [side, *[i for a in _ancestors([side]) for i in a.inputs]]:
+                t = _const_tensor(anc_value) if anc_value is not None else None
+                if t is not None and t.dtype.is_floating_point() and _is_vector(t.shape):
+                    return mm, anc_value
+    return None
+
+
+def longrope_where(model: ir.Model) -> LongRope | None:
+    """The ``Where(cond, long_inv_freq, short_inv_freq)`` LongRoPE switch feeding a Cos (torch exports), if any."""
+    return _longrope_where(model)
+
+
 def _inv_freq_matmuls(model: ir.Model) -> list[InvFreqMatMul]:
     records: dict[str, InvFreqMatMul] = {}
     trig = [n for n in iter_nodes(model) if n.op_type in ("Cos", "Sin") and _domain(n) == ""]
     for node in trig:
-        for mm in _ancestors(node.inputs):
-            if mm.op_type not in ("MatMul", "Einsum", "Mul") or len(mm.inputs) != 2:
-                continue
-            if mm.op_type == "Mul" and not any(  # outer product by broadcasting (transformers 5 dynamo exports)
-                    _graph_inputs_of(_ancestors([side]), model) for side in mm.inputs):
-                continue
-            vector = None
-            for side in mm.inputs:
-                for anc_value in [side, *[i for a in _ancestors([side]) for i in a.inputs]]:
-                    t = _const_tensor(anc_value) if anc_value is not None else None
-                    if t is not None and t.dtype.is_floating_point() and _is_vector(t.shape):
-                        vector = anc_value
-                        break
-                if vector is not None:
-                    break
-            if vector is None:
-                continue
+        found = inv_freq_product(node, model)
+        if found is not None:
+            mm, vector = found
             rec = records.setdefault(vector.name or "", InvFreqMatMul(
                 inv_freq=vector.name or "", inv_freq_shape=_shape_list(_const_tensor(vector).shape) or [],
                 matmuls=[], cos_nodes=0, sin_nodes=0, positions_from=[]))
@@ -810,7 +822,6 @@ def _inv_freq_matmuls(model: ir.Model) -> list[InvFreqMatMul]:
                 rec.cos_nodes += 1
             else:
                 rec.sin_nodes += 1
-            break
     return list(records.values())
 
 
