@@ -43,6 +43,7 @@ from rope_passes.check.compare import (
     TOLERANCES,
     Comparison,
     OutputDiff,
+    Tolerance,
     compare_reference_logits,
     compare_steps,
     precision_of,
@@ -271,8 +272,6 @@ def check(
                      f"CPU EP lacks, so on CPU it is wrong past {rew.longrope['switch']} tokens")
     tol = dict(dataclasses.asdict(TOLERANCES[orig.precision]))
     tol.update(tolerance or {})
-    from rope_passes.check.compare import Tolerance
-
     tolerance_used = Tolerance(float(tol["atol"]), float(tol["rtol"]), orig.precision)
     ref_tol = tolerance_used if orig.precision != "int4" else TOLERANCES["fp16"]
 
@@ -313,8 +312,9 @@ def check(
         versions = sorted({r.runtime for r in runs if r.label.startswith("original@") and r.runtime})
         notes.append(f"the original ran under {reference_python} ({', '.join(versions) or 'no onnxruntime result'})")
     by = {r.label: r for r in runs}
+    originals = [r for r in runs if r.label.startswith("original@")]
     for r in runs:
-        if r.ok:
+        if r.ok or (r in originals and not any(o.ok for o in originals)):  # summarised below
             continue
         if r.label.endswith("+capture") and r.status == "load-failed":
             notes.append(f"graph capture is not available for the rewritten graph: onnxruntime says: {r.reason}")
@@ -372,7 +372,6 @@ def check(
             c.status, c.reason = "skipped", f"{rew_label} did not run ({r.status})"
         comparisons.append(c)
 
-    originals = [r for r in runs if r.label.startswith("original@")]
     if not any(r.ok for r in originals):
         import onnxruntime
 
