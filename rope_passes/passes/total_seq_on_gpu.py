@@ -121,12 +121,15 @@ class TotalSeqOnGpuPass(RopePass):
             report.not_matched("<model>", "no com.microsoft::GroupQueryAttention node")
             return
         by_pair: dict[tuple[int, int], tuple[ir.Value | None, ir.Value]] = {}
+        failed: set[tuple[int, int]] = set()  # one finding per (seqlens_k, total) pair, not per layer
         for gqa in gqas:
             if len(gqa.inputs) <= TOTAL_SEQ or gqa.inputs[SEQLENS_K] is None or gqa.inputs[TOTAL_SEQ] is None:
                 report.not_matched(gqa.name or "GroupQueryAttention", "GQA without seqlens_k/total_sequence_length")
                 continue
             seqlens, total = gqa.inputs[SEQLENS_K], gqa.inputs[TOTAL_SEQ]
             key = (id(seqlens), id(total))
+            if key in failed:  # same length inputs as a GQA already reported
+                continue
             if key in by_pair:
                 new_seqlens, new_total = by_pair[key]
             else:
@@ -141,9 +144,11 @@ class TotalSeqOnGpuPass(RopePass):
                                        f"{mask.name!r}")
                 except _Refusal as exc:
                     report.refused(gqa.name or "GroupQueryAttention", str(exc))
+                    failed.add(key)
                     continue
                 except ValueError as exc:
                     report.not_matched(gqa.name or "GroupQueryAttention", str(exc))
+                    failed.add(key)
                     continue
                 new_seqlens, new_total = self._build(graph, mask, seqlens if seq_mask is not None else None, total)
                 by_pair[key] = (new_seqlens, new_total)
