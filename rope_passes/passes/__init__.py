@@ -10,12 +10,14 @@ from rope_passes.passes.base import RopePass, RopePassResult
 from rope_passes.passes.cleanup import CleanupPass
 from rope_passes.passes.fold_text_mrope import FoldTextMRoPEPass
 from rope_passes.passes.lower_mrope import LowerMRoPEPass
+from rope_passes.passes.precompute_cos_sin import PrecomputeCosSinPass
 from rope_passes.passes.annotate_cache_offset import AnnotateCacheOffsetPass
 from rope_passes.passes.longrope_concat import LongRoPEConcatPass
 from rope_passes.passes.total_seq_on_gpu import TotalSeqOnGpuPass
 
 ALL_PASSES: dict[str, type[RopePass]] = {cls.name: cls for cls in (
-    FoldTextMRoPEPass, LowerMRoPEPass, LongRoPEConcatPass, AnnotateCacheOffsetPass, TotalSeqOnGpuPass, CleanupPass)}
+    FoldTextMRoPEPass, LowerMRoPEPass, LongRoPEConcatPass, AnnotateCacheOffsetPass, TotalSeqOnGpuPass, PrecomputeCosSinPass,
+    CleanupPass)}
 
 
 def register(cls: type[RopePass]) -> type[RopePass]:
@@ -24,4 +26,4 @@ def register(cls: type[RopePass]) -> type[RopePass]:
     return cls
 
 
-__all__ = ["ALL_PASSES", "AnnotateCacheOffsetPass", "CleanupPass", "LongRoPEConcatPass", "TotalSeqOnGpuPass", "FoldTextMRoPEPass", "LowerMRoPEPass", "RopePass", "RopePassResult", "register"]
+__all__ = ["ALL_PASSES", "AnnotateCacheOffsetPass", "CleanupPass", "LongRoPEConcatPass", "TotalSeqOnGpuPass", "FoldTextMRoPEPass", "LowerMRoPEPass", "PrecomputeCosSinPass", "RopePass", "RopePassResult", "register"]

@@ -1,0 +1,302 @@
+"""``precompute-cos-sin``: read cos/sin from precomputed tables instead of computing them on every call.
+
+**Rewrites.** Torch exporters compute the rotary cos/sin per call from the positions (census flavour
+``inv-freq-matmul``):
+
+* transformers 5 dynamo: ``position_ids → Unsqueeze → Cast → Mul(inv_freq) → Concat(f, f) → Cos | Sin →
+  [Mul(attention_scaling)]``;
+* transformers 4 TorchScript: ``Expand(inv_freq[1,D/2,1], Shape(position_ids)…) → Cast → MatMul(Unsqueeze(
+  position_ids) → Cast) → Transpose → Concat → Cos | Sin → Mul(scale) → Cast``;
+* mRoPE (``position_ids [3,B,S]``): the same, per axis, up to the per-axis ``[3,B,S,D/2]`` Cos | Sin.
+
+For each Cos/Sin node whose input is positions × an ``inv_freq`` vector
+(:func:`rope_passes.analysis.census.inv_freq_product`) the pass takes the chain's *end*: the Cos/Sin output
+followed down through single-consumer Cast / Identity / Neg and Mul/Div/Add/Sub-by-a-scalar-constant nodes (the
+attention scaling, yarn's factor). That end is replaced by ``Gather(table, position_ids, axis=0)`` from a new
+``[max_positions, D]`` initializer (``rope_passes.cos_table`` / ``rope_passes.sin_table``, the end's dtype, shared
+when equal), and every node only the old chain used is removed (Shape/Expand/MatMul/Cos/Sin …). What reads the
+end (``Unsqueeze(1)``, mRoPE's Split/Gather sections, the rotations) is left as it was, with the same shape.
+
+The tables are not re-derived from formulas: the graph's own subgraph from the position input to the chain ends is
+evaluated on onnxruntime CPU (:func:`rope_passes.analysis.mrope._evaluate`, as ``fold-text-mrope`` does) on
+positions ``0..max_positions-1``, so linear/llama3/yarn/partial-rotary factors and attention scaling are whatever
+the graph computes. ``max_positions``: the ``max_positions`` option, else ``model.context_length`` from
+genai_config.json; without either the chain is refused ("table size unknown: give max_positions").
+
+**Exact when** each output row is a function of its own position alone (no reduction over the positions of a
+call, no dependence on batch or sequence length beyond shape plumbing) and every position is in
+``[0, max_positions)``. The pass checks the first condition twice before rewriting: the chain may contain no op
+that mixes positions (Reduce*, ArgMax/ArgMin, TopK, CumSum, If/Loop/Scan, …), and a second evaluation with the
+positions permuted, then a third with another batch/sequence shape (and, for ``[3,B,S]`` inputs, different
+values on each axis), must give exactly the table's rows at those positions. Then the rewrite reproduces the
+original bit for bit on onnxruntime (same kernels on the same values). The second condition cannot be checked
+in the graph: a position ``>= max_positions`` makes onnxruntime's Gather fail (CPU: index out of range) or read
+garbage, and a negative one wraps around (Gather's negative indices). ``max_positions`` is written to the model's
+``metadata_props["rope_passes.cos_sin_max_positions"]`` and to the report.
+
+**Refuses** (graph unchanged at that chain, reason in the report): LongRoPE chosen per call
+(``Where(ReduceMax(position_ids)+1 > original_max, long_inv_freq, short_inv_freq)``, census ``longrope-where``);
+any other op mixing the positions of a call (dynamic NTK spelled out in the graph); rows that do not permute
+with the positions; an unknown table size. **Not matched**: Cos/Sin not computed from positions × inv_freq;
+chains depending on another graph input, on no graph input, or on a position input that is not an integer
+``[B,S]`` / ``[3,B,S]``; chains whose end is a graph output. Dynamic NTK and transformers-4 LongRoPE *exported by
+TorchScript* froze their frequencies at the sample input: they look like default RoPE, are rewritten, and stay
+exactly as (in)correct as the exported graph — nothing in the graph says otherwise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import onnx_ir as ir
+
+from rope_passes.analysis.census import inv_freq_product, longrope_where
+from rope_passes.analysis.graph import ancestors, const_tensor
+from rope_passes.analysis.mrope import _evaluate
+from rope_passes.errors import UsageError
+from rope_passes.passes.base import RopePass
+from rope_passes.passes.fold_text_mrope import add_initializer, remove_dead
+from rope_passes.report import PassReport
+
+MAX_POSITIONS_KEY = "rope_passes.cos_sin_max_positions"
+
+#: Ops followed down from Cos/Sin into the chain's end: unary, or binary with a scalar constant.
+_UNARY = ("Cast", "Identity", "Neg")
+_SCALAR_BINARY = ("Mul", "Div", "Add", "Sub")
+#: Ops that make a row depend on other positions of the call (or on control flow): never precomputed.
+_MIXING = (
+    "ReduceMax", "ReduceMin", "ReduceSum", "ReduceMean", "ReduceProd", "ReduceL1", "ReduceL2", "ReduceLogSum",
+    "ReduceLogSumExp", "ReduceSumSquare", "ArgMax", "ArgMin", "TopK", "CumSum", "NonZero", "Unique", "If", "Loop",
+    "Scan",
+)
+
+
+@dataclasses.dataclass
+class _Chain:
+    """One per-call cos or sin computation: Cos/Sin node, the value consumers read, its inputs."""
+
+    trig: ir.Node
+    end: ir.Value  # replaced by the Gather
+    positions: ir.Value  # the position graph input
+    product: ir.Node  # the positions × inv_freq MatMul/Mul
+    inv_freq: ir.Value
+    nodes: list[ir.Node]  # the chain's nodes (ancestors of ``end``)
+
+    @property
+    def role(self) -> str:
+        return self.trig.op_type.lower()
+
+
+def _is_scalar_const(value: ir.Value | None) -> bool:
+    tensor = const_tensor(value)
+    return tensor is not None and tensor.size == 1
+
+
+def chain_end(value: ir.Value) -> ir.Value:
+    """Follow ``value`` down through single-consumer unary ops and binary ops with a scalar constant."""
+    while not value.is_graph_output():
+        uses = list(value.uses())
+        if len(uses) != 1:
+            return value
+        user, index = uses[0]
+        if user.domain not in ("", "ai.onnx") or len(user.outputs) != 1:
+            return value
+        if user.op_type in _UNARY:
+            pass
+        elif user.op_type in _SCALAR_BINARY and len(user.inputs) == 2:
+            if not _is_scalar_const(user.inputs[1 - index]):
+                return value
+        else:
+            return value
+        value = user.outputs[0]
+    return value
+
+
+def _graph_inputs(nodes: list[ir.Node], end: ir.Value) -> list[ir.Value]:
+    found: dict[int, ir.Value] = {}
+    for v in [end, *(i for n in nodes for i in n.inputs)]:
+        if v is not None and v.is_graph_input():
+            found[id(v)] = v
+    return list(found.values())
+
+
+class PrecomputeCosSinPass(RopePass):
+    name = "precompute-cos-sin"
+    summary = "replace cos/sin computed per call from inv_freq by Gather from precomputed [max_pos, D] tables"
+
+    def apply(self, model: ir.Model, report: PassReport) -> None:
+        graph = model.graph
+        trig = [n for n in graph if n.op_type in ("Cos", "Sin") and n.domain in ("", "ai.onnx")]
+        if not trig:
+            report.not_matched("<model>", "no Cos/Sin node in the main graph (nothing computed per call)")
+            return
+        chains = [c for c in (self._match(model, node, report) for node in trig) if c is not None]
+        if not chains:
+            return
+        max_positions = self._max_positions()
+        if max_positions is None:
+            for c in chains:
+                report.refused(c.trig.name, "table size unknown: give max_positions (or model.context_length in "
+                                            "genai_config.json)")
+            return
+        by_positions: dict[int, list[_Chain]] = {}
+        for c in chains:
+            by_positions.setdefault(id(c.positions), []).append(c)
+        tables: dict[int, np.ndarray] = {}
+        for group in by_positions.values():
+            tables.update(self._tables(model, group, max_positions, report))
+        done = [c for c in chains if id(c.end) in tables]
+        if not done:
+            return
+        self._rewrite(graph, done, tables, max_positions, report)
+        model.metadata_props[MAX_POSITIONS_KEY] = str(max_positions)
+        report.metadata_changes.append(f"metadata_props[{MAX_POSITIONS_KEY!r}] = '{max_positions}'")
+        names = ", ".join(sorted({repr(c.positions.name) for c in done}))
+        report.note(
+            "<model>",
+            f"cos/sin tables hold positions 0..{max_positions - 1}: a position >= {max_positions} in {names} makes "
+            "Gather fail (onnxruntime CPU) or read out of range, a negative one wraps around",
+            max_positions=max_positions,
+        )
+
+    # -- options ----------------------------------------------------------------------------------------------
+    def _max_positions(self) -> int | None:
+        value = self.options.get("max_positions")
+        if value is None:
+            ctx = ((self.genai_config or {}).get("model") or {}).get("context_length")
+            return int(ctx) if isinstance(ctx, int) and not isinstance(ctx, bool) and ctx > 0 else None
+        try:
+            rows = int(value)
+        except (TypeError, ValueError):
+            raise UsageError(f"max_positions must be a positive integer, not {value!r}") from None
+        if rows <= 0 or (isinstance(value, float) and value != rows):
+            raise UsageError(f"max_positions must be a positive integer, not {value!r}")
+        return rows
+
+    # -- matching ---------------------------------------------------------------------------------------------
+    def _match(self, model: ir.Model, trig: ir.Node, report: PassReport) -> _Chain | None:
+        found = inv_freq_product(trig, model)
+        if found is None:
+            report.not_matched(trig.name, f"{trig.op_type} does not read positions × an inv_freq vector")
+            return None
+        product, inv_freq = found
+        end = chain_end(trig.outputs[0])
+        if end.is_graph_output():
+            report.not_matched(trig.name, f"the chain's end {end.name!r} is a graph output")
+            return None
+        nodes = ancestors([end])
+        inputs = _graph_inputs(nodes, end)
+        if len(inputs) != 1:
+            names = ", ".join(sorted(repr(v.name) for v in inputs)) or "none"
+            report.not_matched(trig.name, f"{trig.op_type} depends on {len(inputs)} graph inputs ({names}), not on "
+                                          "one position input")
+            return None
+        (positions,) = inputs
+        shape = positions.shape
+        if positions.dtype not in (ir.DataType.INT64, ir.DataType.INT32) or shape is None or not (
+                len(shape) == 2 or (len(shape) == 3 and shape[0] == 3)):
+            report.not_matched(trig.name, f"position input {positions.name!r} is {positions.dtype} {shape}, not an "
+                                          "integer [batch, seq] or [3, batch, seq] tensor")
+            return None
+        chain = _Chain(trig, end, positions, product, inv_freq, nodes)
+        reason = self._dynamic(model, chain)
+        if reason:
+            report.refused(trig.name, reason, inv_freq=inv_freq.name)
+            return None
+        return chain
+
+    @staticmethod
+    def _dynamic(model: ir.Model, chain: _Chain) -> str | None:
+        """Why the chain's rows depend on more than their own position, read from its ops; None if nothing."""
+        names = {id(n) for n in chain.nodes}
+        lr = longrope_where(model)
+        if lr is not None and lr.switch_node is not None:
+            where = next((n for n in chain.nodes if n.op_type == "Where" and n.name == lr.switch_node), None)
+            if where is not None and id(where) in names:
+                return (f"LongRoPE chosen per call: {lr.switch} (node {lr.switch_node!r}) picks the long or short "
+                        "inv_freq from the largest position of the call, so a row depends on the other positions "
+                        "(dynamic: no single table)")
+        mixing = [n for n in chain.nodes if n.op_type in _MIXING]
+        if mixing:
+            first = mixing[0]
+            src = ", ".join(i.name or "?" for i in first.inputs if i is not None)
+            return (f"{first.op_type} {first.name!r} ({src}) reads across the positions of the call, so a row "
+                    "depends on more than its own position (dynamic frequencies, e.g. dynamic NTK: no single table)")
+        return None
+
+    # -- evaluating -------------------------------------------------------------------------------------------
+    def _tables(self, model: ir.Model, chains: list[_Chain], rows: int, report: PassReport) -> dict[int, np.ndarray]:
+        """Tables ``[rows, D]`` per chain end (``id(end)``), from the graph's own subgraph; refused ones left out."""
+        positions = chains[0].positions
+        three = len(positions.shape) == 3
+        dtype = np.int64 if positions.dtype == ir.DataType.INT64 else np.int32
+        ends = [c.end for c in chains]
+        rng = np.random.RandomState(0)
+        probes = [np.arange(rows)[None, :], rng.permutation(rows)[None, :], rng.randint(0, rows, size=(2, 3))]
+        labels = ["positions 0..max_positions-1", "permuted positions", "positions of another batch and length"]
+        if three:  # [3, B, S]: equal axes first, then different values on each axis
+            probes = [np.stack([p, p, p]) for p in probes[:2]] + [
+                np.stack([rng.permutation(rows)[None, :] for _ in range(3)]), rng.randint(0, rows, size=(3, 2, 3))]
+            labels = [*labels[:2], "different positions on each axis", "another batch and length, axes differing"]
+        try:
+            results = [_evaluate(model, [positions], ends, [p.astype(dtype)]) for p in probes]
+        except ValueError as exc:  # extract(): the ends are not bounded by the positions
+            for c in chains:
+                report.not_matched(c.trig.name, f"the chain is not a function of {positions.name!r} alone ({exc})")
+            return {}
+        except Exception as exc:  # onnxruntime failures
+            for c in chains:
+                report.not_matched(c.trig.name, f"cannot evaluate the cos/sin subgraph on onnxruntime CPU "
+                                                f"({type(exc).__name__}: {str(exc).splitlines()[0][:160]})")
+            return {}
+        out: dict[int, np.ndarray] = {}
+        for i, c in enumerate(chains):
+            first = results[0][i]
+            if first.ndim != probes[0].ndim + 1 or first.shape[:-1] != probes[0].shape:
+                report.not_matched(c.trig.name, f"{c.end.name!r} has shape {list(first.shape)} for positions of "
+                                                f"shape {list(probes[0].shape)}, not positions.shape + [D]")
+                continue
+            table = first[0] if not three else first[0, 0]
+            bad = next((label for p, r, label in zip(probes, results, labels, strict=True) if not (
+                r[i].shape == p.shape + table.shape[-1:] and np.array_equal(r[i], table[p]))), None)
+            if bad is not None:
+                report.refused(c.trig.name, f"{c.end.name!r}: with {bad} the rows are not the table's rows at those "
+                                            "positions, so a row depends on more than its own position")
+                continue
+            out[id(c.end)] = np.ascontiguousarray(table)
+        return out
+
+    # -- rewriting --------------------------------------------------------------------------------------------
+    def _rewrite(self, graph: ir.Graph, chains: list[_Chain], tables: dict[int, np.ndarray], rows: int,
+                 report: PassReport) -> None:
+        shared: dict[tuple, ir.Value] = {}
+        old: list[ir.Value] = []
+        for n, c in enumerate(chains):
+            table = tables[id(c.end)]
+            key = (c.role, table.dtype.str, table.shape, table.tobytes())
+            if key not in shared:
+                shared[key] = add_initializer(graph, f"rope_passes.{c.role}_table", table)
+            init = shared[key]
+            gather = ir.node("Gather", [init, c.positions], {"axis": 0}, name=f"rope_passes/{c.role}_gather_{n}")
+            gather.outputs[0].name = f"rope_passes.{c.role}_rows_{n}"
+            gather.outputs[0].dtype = c.end.dtype or ir.DataType.from_numpy(table.dtype)
+            gather.outputs[0].shape = ir.Shape([*c.positions.shape, table.shape[-1]])
+            producer = c.end.producer()
+            assert producer is not None  # a chain end is computed from the positions
+            graph.insert_after(producer, gather)
+            c.end.replace_all_uses_with(gather.outputs[0])
+            old.append(c.end)
+            report.rewritten(
+                c.trig.name,
+                f"{c.trig.op_type} of positions × {c.inv_freq.name!r} ({c.product.op_type}) → "
+                f"Gather({init.name} {list(table.shape)} {table.dtype}, {c.positions.name})",
+                table=init.name, rows=rows, columns=int(table.shape[-1]), dtype=str(table.dtype),
+                replaced=c.end.name, positions=c.positions.name, chain_nodes=len(c.nodes),
+                exact_when=f"every position in [0, {rows})",
+            )
+        remove_dead(graph, old)
+
+
+__all__ = ["MAX_POSITIONS_KEY", "PrecomputeCosSinPass", "chain_end"]
+
