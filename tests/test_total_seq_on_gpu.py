@@ -5,8 +5,9 @@
   total_sequence_length the same number for an all-ones mask);
 * Done-when: every corpus model that loads on onnxruntime-webgpu 1.27 goes through `optimize --target webgpu-graph`
   to a graph for which a WebGPU session with enableGraphCapture=1 is created with 0 Memcpy (runtime probe), except
-  the three whose 3D mRoPE positions come from outside (pinned below with the reason); the checker's captured decode
-  matches the original on an fp32 and an fp16 model.
+  the three whose 3D mRoPE positions come from outside (pinned below with the reason); with --text-only (the mRoPE
+  fold) those and the five builder-0.18 VL graphs that do not load at all are capture-ready too; the checker's
+  captured decode matches the original on an fp32 and an fp16 model.
 """
 
 from __future__ import annotations
@@ -212,3 +213,20 @@ def test_captured_decode_matches_original(optimized, rel):
     assert report.equivalent, report.to_json()[:2000]
     vs_plain = report.comparison("rewritten@webgpu+capture", "rewritten@webgpu")
     assert vs_plain is not None and vs_plain.ok and len({d.step for d in vs_plain.diffs}) == 5
+
+
+#: vision-language graphs: capture-ready for text prompts once fold-text-mrope folds them (--text-only)
+VL_MODELS = ["current/qwen25_vl/cpu_fp32", "current/qwen25_vl/webgpu_fp16", "current/qwen25_vl/webgpu_int4_graph",
+             "current/qwen35/webgpu_fp16_graph", "current/qwen35/webgpu_fp32", *NOT_CAPTURE_READY]
+
+
+def test_text_only_vl_models_capture_with_zero_memcpy(genai_corpus, tmp_path):
+    outs = []
+    for rel in VL_MODELS:
+        dest = tmp_path / rel.replace("/", "_")
+        optimize(str(GENAI / rel), str(dest), target="webgpu-graph", options={"text_only": True})
+        outs.append(dest / "model.onnx")
+    with ThreadPoolExecutor(2) as pool:
+        probes = list(pool.map(lambda p: probe_placement(p, graph_capture=True), outs))
+    bad = [f"{rel}: {p.summary()}" for rel, p in zip(VL_MODELS, probes) if not (p.capture_ok and not p.memcpy)]
+    assert not bad, "\n".join(bad)
