@@ -291,7 +291,7 @@ class PrecomputeCosSinPass(RopePass):
                 c.trig.name,
                 f"{c.trig.op_type} of positions × {c.inv_freq.name!r} ({c.product.op_type}) → "
                 f"Gather({init.name} {list(table.shape)} {table.dtype}, {c.positions.name})",
-                table=init.name, rows=rows, columns=int(table.shape[-1]), dtype=str(table.dtype),
+                table=init.name, rows=rows, columns=int(table.shape[-1]), dtype=str(table.dtype), inv_freq=c.inv_freq.name,
                 replaced=c.end.name, positions=c.positions.name, chain_nodes=len(c.nodes),
                 exact_when=f"every position in [0, {rows})",
             )

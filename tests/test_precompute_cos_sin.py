@@ -1,0 +1,341 @@
+"""``precompute-cos-sin``: per-call cos/sin chains replaced by Gather from precomputed tables.
+
+Corpus: every static exporter graph (transformers 5 dynamo, transformers 4 TorchScript; prefill and decode) is
+rewritten and run on onnxruntime CPU against the original on the README's input cases. The tables are the graph's own
+cos/sin subgraph evaluated by the same onnxruntime CPU kernels on the same values, so the CPU outputs must be
+bit-identical (measured: all 58). On WebGPU (two graphs) the bar is fp32 1e-5: WebGPU's matmuls and cos/sin round
+differently from CPU's (measured <= 1.7e-6 against the original on CPU). The tf5 LongRoPE graphs (Where on
+ReduceMax(position_ids)) must be refused. Small graphs built in code cover the refusals the corpus lacks.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import onnxruntime as ort
+import pytest
+
+from rope_passes.check.runtime import WEBGPU, create_session
+from rope_passes.errors import UsageError
+from rope_passes.io import MAX_IR_VERSION
+from rope_passes.passes import ALL_PASSES, PrecomputeCosSinPass
+from rope_passes.passes.precompute_cos_sin import MAX_POSITIONS_KEY
+from rope_passes.pipeline import run_pipeline
+from rope_passes.report import Outcome
+
+from conftest import TORCH
+
+MAX_POS = 256  # max_position_embeddings of every corpus model (corpus README)
+KINDS = ("prefill", "decode")
+
+
+def _manifest() -> list[dict]:
+    entries = []
+    for tf in ("tf4", "tf5"):
+        path = TORCH / tf / "manifest.json"
+        if path.is_file():
+            entries += [e for e in json.loads(path.read_text()) if e["status"] != "export_fail"]
+    return entries
+
+
+def _is_dynamic(entry: dict) -> bool:
+    """LongRoPE chosen per call by a Where in the graph: transformers 5 exports of longrope variants."""
+    return entry["exporter"] == "dynamo" and "longrope" in entry["rope"]
+
+
+ENTRIES = _manifest()
+STATIC = [e["path"] for e in ENTRIES if not _is_dynamic(e)]
+DYNAMIC = [e["path"] for e in ENTRIES if _is_dynamic(e)]
+
+
+def test_corpus_is_there():
+    assert len(ENTRIES) == 62, f"the torch corpus is missing or changed: {TORCH} ({len(ENTRIES)} graphs)"
+    assert len(STATIC) == 58 and len(DYNAMIC) == 4
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Helpers
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _bytes(model: ir.Model) -> bytes:
+    proto = ir.serde.serialize_model(model)
+    proto.ir_version = min(proto.ir_version, MAX_IR_VERSION)
+    return proto.SerializeToString()
+
+
+def _ops(model: ir.Model) -> collections.Counter:
+    return collections.Counter(n.op_type for n in ir.traversal.RecursiveGraphIterator(model.graph))
+
+
+def _feeds(sess: ort.InferenceSession, batch: int, seq: int, past: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """Inputs for one call: ``seq`` new tokens at positions past..past+seq-1 (prefill: past must be 0)."""
+    rng = np.random.RandomState(seed + 100 * batch + 10 * seq + past)
+    ins = {i.name: i for i in sess.get_inputs()}
+    pos = np.tile(np.arange(past, past + seq, dtype=np.int64), (batch, 1))
+    feeds = {"input_ids": rng.randint(0, 256, (batch, seq)).astype(np.int64)}
+    if "attention_mask" in ins:
+        feeds["attention_mask"] = np.ones((batch, past + seq), np.int64)
+    if "position_ids" in ins:
+        feeds["position_ids"] = np.stack([pos] * 3) if len(ins["position_ids"].shape) == 3 else pos
+    for name, i in ins.items():
+        if name.startswith("past_key_values"):
+            feeds[name] = (0.5 * rng.randn(batch, i.shape[1], past, i.shape[3])).astype(np.float32)
+    return feeds
+
+
+#: (batch, new tokens, past). Prefill graphs take the past as part of the prompt (positions from 0), as the
+#: corpus generator does; decode graphs take it as KV cache. The last case reaches positions 80..83.
+CASES = [(2, 7, 5), (1, 3, 9), (1, 4, 80)]
+
+
+def _run_cases(original: bytes, rewritten: bytes, kind: str, ep: str = "cpu", cases=CASES) -> float:
+    ref_sess = create_session(original, "cpu")
+    new_sess = create_session(rewritten, ep)
+    worst = 0.0
+    for batch, seq, past in cases:
+        if kind == "prefill":
+            seq, past = seq + past, 0
+        feeds = _feeds(ref_sess, batch, seq, past)
+        ref, new = ref_sess.run(None, feeds), new_sess.run(None, feeds)
+        assert len(ref) == len(new)
+        for r, n in zip(ref, new, strict=True):
+            assert r.shape == n.shape
+            worst = max(worst, float(np.max(np.abs(r.astype(np.float64) - n.astype(np.float64)))))
+    return worst
+
+
+def _rewrite(path: str, **options) -> tuple[bytes, ir.Model, object]:
+    original = (TORCH / path).read_bytes()
+    model = ir.serde.deserialize_model(onnx.load_from_string(original))
+    result = PrecomputeCosSinPass(**options)(model)
+    return original, result.model, result
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Corpus: every static variant rewritten and equal to the original
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", STATIC)
+def test_corpus_static_rewritten_and_equal(path):
+    original, model, result = _rewrite(path, max_positions=MAX_POS)
+    before = _ops(ir.serde.deserialize_model(onnx.load_from_string(original)))
+    after = _ops(model)
+    report = result.report
+    n = before["Cos"]  # chains: gemma3_text has two (local and global), the others one
+    assert result.modified and report.count(Outcome.REWRITTEN) == 2 * n, report.status
+    assert report.count(Outcome.REFUSED) == 0
+    # the per-call chain is gone: no Cos/Sin, no inv_freq constant, and for TorchScript its Shape/Expand plumbing
+    assert after["Cos"] == after["Sin"] == 0
+    inv_freq = {f.details["inv_freq"] for f in report.findings if f.outcome is Outcome.REWRITTEN}
+    assert len(inv_freq) == n
+    assert not inv_freq & ({v.name for node in model.graph for v in node.outputs} | set(model.graph.initializers))
+    if "torchscript" in path:
+        for op in ("MatMul", "Expand", "Transpose", "ConstantOfShape"):
+            assert after[op] == before[op] - n, op
+        assert after["Shape"] == before["Shape"] - (n + 1)  # Shape(position_ids) is shared by gemma3's chains
+        assert report.nodes_removed == {1: 35, 2: 63}[n]
+    else:
+        assert after["Concat"] == before["Concat"] - (0 if "qwen2_5_vl" in path else n)  # mRoPE: Expand instead
+        assert report.nodes_removed == (8 if "yarn" in path else {1: 6, 2: 10}[n])  # yarn: + 2 Mul(1.1386)
+    assert model.metadata_props[MAX_POSITIONS_KEY] == str(MAX_POS)
+    gathers = [node for node in model.graph if node.op_type == "Gather" and node.name.startswith("rope_passes/")]
+    assert len(gathers) == 2 * n and report.initializers_added == 2 * n
+    for g in gathers:
+        table = g.inputs[0].const_value
+        assert table is not None and table.shape[0] == MAX_POS and table.dtype == ir.DataType.FLOAT
+        assert g.inputs[1].is_graph_input() and g.inputs[1].name == "position_ids"
+    kind = "prefill" if path.endswith("prefill.onnx") else "decode"
+    worst = _run_cases(original, _bytes(model), kind)
+    assert worst == 0.0, f"max |rewritten - original| = {worst}"  # same kernels on the same values: bit-identical
+
+
+@pytest.mark.parametrize("path", DYNAMIC)
+def test_corpus_longrope_where_refused(path):
+    original, model, result = _rewrite(path, max_positions=MAX_POS)
+    report = result.report
+    assert not result.modified
+    assert report.count(Outcome.REFUSED) == 2 and report.count(Outcome.REWRITTEN) == 0
+    for f in report.findings:
+        assert f.reason.startswith("LongRoPE chosen per call: Where(Greater(position_ids → ReduceMax → Add, 64))"), f
+    assert _bytes(model) == _bytes(ir.serde.deserialize_model(onnx.load_from_string(original)))
+    assert MAX_POSITIONS_KEY not in model.metadata_props
+
+
+def test_positions_past_the_table(tmp_path):
+    """README case 4 (positions 300-301, past 256): a 512-row table is still exact; a 256-row one fails loudly."""
+    path = "tf5/dynamo/llama_yarn/decode.onnx"
+    original, model, _ = _rewrite(path, max_positions=512)
+    assert _run_cases(original, _bytes(model), "decode", cases=[(1, 2, 300)]) <= 1e-5
+    _, small, _ = _rewrite(path, max_positions=MAX_POS)
+    sess = create_session(_bytes(small), "cpu")
+    with pytest.raises(Exception, match="out of bounds|indices"):
+        sess.run(None, _feeds(sess, 1, 2, 300))
+
+
+def test_genai_context_length_sizes_the_table_and_second_run_is_a_no_op():
+    path = "tf4/torchscript/llama/decode.onnx"
+    _, model, result = _rewrite(path, genai_config={"model": {"context_length": 128}})
+    assert result.report.count(Outcome.REWRITTEN) == 2
+    assert all(v.const_value.shape[0] == 128 for k, v in model.graph.initializers.items() if k.startswith("rope_"))
+    again = PrecomputeCosSinPass(max_positions=64)(model)
+    assert not again.modified and again.report.status.startswith("not matched: no Cos/Sin node")
+    assert model.metadata_props[MAX_POSITIONS_KEY] == "128"
+
+
+@pytest.mark.parametrize("path", ["tf5/dynamo/qwen2_5_vl_text/decode.onnx", "tf4/torchscript/gemma3_text/prefill.onnx"])
+def test_webgpu_equal_to_original(path):
+    """The rewritten graph on WebGPU against the original on WebGPU and on CPU (prefills stay <= 8 tokens)."""
+    original, model, _ = _rewrite(path, max_positions=MAX_POS)
+    kind = "prefill" if path.endswith("prefill.onnx") else "decode"
+    cases = [(2, 7, 0), (1, 1, 80)] if kind == "prefill" else [(2, 7, 5), (1, 1, 80)]
+    new_sess = create_session(_bytes(model), "webgpu")
+    assert new_sess.get_providers()[0] == WEBGPU
+    assert _run_cases(original, _bytes(model), kind, ep="webgpu", cases=cases) <= 1e-5
+    # and against the original on WebGPU (what the user ran before the rewrite)
+    ref_sess = create_session(original, "webgpu")
+    for batch, seq, past in cases:
+        feeds = _feeds(ref_sess, batch, seq + (past if kind == "prefill" else 0), 0 if kind == "prefill" else past)
+        for r, n in zip(ref_sess.run(None, feeds), new_sess.run(None, feeds), strict=True):
+            np.testing.assert_allclose(n, r, rtol=0, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Small graphs built in code
+# ----------------------------------------------------------------------------------------------------------------
+
+HALF = 4
+INV_FREQ = (1.0 / (10000.0 ** (np.arange(HALF) * 2.0 / (2 * HALF)))).astype(np.float32)
+
+
+def _chain_graph(kind: str = "static", extra_input: bool = False) -> ir.Model:
+    """x[B,S,2H] rotated by cos/sin of position_ids[B,S] × inv_freq, exporter style (tf5 dynamo).
+
+    ``kind``: "static" (default RoPE, × 0.5 attention scaling); "ntk" (dynamic NTK spelled out: the frequencies
+    are divided by max(1, (ReduceMax(position_ids) + 1) / 8)); "relative" (positions relative to the call's first
+    token: no reduction op, yet a row depends on another token's position).
+    """
+    pos = ir.Value(name="position_ids", shape=ir.Shape(["batch", "seq"]), type=ir.TensorType(ir.DataType.INT64))
+    x = ir.Value(name="x", shape=ir.Shape(["batch", "seq", 2 * HALF]), type=ir.TensorType(ir.DataType.FLOAT))
+    inputs = [x, pos]
+    nodes: list[ir.Node] = []
+
+    def add(op, ins, attrs=None, name=None):
+        node = ir.node(op, ins, attrs or {}, name=name or f"{op.lower()}_{len(nodes)}")
+        nodes.append(node)
+        return node.outputs[0]
+
+    def const(array, name):
+        return add("Constant", [], {"value": ir.tensor(np.asarray(array), name=name)}, name=name)
+
+    inv = const(INV_FREQ, "inv_freq")
+    p = pos
+    if kind == "relative":
+        first = add("Gather", [pos, const(np.array([0], np.int64), "zero")], {"axis": 1})
+        p = add("Sub", [pos, first])
+    if extra_input:
+        offset = ir.Value(name="offset", shape=ir.Shape([]), type=ir.TensorType(ir.DataType.INT64))
+        inputs.append(offset)
+        p = add("Add", [p, offset])
+    pf = add("Cast", [add("Unsqueeze", [p, const(np.array([2], np.int64), "axis2")])], {"to": ir.DataType.FLOAT})
+    if kind == "ntk":
+        biggest = add("Cast", [add("ReduceMax", [pos], {"keepdims": 0})], {"to": ir.DataType.FLOAT})
+        factor = add("Max", [add("Div", [add("Add", [biggest, const(np.float32(1), "one")]),
+                                         const(np.float32(8), "orig")]), const(np.float32(1), "one_")])
+        inv = add("Div", [inv, factor])
+    freqs = add("Mul", [pf, inv])
+    emb = add("Concat", [freqs, freqs], {"axis": -1})
+    cos = add("Mul", [add("Cos", [emb], name="cos"), const(np.float32(0.5), "scaling")])
+    sin = add("Mul", [add("Sin", [emb], name="sin"), const(np.float32(0.5), "scaling_")])
+    x1 = add("Slice", [x, const(np.array([0], np.int64), "s0"), const(np.array([HALF], np.int64), "s1"),
+                       const(np.array([2], np.int64), "ax")])
+    x2 = add("Slice", [x, const(np.array([HALF], np.int64), "s2"), const(np.array([2 * HALF], np.int64), "s3"),
+                       const(np.array([2], np.int64), "ax_")])
+    rot = add("Concat", [add("Neg", [x2]), x1], {"axis": -1})
+    y = add("Add", [add("Mul", [x, cos]), add("Mul", [rot, sin])])
+    y.name = "y"
+    graph = ir.Graph(inputs, [y], nodes=nodes, opset_imports={"": 20}, name="rope")
+    return ir.Model(graph, ir_version=10)
+
+
+def _run_small(model: ir.Model, positions: np.ndarray) -> np.ndarray:
+    sess = create_session(_bytes(model), "cpu")
+    rng = np.random.RandomState(1)
+    x = rng.randn(*positions.shape, 2 * HALF).astype(np.float32)
+    feeds = {"x": x, "position_ids": positions}
+    if "offset" in {i.name for i in sess.get_inputs()}:
+        feeds["offset"] = np.array(3, np.int64)
+    return sess.run(None, feeds)[0]
+
+
+def test_small_static_graph_rewritten_bit_identical():
+    positions = np.array([[0, 1, 2, 3], [17, 5, 31, 9]], np.int64)  # any order, any rows below max_positions
+    reference = _run_small(_chain_graph(), positions)
+    model = _chain_graph()
+    result = PrecomputeCosSinPass(max_positions=32)(model)
+    assert result.report.count(Outcome.REWRITTEN) == 2, result.report.status
+    ops = _ops(model)
+    assert ops["Cos"] == ops["Sin"] == ops["Cast"] == ops["Unsqueeze"] == 0 and ops["Gather"] == 2
+    cos = model.graph.initializers["rope_passes.cos_table"].const_value.numpy()
+    expected = 0.5 * np.cos(np.arange(32, dtype=np.float32)[:, None] * np.concatenate([INV_FREQ, INV_FREQ]))
+    np.testing.assert_allclose(cos, expected, rtol=0, atol=1e-6)  # the scaling is inside the table
+    np.testing.assert_array_equal(_run_small(model, positions), reference)
+
+
+def test_small_dynamic_ntk_refused():
+    model = _chain_graph("ntk")
+    before = _bytes(model)
+    result = PrecomputeCosSinPass(max_positions=32)(model)
+    assert not result.modified and result.report.count(Outcome.REFUSED) == 2
+    reason = result.report.findings[0].reason
+    assert reason.startswith("ReduceMax 'reducemax_") and "reads across the positions of the call" in reason
+    assert _bytes(model) == before
+
+
+def test_small_token_mixing_refused_by_evaluation():
+    """No reduction op, but each row depends on the call's first position: the permuted evaluation catches it."""
+    model = _chain_graph("relative")
+    result = PrecomputeCosSinPass(max_positions=32)(model)
+    assert not result.modified and result.report.count(Outcome.REFUSED) == 2
+    assert result.report.findings[0].reason.endswith(
+        "with permuted positions the rows are not the table's rows at those positions, so a row depends on more "
+        "than its own position")
+
+
+def test_small_table_size_unknown_refused():
+    model = _chain_graph()
+    result = PrecomputeCosSinPass()(model)
+    assert not result.modified
+    assert result.report.status == (
+        "refused: table size unknown: give max_positions (or model.context_length in genai_config.json)")
+
+
+def test_small_second_input_not_matched():
+    result = PrecomputeCosSinPass(max_positions=32)(model := _chain_graph(extra_input=True))
+    assert not result.modified and result.report.count(Outcome.NOT_MATCHED) == 2
+    assert "depends on 2 graph inputs ('offset', 'position_ids')" in result.report.findings[0].reason
+    assert _ops(model)["Cos"] == 1
+
+
+@pytest.mark.parametrize("bad", [0, -4, "many", 12.5])
+def test_bad_max_positions_is_a_usage_error(bad):
+    with pytest.raises(UsageError, match="max_positions must be a positive integer"):
+        PrecomputeCosSinPass(max_positions=bad)(_chain_graph())
+
+
+def test_registered_and_runs_in_a_pipeline(tmp_path):
+    from rope_passes.io import load_bundle
+
+    assert ALL_PASSES["precompute-cos-sin"] is PrecomputeCosSinPass
+    path = tmp_path / "m.onnx"
+    path.write_bytes(_bytes(_chain_graph()))
+    bundle = load_bundle(str(path))
+    report = run_pipeline(bundle, passes=["precompute-cos-sin", "cleanup"], options={"max_positions": 16})
+    assert report.passes[0].status == "rewritten 2"
+    assert report.passes[0].metadata_changes == [f"metadata_props[{MAX_POSITIONS_KEY!r}] = '16'"]
+    assert bundle.model.metadata_props[MAX_POSITIONS_KEY] == "16"
