@@ -11,25 +11,26 @@ from __future__ import annotations
 
 import copy
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np
 import onnx_ir as ir
 import pytest
+from conftest import GENAI
 
 from rope_passes.analysis.graph import nodes_of
 from rope_passes.analysis.placement import predict_placement
 from rope_passes.check import check
 from rope_passes.check.decode import DecoderSpec, run_decode, token_ids
 from rope_passes.check.runtime import create_session
-from rope_passes.io import load_bundle, save_bundle
-from rope_passes.passes.annotate_cache_offset import AnnotateCacheOffsetPass
-from rope_passes.passes.longrope_concat import OFFSET_METADATA, WEBGPU_ONLY_KEY, LongRoPEConcatPass
+from rope_passes.io import load_bundle
+from rope_passes.passes.longrope_concat import (
+    OFFSET_METADATA,
+    WEBGPU_ONLY_KEY,
+    LongRoPEConcatPass,
+)
 from rope_passes.pipeline import optimize, run_pipeline
 from rope_passes.report import Outcome
-
-from conftest import GENAI
 
 PHI3 = GENAI / "current/phi3_mini_128k"
 HF = GENAI.parent / "genai" / "hf" / "phi3_mini_128k"

@@ -11,6 +11,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from conftest import GENAI, UNLOADABLE, genai_models
 
 from rope_passes.analysis.placement import (
     WEBGPU_KERNELS,
@@ -20,8 +21,6 @@ from rope_passes.analysis.placement import (
     predict_placement,
     probe_placement,
 )
-
-from conftest import GENAI, UNLOADABLE, genai_models
 
 MODELS = genai_models()
 #: placement differs with capture on/off here (int64 kernels, GQA's CPU-memory total_sequence_length)
@@ -100,14 +99,7 @@ def test_memcpy_names_any_cse_alias():
 
 
 def test_probe_log_parsing():
-    log = "\n".join([
-        "2026 [I:onnxruntime:, webgpu_execution_provider.cc:635 GetCapability] webgpu kernel not found in registries "
-        "for Op type: Shape node name: /m/Shape",
-        "2026 [I:onnxruntime:, transformer_memcpy.cc:393 AddCopyNode] Add MemcpyFromHost after /m/Gather/output_0 "
-        "for WebGpuExecutionProvider",
-        'ROPE_PASSES_PROBE {"error": "[ONNXRuntimeError] : 1 : FAIL : This session cannot use the graph capture '
-        'feature as requested", "providers": null}',
-    ])
+    log = '2026 [I:onnxruntime:, webgpu_execution_provider.cc:635 GetCapability] webgpu kernel not found in registries for Op type: Shape node name: /m/Shape\n2026 [I:onnxruntime:, transformer_memcpy.cc:393 AddCopyNode] Add MemcpyFromHost after /m/Gather/output_0 for WebGpuExecutionProvider\nROPE_PASSES_PROBE {"error": "[ONNXRuntimeError] : 1 : FAIL : This session cannot use the graph capture feature as requested", "providers": null}'
     p = parse_probe_log("m", True, log)
     assert p.loads and p.capture_ok is False and p.capture_error.startswith("This session cannot use the graph")
     assert p.memcpy_set == {("MemcpyFromHost", "/m/Gather/output_0")} and list(p.cpu_nodes) == ["/m/Shape"]

@@ -494,7 +494,7 @@ def probe_placement(model_path: str | os.PathLike, *, graph_capture: bool = True
     """The runtime truth: a WebGPU session in a subprocess with verbose logging (see the module docstring)."""
     cmd = [sys.executable, "-m", "rope_passes.analysis.placement", "--probe-child", str(model_path),
            "--capture", "1" if graph_capture else "0", "--options", json.dumps(dict(webgpu_options or {}))]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)  # exit code is data
     return parse_probe_log(str(model_path), graph_capture, proc.stdout + "\n" + proc.stderr, proc.returncode)
 
 

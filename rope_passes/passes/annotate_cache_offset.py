@@ -91,7 +91,7 @@ class AnnotateCacheOffsetPass(RopePass):
             return
         cos_t, sin_t = cos.const_value.numpy(), sin.const_value.numpy()
         tolerance = ROW_TOLERANCE.get(cos.const_value.dtype, 2e-3)
-        short, short_err = fit_frequencies(cos_t, sin_t, range(0, original))
+        short, short_err = fit_frequencies(cos_t, sin_t, range(original))
         long, long_err = fit_frequencies(cos_t, sin_t, range(original, rows))
         if max(short_err, long_err) > tolerance:
             report.refused(cos.name or "cos_cache", f"rows do not fit a short+long RoPE pair (worst row error "
