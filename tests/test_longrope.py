@@ -197,3 +197,26 @@ def test_annotate_leaves_plain_rope_alone(genai_corpus):
     report = run_pipeline(bundle, passes=["annotate-cache-offset"]).passes[0]
     assert not report.modified and "not a concatenated cache" in report.status
     assert bundle.genai_config == before
+
+
+def _swap_branches(model):
+    node = nodes_of(model, "If")[0]
+    then, other = node.attributes["then_branch"], node.attributes["else_branch"]
+    node.attributes["then_branch"] = ir.AttrGraph("then_branch", other.value)
+    node.attributes["else_branch"] = ir.AttrGraph("else_branch", then.value)
+
+
+def _threshold_from_input(model):
+    greater = nodes_of(model, "Greater")[0]
+    greater.replace_input_with(1, greater.inputs[0])
+
+
+@pytest.mark.parametrize("edit,reason", [
+    (_swap_branches, "then-branch table has 32 rows, not more than original 32"),
+    (_threshold_from_input, "threshold is not a constant"),
+], ids=["swapped-branches", "threshold"])
+def test_longrope_refusals(genai_corpus, edit, reason):
+    model = ir.load(PHI3 / "cpu_fp32" / "model.onnx")
+    edit(model)
+    report = LongRoPEConcatPass()(model).report
+    assert report.count(Outcome.REFUSED) == 1 and reason in report.findings[0].reason, report.findings

@@ -228,3 +228,34 @@ def test_text_only_vl_models_capture_with_zero_memcpy(genai_corpus, tmp_path):
         probes = list(pool.map(lambda p: probe_placement(p, graph_capture=True), outs))
     bad = [f"{rel}: {p.summary()}" for rel, p in zip(VL_MODELS, probes) if not (p.capture_ok and not p.memcpy)]
     assert not bad, "\n".join(bad)
+
+
+def _mask_node(model: ir.Model, op: str) -> ir.Node:
+    return next(n for n in model.graph if n.op_type == op and "attn_mask" in (n.name or ""))
+
+
+def _edit_sub_by_two(model):
+    two = ir.Value(name="two", const_value=ir.tensor(np.array([2], dtype=np.int64)))
+    model.graph.register_initializer(two)
+    _mask_node(model, "Sub").replace_input_with(1, two)
+
+
+def _edit_keepdims(model):
+    _mask_node(model, "ReduceSum").attributes["keepdims"] = ir.AttrInt64("keepdims", 1)
+
+
+def _edit_shape_start(model):
+    _mask_node(model, "Shape").attributes["start"] = ir.AttrInt64("start", 1)
+
+
+@pytest.mark.parametrize("edit,reason", [
+    (_edit_sub_by_two, "subtracts something other than the constant 1"),
+    (_edit_keepdims, "with keepdims=1, expected axes [1], keepdims 0"),
+    (_edit_shape_start, "has start/end attributes"),
+], ids=["sub-2", "keepdims", "shape-start"])
+def test_refusals(genai_corpus, edit, reason):
+    model = _load("current/llama/cpu_fp32")
+    edit(model)
+    rewritten, report = _rewrite(model)
+    assert report.count(Outcome.REFUSED) == 1 and reason in report.findings[0].reason, report.findings
+    assert not report.modified and nodes_of(rewritten, "Shape")
