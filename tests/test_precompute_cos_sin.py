@@ -18,6 +18,7 @@ import onnx
 import onnx_ir as ir
 import onnxruntime as ort
 import pytest
+from conftest import TORCH
 
 from rope_passes.check.runtime import WEBGPU, create_session
 from rope_passes.errors import UsageError
@@ -27,10 +28,7 @@ from rope_passes.passes.precompute_cos_sin import MAX_POSITIONS_KEY
 from rope_passes.pipeline import run_pipeline
 from rope_passes.report import Outcome
 
-from conftest import TORCH
-
 MAX_POS = 256  # max_position_embeddings of every corpus model (corpus README)
-KINDS = ("prefill", "decode")
 
 
 def _manifest() -> list[dict]:
@@ -178,6 +176,19 @@ def test_positions_past_the_table(tmp_path):
         sess.run(None, _feeds(sess, 1, 2, 300))
 
 
+def test_mrope_positions_differing_per_axis():
+    """mRoPE [3,B,S]: the table is gathered per axis before the section split, so vision-style positions (three
+    different axes) stay exact too, not only text."""
+    path = "tf5/dynamo/qwen2_5_vl_text/decode.onnx"
+    original, model, _ = _rewrite(path, max_positions=MAX_POS)
+    ref_sess, new_sess = create_session(original, "cpu"), create_session(_bytes(model), "cpu")
+    feeds = _feeds(ref_sess, 2, 5, 6)
+    rng = np.random.RandomState(7)
+    feeds["position_ids"] = np.stack([feeds["position_ids"][0], rng.randint(0, 40, (2, 5)), rng.randint(0, 40, (2, 5))])
+    for r, n in zip(ref_sess.run(None, feeds), new_sess.run(None, feeds), strict=True):
+        np.testing.assert_array_equal(n, r)
+
+
 def test_genai_context_length_sizes_the_table_and_second_run_is_a_no_op():
     path = "tf4/torchscript/llama/decode.onnx"
     _, model, result = _rewrite(path, genai_config={"model": {"context_length": 128}})
@@ -213,15 +224,17 @@ HALF = 4
 INV_FREQ = (1.0 / (10000.0 ** (np.arange(HALF) * 2.0 / (2 * HALF)))).astype(np.float32)
 
 
-def _chain_graph(kind: str = "static", extra_input: bool = False) -> ir.Model:
+def _chain_graph(kind: str = "static", extra_input: bool = False, fp16: bool = False) -> ir.Model:
     """x[B,S,2H] rotated by cos/sin of position_ids[B,S] × inv_freq, exporter style (tf5 dynamo).
 
     ``kind``: "static" (default RoPE, × 0.5 attention scaling); "ntk" (dynamic NTK spelled out: the frequencies
     are divided by max(1, (ReduceMax(position_ids) + 1) / 8)); "relative" (positions relative to the call's first
-    token: no reduction op, yet a row depends on another token's position).
+    token: no reduction op, yet a row depends on another token's position). ``fp16``: x is float16 and cos/sin
+    are cast to float16 after the float32 computation (as fp16 exports do).
     """
+    dtype = ir.DataType.FLOAT16 if fp16 else ir.DataType.FLOAT
     pos = ir.Value(name="position_ids", shape=ir.Shape(["batch", "seq"]), type=ir.TensorType(ir.DataType.INT64))
-    x = ir.Value(name="x", shape=ir.Shape(["batch", "seq", 2 * HALF]), type=ir.TensorType(ir.DataType.FLOAT))
+    x = ir.Value(name="x", shape=ir.Shape(["batch", "seq", 2 * HALF]), type=ir.TensorType(dtype))
     inputs = [x, pos]
     nodes: list[ir.Node] = []
 
@@ -252,6 +265,8 @@ def _chain_graph(kind: str = "static", extra_input: bool = False) -> ir.Model:
     emb = add("Concat", [freqs, freqs], {"axis": -1})
     cos = add("Mul", [add("Cos", [emb], name="cos"), const(np.float32(0.5), "scaling")])
     sin = add("Mul", [add("Sin", [emb], name="sin"), const(np.float32(0.5), "scaling_")])
+    if fp16:
+        cos, sin = (add("Cast", [v], {"to": ir.DataType.FLOAT16}) for v in (cos, sin))
     x1 = add("Slice", [x, const(np.array([0], np.int64), "s0"), const(np.array([HALF], np.int64), "s1"),
                        const(np.array([2], np.int64), "ax")])
     x2 = add("Slice", [x, const(np.array([HALF], np.int64), "s2"), const(np.array([2 * HALF], np.int64), "s3"),
@@ -266,7 +281,8 @@ def _chain_graph(kind: str = "static", extra_input: bool = False) -> ir.Model:
 def _run_small(model: ir.Model, positions: np.ndarray) -> np.ndarray:
     sess = create_session(_bytes(model), "cpu")
     rng = np.random.RandomState(1)
-    x = rng.randn(*positions.shape, 2 * HALF).astype(np.float32)
+    fp16 = sess.get_inputs()[0].type == "tensor(float16)"
+    x = rng.randn(*positions.shape, 2 * HALF).astype(np.float16 if fp16 else np.float32)
     feeds = {"x": x, "position_ids": positions}
     if "offset" in {i.name for i in sess.get_inputs()}:
         feeds["offset"] = np.array(3, np.int64)
@@ -285,6 +301,32 @@ def test_small_static_graph_rewritten_bit_identical():
     expected = 0.5 * np.cos(np.arange(32, dtype=np.float32)[:, None] * np.concatenate([INV_FREQ, INV_FREQ]))
     np.testing.assert_allclose(cos, expected, rtol=0, atol=1e-6)  # the scaling is inside the table
     np.testing.assert_array_equal(_run_small(model, positions), reference)
+
+
+def test_small_fp16_graph_gets_an_fp16_table():
+    """The table takes the dtype the chain ends in (here float16 after a Cast).
+
+    ONNX semantics (onnx's reference evaluator): bit-identical. onnxruntime CPU has no float16 Mul/Add kernels and
+    runs them through inserted float32 casts, which drop the original's rounding of cos/sin to float16; measured
+    4.9e-4 (2 float16 ulps at |y| ~ 0.35) between original and rewritten, so the bar there is 4e-3 (|y| < 2)."""
+    from onnx.reference import ReferenceEvaluator
+
+    positions = np.array([[3, 0, 30, 7]], np.int64)
+    original = _chain_graph(fp16=True)
+    model = _chain_graph(fp16=True)
+    result = PrecomputeCosSinPass(max_positions=32)(model)
+    assert result.report.count(Outcome.REWRITTEN) == 2
+    table = model.graph.initializers["rope_passes.sin_table"]
+    assert table.dtype == ir.DataType.FLOAT16 and table.shape == ir.Shape([32, 2 * HALF])
+    assert _ops(model)["Cast"] == 0  # the Cast to float16 is inside the table
+    x = np.random.RandomState(1).randn(1, 4, 2 * HALF).astype(np.float16)
+    ref, new = (ReferenceEvaluator(onnx.load_from_string(_bytes(m))).run(None, {"x": x, "position_ids": positions})[0]
+                for m in (original, model))
+    assert new.dtype == np.float16
+    np.testing.assert_array_equal(new, ref)
+    out = _run_small(model, positions)
+    assert out.dtype == np.float16 and np.abs(out).max() < 2
+    np.testing.assert_allclose(out.astype(np.float32), _run_small(original, positions), rtol=0, atol=4e-3)
 
 
 def test_small_dynamic_ntk_refused():
@@ -339,3 +381,31 @@ def test_registered_and_runs_in_a_pipeline(tmp_path):
     assert report.passes[0].status == "rewritten 2"
     assert report.passes[0].metadata_changes == [f"metadata_props[{MAX_POSITIONS_KEY!r}] = '16'"]
     assert bundle.model.metadata_props[MAX_POSITIONS_KEY] == "16"
+
+
+def test_cli_sizes_the_table_from_genai_config(tmp_path):
+    """``rope-passes optimize --passes precompute-cos-sin``: a genai folder's context_length sizes the table; a bare
+    .onnx has no size (the CLI has no max_positions flag) and the pass refuses with the reason."""
+    import subprocess
+    import sys
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "model.onnx").write_bytes(_bytes(_chain_graph()))
+    (folder / "genai_config.json").write_text(json.dumps(
+        {"model": {"context_length": 24, "decoder": {"filename": "model.onnx"}}}))
+
+    def optimize(src, out):
+        proc = subprocess.run([sys.executable, "-m", "rope_passes", "optimize", str(src), "-o", str(out),
+                               "--passes", "precompute-cos-sin", "--json"], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout)["passes"][0]
+
+    report = optimize(folder, tmp_path / "out")
+    assert report["status"] == "rewritten 2" and report["nodes_removed"] == 12  # chain, its Constants
+    saved = onnx.load(tmp_path / "out" / "model.onnx")
+    assert {p.key: p.value for p in saved.metadata_props}[MAX_POSITIONS_KEY] == "24"
+    assert sorted(i.name for i in saved.graph.initializer) == ["rope_passes.cos_table", "rope_passes.sin_table"]
+    bare = optimize(folder / "model.onnx", tmp_path / "bare.onnx")
+    assert bare["status"] == "refused: table size unknown: give max_positions (or model.context_length in " \
+                             "genai_config.json)"

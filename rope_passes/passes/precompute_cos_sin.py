@@ -209,14 +209,11 @@ class PrecomputeCosSinPass(RopePass):
     @staticmethod
     def _dynamic(model: ir.Model, chain: _Chain) -> str | None:
         """Why the chain's rows depend on more than their own position, read from its ops; None if nothing."""
-        names = {id(n) for n in chain.nodes}
         lr = longrope_where(model)
-        if lr is not None and lr.switch_node is not None:
-            where = next((n for n in chain.nodes if n.op_type == "Where" and n.name == lr.switch_node), None)
-            if where is not None and id(where) in names:
-                return (f"LongRoPE chosen per call: {lr.switch} (node {lr.switch_node!r}) picks the long or short "
-                        "inv_freq from the largest position of the call, so a row depends on the other positions "
-                        "(dynamic: no single table)")
+        if lr is not None and any(n.op_type == "Where" and n.name == lr.switch_node for n in chain.nodes):
+            return (f"LongRoPE chosen per call: {lr.switch} (node {lr.switch_node!r}) picks the long or short "
+                    "inv_freq from the largest position of the call, so a row depends on the other positions "
+                    "(dynamic: no single table)")
         mixing = [n for n in chain.nodes if n.op_type in _MIXING]
         if mixing:
             first = mixing[0]
@@ -245,7 +242,7 @@ class PrecomputeCosSinPass(RopePass):
             for c in chains:
                 report.not_matched(c.trig.name, f"the chain is not a function of {positions.name!r} alone ({exc})")
             return {}
-        except Exception as exc:  # onnxruntime failures
+        except Exception as exc:  # noqa: BLE001 - any onnxruntime failure becomes a reason in the report
             for c in chains:
                 report.not_matched(c.trig.name, f"cannot evaluate the cos/sin subgraph on onnxruntime CPU "
                                                 f"({type(exc).__name__}: {str(exc).splitlines()[0][:160]})")
@@ -280,7 +277,7 @@ class PrecomputeCosSinPass(RopePass):
             init = shared[key]
             gather = ir.node("Gather", [init, c.positions], {"axis": 0}, name=f"rope_passes/{c.role}_gather_{n}")
             gather.outputs[0].name = f"rope_passes.{c.role}_rows_{n}"
-            gather.outputs[0].dtype = c.end.dtype or ir.DataType.from_numpy(table.dtype)
+            gather.outputs[0].dtype = ir.DataType.from_numpy(table.dtype)
             gather.outputs[0].shape = ir.Shape([*c.positions.shape, table.shape[-1]])
             producer = c.end.producer()
             assert producer is not None  # a chain end is computed from the positions
@@ -291,8 +288,9 @@ class PrecomputeCosSinPass(RopePass):
                 c.trig.name,
                 f"{c.trig.op_type} of positions × {c.inv_freq.name!r} ({c.product.op_type}) → "
                 f"Gather({init.name} {list(table.shape)} {table.dtype}, {c.positions.name})",
-                table=init.name, rows=rows, columns=int(table.shape[-1]), dtype=str(table.dtype), inv_freq=c.inv_freq.name,
-                replaced=c.end.name, positions=c.positions.name, chain_nodes=len(c.nodes),
+                table=init.name, rows=rows, columns=int(table.shape[-1]), dtype=str(table.dtype),
+                table_bytes=int(table.nbytes), inv_freq=c.inv_freq.name, replaced=c.end.name,
+                positions=c.positions.name, chain_nodes=len(c.nodes),
                 exact_when=f"every position in [0, {rows})",
             )
         remove_dead(graph, old)
