@@ -9,7 +9,7 @@
   position_ids) → Cast) → Transpose → Concat → Cos | Sin → Mul(scale) → Cast``;
 * mRoPE (``position_ids [3,B,S]``): the same, per axis, up to the per-axis ``[3,B,S,D/2]`` Cos | Sin.
 
-For each Cos/Sin node whose input is positions × an ``inv_freq`` vector
+For each Cos/Sin node of the main graph whose input is positions × an ``inv_freq`` vector
 (:func:`rope_passes.analysis.census.inv_freq_product`) the pass takes the chain's *end*: the Cos/Sin output
 followed down through single-consumer Cast / Identity / Neg and Mul/Div/Add/Sub-by-a-scalar-constant nodes (the
 attention scaling, yarn's factor). That end is replaced by ``Gather(table, position_ids, axis=0)`` from a new
@@ -28,11 +28,15 @@ call, no dependence on batch or sequence length beyond shape plumbing) and every
 ``[0, max_positions)``. The pass checks the first condition twice before rewriting: the chain may contain no op
 that mixes positions (Reduce*, ArgMax/ArgMin, TopK, CumSum, If/Loop/Scan, …), and a second evaluation with the
 positions permuted, then a third with another batch/sequence shape (and, for ``[3,B,S]`` inputs, different
-values on each axis), must give exactly the table's rows at those positions. Then the rewrite reproduces the
-original bit for bit on onnxruntime (same kernels on the same values). The second condition cannot be checked
-in the graph: a position ``>= max_positions`` makes onnxruntime's Gather fail (CPU: index out of range) or read
-garbage, and a negative one wraps around (Gather's negative indices). ``max_positions`` is written to the model's
-``metadata_props["rope_passes.cos_sin_max_positions"]`` and to the report.
+values on each axis), must give exactly the table's rows at those positions. Then the rewrite is exact under
+ONNX semantics, and in float32 bit-identical on onnxruntime (the tables come from the same kernels on the same
+values; all 58 corpus graphs). A chain ending in a float16 Cast gets a float16 table; onnxruntime CPU runs float16
+Mul/Add through float32 casts that skip the original's rounding to float16, so there the two may differ by an
+fp16 ulp. The second condition cannot be checked in the graph. A position ``>= max_positions`` makes onnxruntime 1.27's Gather fail on CPU ("indices element out of
+data bounds") and read zeros on WebGPU, silently (cos = sin = 0: the rotated q/k become 0); a negative one wraps
+around to the end of the table (Gather's negative indices) where the original computed cos(-p·f). So
+``max_positions`` must cover every position the model will be run at; it is written to the model's
+``metadata_props["rope_passes.cos_sin_max_positions"]`` and to the report (a note).
 
 **Refuses** (graph unchanged at that chain, reason in the report): LongRoPE chosen per call
 (``Where(ReduceMax(position_ids)+1 > original_max, long_inv_freq, short_inv_freq)``, census ``longrope-where``);
@@ -156,7 +160,7 @@ class PrecomputeCosSinPass(RopePass):
         report.note(
             "<model>",
             f"cos/sin tables hold positions 0..{max_positions - 1}: a position >= {max_positions} in {names} makes "
-            "Gather fail (onnxruntime CPU) or read out of range, a negative one wraps around",
+            "Gather fail on onnxruntime CPU and read zeros on WebGPU (silently wrong); a negative one wraps around",
             max_positions=max_positions,
         )
 
