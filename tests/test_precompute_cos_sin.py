@@ -412,3 +412,16 @@ def test_cli_sizes_the_table_from_genai_config(tmp_path):
     bare = optimize(tmp_path / "bare" / "m.onnx", tmp_path / "bare_out.onnx")
     assert bare["status"] == "refused: table size unknown: give max_positions (or model.context_length in " \
                              "genai_config.json)"
+
+
+def test_positions_outside_the_table_behave_as_documented():
+    """The documented hazard, pinned: past the table CPU fails, WebGPU silently reads zeros, negatives wrap."""
+    model = _chain_graph()
+    PrecomputeCosSinPass(max_positions=16)(model)
+    x = np.ones((1, 3, 2 * HALF), np.float32)
+    feeds = {"x": x, "position_ids": np.array([[15, 16, -1]], np.int64)}  # last row, one past it, negative
+    with pytest.raises(Exception, match="indices element out of data bounds"):
+        create_session(_bytes(model), "cpu").run(None, feeds)
+    y = create_session(_bytes(model), "webgpu").run(None, feeds)[0]
+    assert np.all(y[0, 1] == 0)  # cos = sin = 0 at position 16
+    np.testing.assert_allclose(y[0, 2], y[0, 0], rtol=0, atol=1e-6)  # -1 reads row 15
