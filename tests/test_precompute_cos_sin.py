@@ -425,3 +425,42 @@ def test_positions_outside_the_table_behave_as_documented():
     y = create_session(_bytes(model), "webgpu").run(None, feeds)[0]
     assert np.all(y[0, 1] == 0)  # cos = sin = 0 at position 16
     np.testing.assert_allclose(y[0, 2], y[0, 0], rtol=0, atol=1e-6)  # -1 reads row 15
+
+
+def test_builder_manual_mrope_rewritten_and_fold_text_mrope_still_folds(tmp_path):
+    """A builder 0.15.2 graph computing mRoPE cos/sin from inv_freq per call (legacy/qwen25_vl): the tables size
+    from genai_config's context_length, the output stays bit-identical with three different position axes, and
+    fold-text-mrope still folds the result (the pass composes with the presets' passes)."""
+    from conftest import GENAI
+
+    from rope_passes.io import load_bundle, save_bundle
+    from rope_passes.passes import FoldTextMRoPEPass
+
+    src = GENAI / "legacy" / "qwen25_vl" / "cpu_fp32"
+    original = save_bundle(load_bundle(str(src)), str(tmp_path / "orig"))
+    bundle = load_bundle(str(src))
+    context = bundle.genai_config["model"]["context_length"]
+    result = PrecomputeCosSinPass(genai_config=bundle.genai_config)(bundle.model)
+    assert result.report.status == "rewritten 4"  # cos and sin of each layer's own mrope_dynamic_cache
+    assert bundle.model.metadata_props[MAX_POSITIONS_KEY] == str(context)
+    rewritten = save_bundle(bundle, str(tmp_path / "new"))
+    sessions = [create_session(str(p), "cpu") for p in (original, rewritten)]  # save_bundle gives the .onnx path
+    rng = np.random.RandomState(0)
+    batch, seq, past = 1, 5, 7
+    head = bundle.genai_config["model"]["decoder"]["head_size"]
+    feeds = {}
+    for i in sessions[0].get_inputs():
+        if i.name == "inputs_embeds":
+            feeds[i.name] = rng.randn(batch, seq, i.shape[2]).astype(np.float32)
+        elif i.name == "attention_mask":
+            feeds[i.name] = np.ones((batch, past + seq), np.int64)
+        elif i.name == "position_ids":
+            pos = np.arange(past, past + seq)[None]
+            feeds[i.name] = np.stack([pos, pos + 3, 2 * pos]).astype(np.int64)  # vision-style: axes differ
+        else:
+            feeds[i.name] = rng.randn(batch, i.shape[1], past, head).astype(np.float32)
+    ref, new = (s.run(None, feeds) for s in sessions)
+    for r, n in zip(ref, new, strict=True):
+        np.testing.assert_array_equal(n, r)
+    fold = FoldTextMRoPEPass(genai_config=bundle.genai_config, text_only=True)(bundle.model)
+    assert fold.report.status == "rewritten 2"

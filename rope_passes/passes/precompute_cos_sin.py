@@ -127,7 +127,7 @@ def _graph_inputs(nodes: list[ir.Node], end: ir.Value) -> list[ir.Value]:
 
 class PrecomputeCosSinPass(RopePass):
     name = "precompute-cos-sin"
-    summary = "replace cos/sin computed per call from inv_freq by Gather from precomputed [max_pos, D] tables"
+    summary = "replace cos/sin computed per call from inv_freq by Gather from precomputed max_positions × D tables"
 
     def apply(self, model: ir.Model, report: PassReport) -> None:
         graph = model.graph
