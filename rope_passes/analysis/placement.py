@@ -12,7 +12,9 @@ Two levels, which a test keeps in agreement on the whole genai corpus:
      not apply onnxruntime's ``GetCpuPreferredNodes`` heuristic (measured: an int32 ``ReduceSum`` fed only by a CPU
      ``Cast`` and a small initializer stays on WebGPU, with a Memcpy), so neither does this prediction. Before
      partitioning onnxruntime merges identical nodes (``CommonSubexpressionElimination``); the prediction does too, and
-     a Memcpy on a merged tensor may carry any of its names (:attr:`Memcpy.aliases`);
+     a Memcpy on a merged tensor may carry any of its names (:attr:`Memcpy.aliases`). It also reads
+     ``Shape(Cast(x))``/``Shape(Identity(x))`` as ``Shape(x)`` when the Cast/Identity feeds only Shape nodes
+     (:func:`shape_bypass`);
   3. Memcpy (``transformer_memcpy``): ``MemcpyFromHost`` after a tensor produced on CPU (or a graph input also read
      by CPU nodes) that a WebGPU node reads in GPU memory; ``MemcpyToHost`` before a tensor produced on WebGPU that a
      CPU node reads, or that a WebGPU kernel reads in CPU memory (:data:`CPU_INPUTS`, e.g. ``Reshape``'s shape).
@@ -368,10 +370,35 @@ def common_subexpressions(nodes: list[ir.Node]) -> dict[int, ir.Value]:
     return rep
 
 
+def shape_bypass(nodes: list[ir.Node]) -> tuple[dict[int, ir.Value], set[int]]:
+    """onnxruntime reads ``Shape(Cast(x))`` and ``Shape(Identity(x))`` as ``Shape(x)`` when the Cast/Identity feeds
+    only Shape nodes (measured: the Cast disappears and an int64 ``Shape`` lands on CPU). Returns
+    (id(Shape node) -> the value it really reads, ids of the dropped Cast/Identity nodes)."""
+    redirect: dict[int, ir.Value] = {}
+    dropped: set[int] = set()
+    for node in nodes:
+        if node.op_type != "Shape" or not node.inputs or node.inputs[0] is None:
+            continue
+        value = node.inputs[0]
+        while True:
+            producer = value.producer()
+            if producer is None or producer.op_type not in ("Cast", "Identity") or producer.domain not in ("", "ai.onnx"):
+                break
+            users = [u for u, _ in value.uses()]
+            if value.is_graph_output() or any(u.op_type != "Shape" and id(u) not in dropped for u in users):
+                break
+            dropped.add(id(producer))
+            value = producer.inputs[0]
+        if value is not node.inputs[0]:
+            redirect[id(node)] = value
+    return redirect, dropped
+
+
 def _predict_graph(graph: ir.Graph, capture: bool, result: Placement, outer_cpu: set[int]) -> None:
     nodes = list(graph)
     rep = common_subexpressions(nodes)
-    merged = {id(n) for n in nodes if n.outputs and all(id(o) in rep for o in n.outputs)}
+    redirect, dropped = shape_bypass(nodes)
+    merged = {id(n) for n in nodes if n.outputs and all(id(o) in rep for o in n.outputs)} | dropped
     aliases: dict[int, list[str]] = {}
     for node in nodes:
         for out in node.outputs:
@@ -384,7 +411,12 @@ def _predict_graph(graph: ir.Graph, capture: bool, result: Placement, outer_cpu:
             continue  # folded into an initializer by onnxruntime at load
         if node.op_type in CONTROL_FLOW:
             result.control_flow.append(node.name or node.op_type)
-        ok, why = _has_kernel(node, capture)
+        if id(node) in redirect:  # Shape of what onnxruntime really reads
+            dtype = value_dtype(redirect[id(node)])
+            ok = ("on" if capture else "off") in WEBGPU_KERNELS.get(("", "Shape", str(dtype)), frozenset())
+            why = "" if ok else f"no WebGPU kernel for Shape({dtype}) (onnxruntime reads Shape(Cast(x)) as Shape(x))"
+        else:
+            ok, why = _has_kernel(node, capture)
         if not ok:
             on_cpu[id(node)] = why
 
@@ -414,6 +446,8 @@ def _predict_graph(graph: ir.Graph, capture: bool, result: Placement, outer_cpu:
         for index, value in enumerate(node.inputs):
             if value is None:
                 continue
+            if index == 0 and id(node) in redirect:
+                value = redirect[id(node)]
             value = rep.get(id(value), value)
             entry = reads.setdefault(id(value), (value, {"cpu": [], "gpu": []}))
             entry[1][consumer_wants(node, index)].append(node.name or node.op_type)
@@ -577,7 +611,7 @@ _PROBE_OPS: list[tuple[str, str, dict[str, Any], list[str], int]] = [
     ("", "Add", {}, ["T", "T"], 1), ("", "Sub", {}, ["T", "T"], 1), ("", "Mul", {}, ["T", "T"], 1),
     ("", "Div", {}, ["T", "T"], 1), ("", "Equal", {}, ["T", "T"], 1), ("", "Greater", {}, ["T", "T"], 1),
     ("", "Less", {}, ["T", "T"], 1), ("", "GreaterOrEqual", {}, ["T", "T"], 1), ("", "Max", {}, ["T", "T"], 1),
-    ("", "Min", {}, ["T", "T"], 1), ("", "Neg", {}, ["T"], 1), ("", "Cos", {}, ["T"], 1), ("", "Sin", {}, ["T"], 1),
+    ("", "Min", {}, ["T", "T"], 1), ("", "Neg", {}, ["T"], 1), ("", "Relu", {}, ["T"], 1), ("", "Abs", {}, ["T"], 1), ("", "Cos", {}, ["T"], 1), ("", "Sin", {}, ["T"], 1),
     ("", "Sigmoid", {}, ["T"], 1), ("", "Identity", {}, ["T"], 1), ("", "Transpose", {"perm": [1, 0]}, ["T"], 1),
     ("", "Shape", {}, ["T"], 1), ("", "Size", {}, ["T"], 1), ("", "Gather", {"axis": 0}, ["T", "INT64"], 1),
     ("", "GatherElements", {"axis": 0}, ["T", "INT64"], 1), ("", "Reshape", {}, ["T", "INT64"], 1),
@@ -703,6 +737,7 @@ def _format_table(table: Mapping[tuple[str, str, str], frozenset[str]]) -> str:
 # Generated by `python -m rope_passes.analysis.placement --derive-kernels` on onnxruntime-webgpu 1.27.0 (lavapipe).
 # Types not listed have no WebGPU kernel in either mode.
 _KERNEL_TABLE: dict[tuple[str, str], dict[str, frozenset[str]]] = {
+    ('', 'Abs'): {'FLOAT': _BOTH, 'FLOAT16': _BOTH},
     ('', 'Add'): {'FLOAT': _BOTH, 'FLOAT16': _BOTH, 'INT32': _BOTH, 'UINT32': _BOTH},
     ('', 'Cast'): {'BOOL->FLOAT': _BOTH, 'BOOL->FLOAT16': _BOTH, 'BOOL->INT32': _BOTH, 'BOOL->INT64': _ON, 'BOOL->UINT32': _BOTH, 'FLOAT->BOOL': _BOTH, 'FLOAT->FLOAT16': _BOTH, 'FLOAT->INT32': _BOTH, 'FLOAT->INT64': _ON, 'FLOAT->UINT32': _BOTH, 'FLOAT16->BOOL': _BOTH, 'FLOAT16->FLOAT': _BOTH, 'FLOAT16->INT32': _BOTH, 'FLOAT16->INT64': _ON, 'FLOAT16->UINT32': _BOTH, 'INT32->BOOL': _BOTH, 'INT32->FLOAT': _BOTH, 'INT32->FLOAT16': _BOTH, 'INT32->INT64': _ON, 'INT32->UINT32': _BOTH, 'INT64->BOOL': _ON, 'INT64->FLOAT': _ON, 'INT64->FLOAT16': _ON, 'INT64->INT32': _ON, 'INT64->UINT32': _ON, 'UINT32->BOOL': _BOTH, 'UINT32->FLOAT': _BOTH, 'UINT32->FLOAT16': _BOTH, 'UINT32->INT32': _BOTH, 'UINT32->INT64': _ON},
     ('', 'Concat'): {'FLOAT': _BOTH, 'FLOAT16': _BOTH, 'INT32': _BOTH, 'UINT32': _BOTH},
@@ -728,6 +763,7 @@ _KERNEL_TABLE: dict[tuple[str, str], dict[str, frozenset[str]]] = {
     ('', 'ReduceMin'): {'FLOAT': _BOTH, 'FLOAT16': _BOTH, 'INT32': _BOTH, 'UINT32': _BOTH},
     ('', 'ReduceProd'): {'FLOAT': _BOTH, 'FLOAT16': _BOTH, 'INT32': _BOTH, 'UINT32': _BOTH},
     ('', 'ReduceSum'): {'FLOAT': _BOTH, 'FLOAT16': _BOTH, 'INT32': _BOTH, 'UINT32': _BOTH},
+    ('', 'Relu'): {'FLOAT': _BOTH, 'FLOAT16': _BOTH},
     ('', 'Reshape'): {'FLOAT': _BOTH, 'FLOAT16': _BOTH, 'INT32': _BOTH, 'UINT32': _BOTH},
     ('', 'Shape'): {'FLOAT': _BOTH, 'FLOAT16': _BOTH, 'INT32': _BOTH, 'UINT32': _BOTH},
     ('', 'Sigmoid'): {'FLOAT': _BOTH, 'FLOAT16': _BOTH},
