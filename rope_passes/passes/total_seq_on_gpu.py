@@ -44,7 +44,11 @@ import numpy as np
 import onnx_ir as ir
 
 from rope_passes.analysis.graph import MS_DOMAIN, attr, const_array, nodes_of
-from rope_passes.analysis.placement import WEBGPU_KERNELS, predict_placement, value_dtype
+from rope_passes.analysis.placement import (
+    WEBGPU_KERNELS,
+    predict_placement,
+    value_dtype,
+)
 from rope_passes.passes.base import RopePass
 from rope_passes.report import PassReport
 
