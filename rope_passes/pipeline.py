@@ -21,6 +21,9 @@ PRESETS: dict[str, list[str]] = {
     "webgpu": ["fold-text-mrope", "lower-mrope", "cleanup"],
     "webgpu-graph": ["fold-text-mrope", "lower-mrope", "longrope-concat", "annotate-cache-offset",
                      "total-seq-on-gpu", "cleanup"],
+    # torch/optimum exports that recompute cos/sin on every call; needs a table size (--max-positions or
+    # genai_config model.context_length)
+    "exporter": ["precompute-cos-sin", "cleanup"],
 }
 
 

@@ -92,3 +92,19 @@ def test_optimize_report_file_and_output(tiny, tmp_path):
     assert (tmp_path / "o" / "tokenizer_config.json").is_file()
     for entry in report["passes"]:
         assert entry["status"], entry  # every pass says what it did or why not
+
+
+def test_exporter_preset_with_max_positions(tmp_path):
+    from conftest import TORCH
+
+    src = TORCH / "tf5/dynamo/llama/decode.onnx"
+    refused = cli("optimize", str(src), "-o", str(tmp_path / "a.onnx"), "--target", "exporter", "--json")
+    assert refused.returncode == 0, refused.stderr
+    first = json.loads(refused.stdout)["passes"][0]
+    assert first["pass"] == "precompute-cos-sin" and first["rewritten"] == 0
+    assert "max_positions" in first["status"], first["status"]
+    done = cli("optimize", str(src), "-o", str(tmp_path / "b.onnx"), "--target", "exporter", "--max-positions", "256",
+               "--json")
+    assert done.returncode == 0, done.stderr
+    first = json.loads(done.stdout)["passes"][0]
+    assert first["rewritten"] >= 1 and first["nodes_removed"] > first["nodes_added"], first

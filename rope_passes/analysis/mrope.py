@@ -367,7 +367,7 @@ def mrotary_tables(node: ir.Node) -> TextTables:
     return TextTables(cos32, sin32, source, positions)
 
 
-def _evaluate(model: ir.Model, inputs: Sequence[ir.Value], outputs: Sequence[ir.Value], feeds: list[np.ndarray]):
+def evaluate_subgraph(model: ir.Model, inputs: Sequence[ir.Value], outputs: Sequence[ir.Value], feeds: list[np.ndarray]):
     import onnxruntime as ort
 
     sub = ir.convenience.extract(model.graph, inputs, outputs)
@@ -425,9 +425,9 @@ def per_token_tables(model: ir.Model, node: ir.Node, max_positions: int | None) 
     pos = np.arange(max_pos, dtype=np.int64)
     dtype = np.int64 if cut.dtype == ir.DataType.INT64 else np.int32
     try:
-        cos, sin = _evaluate(model, [cut], [cos_v, sin_v], [np.tile(pos, (3, 1, 1)).astype(dtype)])
+        cos, sin = evaluate_subgraph(model, [cut], [cos_v, sin_v], [np.tile(pos, (3, 1, 1)).astype(dtype)])
         perm = np.random.RandomState(0).permutation(max_pos)
-        cos_p, sin_p = _evaluate(model, [cut], [cos_v, sin_v], [np.tile(pos[perm], (3, 1, 1)).astype(dtype)])
+        cos_p, sin_p = evaluate_subgraph(model, [cut], [cos_v, sin_v], [np.tile(pos[perm], (3, 1, 1)).astype(dtype)])
     except ValueError as exc:  # extract(): not bounded by the positions
         raise Mismatch(f"{node.name!r}: cos/sin subgraph is not a function of the positions alone ({exc})") from None
     except Exception as exc:  # onnxruntime failures

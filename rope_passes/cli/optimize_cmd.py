@@ -21,6 +21,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--passes", help="comma-separated pass names, run in this order instead of the preset")
     p.add_argument("--text-only", action="store_true",
                    help="the model will only see text prompts: allows folding mRoPE of 3D-position graphs")
+    p.add_argument("--max-positions", type=int, metavar="N",
+                   help="rows of precomputed cos/sin tables (precompute-cos-sin; default: genai_config context_length)")
     p.add_argument("--dry-run", action="store_true", help="run the passes and report, write nothing")
     p.add_argument("--in-place", action="store_true", help="overwrite the input (atomically)")
     p.add_argument("--report", metavar="FILE", help="write the report as JSON to FILE")
@@ -45,7 +47,8 @@ def run(args: argparse.Namespace) -> int:
             args.output,
             target=args.target,
             passes=passes,
-            options={"text_only": args.text_only},
+            options={"text_only": args.text_only,
+                     **({"max_positions": args.max_positions} if args.max_positions is not None else {})},
             dry_run=args.dry_run,
             in_place=args.in_place,
             progress=progress,

@@ -18,7 +18,7 @@ when equal), and every node only the old chain used is removed (Shape/Expand/Mat
 end (``Unsqueeze(1)``, mRoPE's Split/Gather sections, the rotations) is left as it was, with the same shape.
 
 The tables are not re-derived from formulas: the graph's own subgraph from the position input to the chain ends is
-evaluated on onnxruntime CPU (:func:`rope_passes.analysis.mrope._evaluate`, as ``fold-text-mrope`` does) on
+evaluated on onnxruntime CPU (:func:`rope_passes.analysis.mrope.evaluate_subgraph`, as ``fold-text-mrope`` does) on
 positions ``0..max_positions-1``, so linear/llama3/yarn/partial-rotary factors and attention scaling are whatever
 the graph computes. ``max_positions``: the ``max_positions`` option, else ``model.context_length`` from
 genai_config.json; without either the chain is refused ("table size unknown: give max_positions").
@@ -57,7 +57,7 @@ import onnx_ir as ir
 
 from rope_passes.analysis.census import inv_freq_product, longrope_where
 from rope_passes.analysis.graph import ancestors, const_tensor
-from rope_passes.analysis.mrope import _evaluate
+from rope_passes.analysis.mrope import evaluate_subgraph
 from rope_passes.errors import UsageError
 from rope_passes.passes.base import RopePass
 from rope_passes.passes.fold_text_mrope import add_initializer, remove_dead
@@ -241,7 +241,7 @@ class PrecomputeCosSinPass(RopePass):
                 np.stack([rng.permutation(rows)[None, :] for _ in range(3)]), rng.randint(0, rows, size=(3, 2, 3))]
             labels = [*labels[:2], "different positions on each axis", "another batch and length, axes differing"]
         try:
-            results = [_evaluate(model, [positions], ends, [p.astype(dtype)]) for p in probes]
+            results = [evaluate_subgraph(model, [positions], ends, [p.astype(dtype)]) for p in probes]
         except ValueError as exc:  # extract(): the ends are not bounded by the positions
             for c in chains:
                 report.not_matched(c.trig.name, f"the chain is not a function of {positions.name!r} alone ({exc})")
