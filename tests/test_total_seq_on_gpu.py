@@ -275,3 +275,17 @@ def test_refusals(genai_corpus, edit, reason):
     rewritten, report = _rewrite(model)
     assert report.count(Outcome.REFUSED) == 1 and reason in report.findings[0].reason, report.findings
     assert [(g.inputs[5], g.inputs[6]) for g in nodes_of(rewritten, "GroupQueryAttention")] == before
+
+
+def test_lowered_mrope_graph_captures_and_keeps_its_bits(genai_corpus, tmp_path):
+    """A builder-0.18 VL graph (MRotaryEmbedding, unloadable as is): `lower-mrope` alone vs the whole `webgpu-graph`
+    preset. The preset's extra work (int32 position movement, GPU lengths) changes no bit on WebGPU and captures."""
+    rel = "current/qwen35/webgpu_fp32"
+    optimize(str(GENAI / rel), str(tmp_path / "lowered"), passes=["lower-mrope", "cleanup"])
+    optimize(str(GENAI / rel), str(tmp_path / "graph"), target="webgpu-graph")
+    report = check(tmp_path / "lowered", tmp_path / "graph", prefill=8, steps=4, graph_capture=True)
+    assert report.equivalent, report.to_json()[:2000]
+    same_ep = report.comparison("rewritten@webgpu", "original@webgpu")
+    assert same_ep.diffs and all(d.max_abs == 0.0 for d in same_ep.diffs)
+    captured = report.comparison("rewritten@webgpu+capture", "rewritten@webgpu")
+    assert captured.ok and all(d.max_abs == 0.0 for d in captured.diffs)
