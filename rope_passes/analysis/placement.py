@@ -5,8 +5,8 @@ Two levels, which a test keeps in agreement on the whole genai corpus:
 * :func:`predict_placement` — static, no session. It replays onnxruntime's own partitioning rules:
 
   1. a node gets WebGPU when the WebGPU kernel registry has a kernel for its op and input type
-     (:data:`WEBGPU_KERNELS`, measured, see :func:`derive_kernel_table`); ``Shape`` has none, so shape math starts
-     on CPU. With ``enableGraphCapture=1`` the EP also registers its int64 kernels, which changes the table;
+     (:data:`WEBGPU_KERNELS`, measured, see :func:`derive_kernel_table`); ``Shape`` of an int64 tensor has none, and
+     every ``Shape`` output lives in CPU memory (:data:`CPU_OUTPUTS`), so shape math starts on CPU. With ``enableGraphCapture=1`` the EP also registers its int64 kernels, which changes the table;
   2. shape math downstream of ``Shape`` lands on CPU because its int64 ops have no WebGPU kernel (without capture,
      none; with capture, only ``Cast``/``Expand``/``Range``/``Unsqueeze`` have int64 kernels). The 1.27 WebGPU EP does
      not apply onnxruntime's ``GetCpuPreferredNodes`` heuristic (measured: an int32 ``ReduceSum`` fed only by a CPU
@@ -244,17 +244,6 @@ def _has_kernel(node: ir.Node, capture: bool) -> tuple[bool, str]:
         return True, ""
     extra = " (int64 kernels need enableGraphCapture=1)" if "on" in modes else ""
     return False, f"no WebGPU kernel for {node.op_type}({key}){extra}"
-
-
-def _is_small_initializer(value: ir.Value) -> bool:
-    tensor = value.const_value
-    if tensor is None:
-        producer = value.producer()
-        if producer is not None and producer.op_type == "Constant":
-            a = producer.attributes.get("value")
-            return a is not None and a.value.size <= 100
-        return False
-    return tensor.size <= 100
 
 
 def _is_constant(value: ir.Value) -> bool:
