@@ -162,6 +162,23 @@ def _same_file(a: Path, b: Path) -> bool:
         return False
 
 
+#: onnx_ir.save keeps tensors of at most this many bytes inside the .onnx file.
+SMALL_TENSOR_BYTES = 256
+
+
+def _inline_small_external_tensors(model: ir.Model) -> None:
+    """Copy small external initializers into memory before saving.
+
+    onnx_ir.save would do it itself, but by ``release()``-ing the memory map, which raises ``BufferError`` when a
+    pass still holds a NumPy view of that tensor (analysis reads small constants). Copying leaves the map alone.
+    """
+    for graph in model.graphs():
+        for value in graph.initializers.values():
+            tensor = value.const_value
+            if isinstance(tensor, ir.ExternalTensor) and tensor.nbytes <= SMALL_TENSOR_BYTES:
+                value.const_value = ir.Tensor(tensor.numpy().copy(), dtype=tensor.dtype, name=tensor.name)
+
+
 def save_bundle(bundle: ModelBundle, output: str | os.PathLike | None, *, in_place: bool = False) -> Path:
     """Write the bundle; returns the path of the written model file.
 
@@ -191,6 +208,7 @@ def save_bundle(bundle: ModelBundle, output: str | os.PathLike | None, *, in_pla
     if model.ir_version is None or model.ir_version > MAX_IR_VERSION:
         model.ir_version = MAX_IR_VERSION
     had_external = bool(bundle.external_data_files)
+    _inline_small_external_tensors(model)
     data_name = model_out.name + ".data"
 
     try:
@@ -200,7 +218,8 @@ def save_bundle(bundle: ModelBundle, output: str | os.PathLike | None, *, in_pla
     try:
         staged_model = staging / model_out.name
         try:
-            ir.save(model, staged_model, external_data=data_name if had_external else None)
+            ir.save(model, staged_model, external_data=data_name if had_external else None,
+                    size_threshold_bytes=SMALL_TENSOR_BYTES)
         except OSError as exc:
             raise ModelSaveError(f"{model_out}: cannot write ({exc.strerror})") from None
         staged = [staged_model] + ([staging / data_name] if had_external else [])

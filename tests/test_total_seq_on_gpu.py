@@ -32,12 +32,10 @@ from rope_passes.report import Outcome
 
 LOADABLE = [m for m in genai_models() if m not in UNLOADABLE]
 #: 3D position_ids come from outside (vision-language graphs): fold-text-mrope refuses without --text-only and the
-#: manual mRoPE's int64 position math is moved to the GPU in int32 by total-seq-on-gpu's second rule. At the time of
-#: writing, saving these after fold-text-mrope *refused* fails in onnx_ir ("cannot close exported pointers exist",
-#: fold-text-mrope's bug, not this pass's), so they are also run without fold-text-mrope.
+#: manual mRoPE's int64 position math is moved to the GPU in int32 by total-seq-on-gpu's second rule. (Saving these
+#: once failed with onnx_ir's "cannot close exported pointers exist"; io.save_bundle now inlines small tensors itself.)
 VL_3D = ["legacy/qwen25_vl/cpu_fp32", "legacy/qwen25_vl/webgpu_fp16_graph", "legacy/qwen35/cpu_fp32"]
 NOT_CAPTURE_READY: dict[str, str] = {}
-WITHOUT_FOLD = ["lower-mrope", "longrope-concat", "annotate-cache-offset", "total-seq-on-gpu", "cleanup"]
 CAPTURE_READY = LOADABLE
 
 
@@ -170,15 +168,11 @@ def optimized(genai_corpus, tmp_path_factory) -> dict[str, Path | str]:
     root = tmp_path_factory.mktemp("webgpu_graph")
     for rel in LOADABLE:
         dest = root / rel.replace("/", "_")
-        try:
-            optimize(str(GENAI / rel), str(dest), target="webgpu-graph")
-            out[rel] = dest
-        except Exception as exc:  # noqa: BLE001 - asserted right below
-            # only fold-text-mrope's save failure on the 3D VL graphs is tolerated, and then the same preset without
-            # fold-text-mrope (which refuses on them anyway) is what is checked
-            assert rel in VL_3D and "exported pointers" in str(exc), (rel, exc)
-            optimize(str(GENAI / rel), str(dest), passes=WITHOUT_FOLD)
-            out[rel] = dest
+        report = optimize(str(GENAI / rel), str(dest), target="webgpu-graph")
+        if rel in VL_3D:
+            fold = next(p for p in report.passes if p.pass_name == "fold-text-mrope")
+            assert fold.status.startswith("refused: positions come from outside"), fold.status
+        out[rel] = dest
     return out
 
 
