@@ -66,3 +66,13 @@ def test_unknown_target_and_pass_are_usage_errors():
         pass_names_for("gpu", None)
     with pytest.raises(UsageError, match="unknown pass 'nope'"):
         pass_names_for(None, ["cleanup", "nope"])
+
+
+def test_docs_list_presets_in_code_order():
+    from conftest import REPO
+
+    doc = (REPO / "docs" / "passes" / "README.md").read_text()
+    for target, names in PRESETS.items():
+        assert f"| `{target}` | {' → '.join(names)} |" in doc, target
+    for name in ALL_PASSES:
+        assert (REPO / "docs" / "passes" / f"{name}.md").is_file(), f"docs/passes/{name}.md missing"
