@@ -16,25 +16,25 @@ from conftest import GENAI, genai_models
 
 # The rule codes each corpus model must raise (from the corpus README's "how it fails today" column).
 EXPECTED = {
-    "current/llama/cpu_fp32": {"RP201"},
-    "current/llama/webgpu_fp16": {"RP201"},
+    "current/llama/cpu_fp32": {"RP201", "RP205"},
+    "current/llama/webgpu_fp16": {"RP201", "RP205"},
     "current/llama/webgpu_fp16_graph": set(),
-    "current/phi3_mini_128k/cpu_fp32": {"RP201", "RP202"},
-    "current/phi3_mini_128k/webgpu_fp32": {"RP201", "RP202"},
+    "current/phi3_mini_128k/cpu_fp32": {"RP201", "RP202", "RP205"},
+    "current/phi3_mini_128k/webgpu_fp32": {"RP201", "RP202", "RP205"},
     "current/phi3_mini_128k/webgpu_fp16_graph": {"RP204"},
     "current/qwen25_vl/cpu_fp32": {"RP101", "RP103", "RP201"},
     "current/qwen25_vl/webgpu_fp16": {"RP101", "RP103", "RP201"},
     "current/qwen25_vl/webgpu_int4_graph": {"RP101", "RP103"},
-    "current/qwen3/cpu_fp32": {"RP201"},
+    "current/qwen3/cpu_fp32": {"RP201", "RP205"},
     "current/qwen3/webgpu_fp16": {"RP002", "RP201"},
-    "current/qwen3/webgpu_fp16_noqknormfuse": {"RP201"},
+    "current/qwen3/webgpu_fp16_noqknormfuse": {"RP201", "RP205"},
     "current/qwen35/webgpu_fp16_graph": {"RP101", "RP103"},
     "current/qwen35/webgpu_fp32": {"RP101", "RP103", "RP201"},
-    "legacy/qwen25_vl/cpu_fp32": {"RP103", "RP201"},
-    "legacy/qwen25_vl/webgpu_fp16_graph": {"RP103"},
-    "legacy/qwen35/cpu_fp32": {"RP103", "RP201"},
-    "legacy/qwen35/cpu_fp32_text": {"RP102", "RP201"},
-    "legacy/qwen35/webgpu_fp16_graph_text": {"RP102"},
+    "legacy/qwen25_vl/cpu_fp32": {"RP103", "RP201", "RP205"},
+    "legacy/qwen25_vl/webgpu_fp16_graph": {"RP103", "RP205"},
+    "legacy/qwen35/cpu_fp32": {"RP103", "RP201", "RP205"},
+    "legacy/qwen35/cpu_fp32_text": {"RP102", "RP201", "RP205"},
+    "legacy/qwen35/webgpu_fp16_graph_text": {"RP102", "RP205"},
 }
 
 
@@ -74,15 +74,15 @@ def test_ir_version_rule_fires_and_fixes(tmp_path):
 def test_formats_are_machine_readable():
     results = {"m.onnx": lint_bundle(GENAI / "current/phi3_mini_128k/cpu_fp32")}
     data = json.loads(FORMATS["json"](results))
-    assert sorted(d["code"] for d in data["m.onnx"]) == ["RP201", "RP201", "RP202"]
+    assert sorted(d["code"] for d in data["m.onnx"]) == ["RP201", "RP201", "RP202", "RP205"]
     sarif = json.loads(FORMATS["sarif"](results))
     run = sarif["runs"][0]
     assert sarif["version"] == "2.1.0" and run["tool"]["driver"]["name"] == "rope-passes"
-    assert [r["ruleId"] for r in run["results"]] == ["RP201", "RP201", "RP202"]
+    assert [r["ruleId"] for r in run["results"]] == ["RP201", "RP201", "RP202", "RP205"]
     ids = [r["id"] for r in run["tool"]["driver"]["rules"]]
     assert all(ids[r["ruleIndex"]] == r["ruleId"] for r in run["results"])
     github = FORMATS["github"](results).splitlines()
-    assert len(github) == 3 and all(line.startswith("::warning file=m.onnx,title=RP20") for line in github)
+    assert len(github) == 4 and all(line.startswith("::warning file=m.onnx,title=RP20") for line in github)
 
 
 def test_cli_exit_codes():
@@ -91,7 +91,7 @@ def test_cli_exit_codes():
     assert clean.returncode == 0 and "0 problems" in clean.stdout
     dirty = subprocess.run([sys.executable, "-m", "rope_passes", "lint", "--format", "github",
                             str(GENAI / "current/llama/cpu_fp32")], capture_output=True, text=True)
-    assert dirty.returncode == 1 and dirty.stdout.count("RP201") == 2
+    assert dirty.returncode == 1 and dirty.stdout.count("RP201") == 2 and dirty.stdout.count("RP205") == 1
     notes_only = subprocess.run([sys.executable, "-m", "rope_passes", "lint",
                                  str(GENAI / "current/phi3_mini_128k/webgpu_fp16_graph")], capture_output=True, text=True)
     assert notes_only.returncode == 0, "notes alone must not fail a pre-commit hook"
@@ -103,3 +103,18 @@ def test_docs_list_every_rule():
     doc = (REPO / "docs" / "lint.md").read_text()
     missing = [code for code in RULES if f"### {code} {RULES[code].name}" not in doc]
     assert not missing, f"docs/lint.md lacks {missing}"
+
+
+@pytest.mark.parametrize("name", ["legacy/qwen35/cpu_fp32_text", "current/phi3_mini_128k/webgpu_fp32"])
+def test_fix_makes_the_model_lint_clean_and_capture_ready(name, tmp_path):
+    from rope_passes.analysis.placement import probe_placement
+
+    work = tmp_path / "m"
+    shutil.copytree(GENAI / name, work)
+    result = subprocess.run([sys.executable, "-m", "rope_passes", "lint", str(work), "--fix"], capture_output=True,
+                            text=True)
+    left = {d.code for d in lint_bundle(work)}
+    assert left <= {"RP204"}, (left, result.stdout, result.stderr)  # a note: the LongRoPE fix is WebGPU-only
+    assert result.returncode == 0, result.stdout + result.stderr
+    probe = probe_placement(work / "model.onnx", graph_capture=True)  # onnxruntime's own verdict
+    assert probe.capture_ok and not probe.memcpy, probe.summary()

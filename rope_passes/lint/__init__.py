@@ -16,14 +16,10 @@ from rope_passes.lint.core import RULES, Diagnostic, LintContext, Rule, Severity
 def _context(bundle) -> LintContext:
     from rope_passes.lint import rules as _rules  # noqa: F401  (registers the rules)
 
-    census = None
-    try:
-        from rope_passes.analysis.census import census as make_census
+    from rope_passes.analysis.census import census
 
-        census = make_census(bundle.model, bundle.genai_config)
-    except ImportError:
-        pass
-    return LintContext(bundle.model, bundle.genai_config, census, str(bundle.model_path))
+    facts = census(bundle.model, bundle.genai_config)
+    return LintContext(bundle.model, bundle.genai_config, facts, str(bundle.model_path))
 
 
 def lint_bundle(path_or_bundle: Any, select: Iterable[str] | None = None, ignore: Iterable[str] = ()) -> list[Diagnostic]:

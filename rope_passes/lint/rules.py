@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import onnx_ir as ir
 
-from rope_passes.analysis.graph import MS_DOMAIN, ancestors, attr, iter_nodes, nodes_of
+from rope_passes.analysis.graph import MS_DOMAIN, attr, iter_nodes, nodes_of
 from rope_passes.io import MAX_IR_VERSION
 from rope_passes.lint.core import LintContext, Severity, rule
 
@@ -110,12 +110,10 @@ def vl_mrope(ctx: LintContext) -> Found:
       enable_webgpu_graph.""",
       fix="total-seq-on-gpu")
 def total_seq(ctx: LintContext) -> Found:
-    for node in _gqa(ctx):
-        if len(node.inputs) > 6 and node.inputs[6] is not None:
-            shapes = [n for n in ancestors([node.inputs[6]]) if n.op_type == "Shape"]
-            if shapes:
-                src = shapes[0].inputs[0].name if shapes[0].inputs[0] is not None else "?"
-                yield node.name or "GroupQueryAttention", f"total_sequence_length comes from Shape({src}) on CPU"
+    for group in ctx.census.attention if ctx.census is not None else ():
+        if getattr(group, "total_sequence_length_from_shape", False):
+            for name in group.nodes:
+                yield name, f"total_sequence_length comes from {group.total_sequence_length} on CPU"
 
 
 @rule("RP202", "control-flow-blocks-capture", Severity.WARNING,
@@ -128,6 +126,23 @@ def control_flow(ctx: LintContext) -> Found:
     for node in ctx.model.graph:
         if node.op_type in ("If", "Loop", "Scan") and node.domain in ("", "ai.onnx"):
             yield node.name or node.op_type, f"{node.op_type} node: graph capture will be refused"
+
+
+@rule("RP205", "memcpy-blocks-capture", Severity.WARNING,
+      "onnxruntime will insert Memcpy nodes: WebGPU graph capture refused",
+      """Static placement prediction (rope_passes.analysis.placement, checked against onnxruntime's own placement
+      log on the corpus) with enableGraphCapture=1: tensors computed on the CPU (Shape math, int64 ops without
+      WebGPU kernels) feed GPU nodes, so onnxruntime inserts Memcpy and refuses capture. `total-seq-on-gpu` moves
+      the attention-mask and position math to the GPU; `fold-text-mrope` removes manual mRoPE shape paths.""",
+      fix="total-seq-on-gpu")
+def memcpy(ctx: LintContext) -> Found:
+    from rope_passes.analysis.placement import predict_placement
+
+    placement = predict_placement(ctx.model, graph_capture=True)
+    if placement.loads and placement.memcpy:
+        first = placement.memcpy[0]
+        yield "<model>", (f"{len(placement.memcpy)} Memcpy predicted with graph capture on, e.g. {first.kind} on "
+                          f"{first.tensor!r}: capture will be refused")
 
 
 def _concat_cache_rows(ctx: LintContext) -> tuple[ir.Node, int, int] | None:
