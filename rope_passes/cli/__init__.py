@@ -15,6 +15,13 @@ from rope_passes.errors import RopePassesError
 COMMANDS = ("optimize", "inspect", "check", "lint", "passes", "demo")
 
 
+def output_console():
+    """A rich Console for stdout: the terminal's width, or 120 columns when piped (logs, CI), not rich's 80."""
+    from rich.console import Console
+
+    return Console(width=None if sys.stdout.isatty() else 120)
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, but usage errors are one line too."""
 

@@ -7,9 +7,16 @@ import sys
 
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
 
+from rope_passes.cli import output_console
 from rope_passes.errors import UsageError
 
 
@@ -72,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(report.to_json())
     else:
-        render(report, Console())
+        render(report, output_console())
     return report.exit_code
 
 

@@ -11,8 +11,9 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from rich.console import Console
 from rich.rule import Rule
+
+from rope_passes.cli import output_console
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -26,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
     from rope_passes.cli import main
     from rope_passes.demo import build_tiny_decoder
 
-    console = Console()
+    console = output_console()
     root = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="rope-passes-demo-"))
     original = build_tiny_decoder(root / "tiny")
     rewritten = root / "tiny-webgpu-graph"

@@ -7,9 +7,8 @@ import json
 import os
 import sys
 
-from rich.console import Console
-
 from rope_passes.analysis.census import census, render
+from rope_passes.cli import output_console
 from rope_passes.io import load_bundle
 
 
@@ -32,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
             data = [r.to_dict() for r in results]
             print(json.dumps(data[0] if len(data) == 1 else data, indent=2))
             return 0
-        console = Console()
+        console = output_console()
         for i, result in enumerate(results):
             if i:
                 console.print()

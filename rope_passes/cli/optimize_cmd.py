@@ -9,6 +9,7 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
+from rope_passes.cli import output_console
 from rope_passes.pipeline import PRESETS, optimize
 from rope_passes.report import PipelineReport
 
@@ -62,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:
-        render(report, Console(width=None if sys.stdout.isatty() else 140))
+        render(report, output_console())
     return 0
 
 

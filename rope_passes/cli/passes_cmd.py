@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from rich.console import Console
 from rich.table import Table
 
+from rope_passes.cli import output_console
 from rope_passes.passes import ALL_PASSES
 from rope_passes.pipeline import PRESETS
 
@@ -17,7 +17,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    console = Console()
+    console = output_console()
     table = Table(title="passes", title_justify="left")
     table.add_column("name")
     table.add_column("what it does")
