@@ -179,11 +179,82 @@ def _inline_small_external_tensors(model: ir.Model) -> None:
                 value.const_value = ir.Tensor(tensor.numpy().copy(), dtype=tensor.dtype, name=tensor.name)
 
 
-def save_bundle(bundle: ModelBundle, output: str | os.PathLike | None, *, in_place: bool = False) -> Path:
+def _inside(child: Path, parent: Path) -> bool:
+    try:
+        child.resolve().relative_to(parent.resolve())
+        return True
+    except (OSError, ValueError):
+        return False
+
+
+def _stage_verbatim(bundle: ModelBundle, staging: Path, model_out: Path) -> list[Path]:
+    """Stage the input's own files, byte for byte (an unchanged model is copied, never re-serialized)."""
+    staged: list[Path] = []
+    if bundle.folder is not None:
+        for item in sorted(bundle.folder.iterdir()):
+            if item.name.startswith(".rope-passes-"):
+                continue
+            dest = staging / item.name
+            (shutil.copytree if item.is_dir() else shutil.copy2)(item, dest)
+            staged.append(dest)
+        return staged
+    dest = staging / model_out.name
+    shutil.copy2(bundle.model_path, dest)
+    staged.append(dest)
+    source_dir = bundle.model_path.parent
+    extras = list(bundle.external_data_files)
+    if bundle.genai_config is not None:
+        extras.append(GENAI_CONFIG)
+    for name in extras:
+        src = source_dir / name
+        if _same_file(src, model_out.parent / name):
+            continue  # already where the copy will look for it
+        dest = staging / name
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, dest)
+        staged.append(dest)
+    return staged
+
+
+def _stage_serialized(bundle: ModelBundle, staging: Path, model_out: Path, folder_out: Path | None) -> list[Path]:
+    model = bundle.model
+    if model.ir_version is None or model.ir_version > MAX_IR_VERSION:
+        model.ir_version = MAX_IR_VERSION
+    had_external = bool(bundle.external_data_files)
+    _inline_small_external_tensors(model)
+    data_name = model_out.name + ".data"
+    staged_model = staging / model_out.name
+    try:
+        ir.save(model, staged_model, external_data=data_name if had_external else None,
+                size_threshold_bytes=SMALL_TENSOR_BYTES)
+    except OSError as exc:
+        raise ModelSaveError(f"{model_out}: cannot write ({exc.strerror})") from None
+    staged = [staged_model] + ([staging / data_name] if had_external else [])
+    if bundle.genai_config is not None:
+        config_path = staging / GENAI_CONFIG
+        config_path.write_text(json.dumps(bundle.genai_config, indent=4) + "\n")
+        staged.append(config_path)
+    # A folder input travels whole: tokenizer files, processor configs, other models.
+    if folder_out is not None and bundle.folder is not None and not _same_file(folder_out, bundle.folder):
+        skip = {bundle.model_path.name, GENAI_CONFIG, *bundle.external_data_files}
+        for item in sorted(bundle.folder.iterdir()):
+            if item.name in skip or item.name.startswith(".rope-passes-"):
+                continue
+            dest = staging / item.name
+            (shutil.copytree if item.is_dir() else shutil.copy2)(item, dest)
+            staged.append(dest)
+    return staged
+
+
+def save_bundle(
+    bundle: ModelBundle, output: str | os.PathLike | None, *, in_place: bool = False, unchanged: bool = False
+) -> Path:
     """Write the bundle; returns the path of the written model file.
 
     ``output=None`` with ``in_place=True`` overwrites the input (atomically). Writing onto the input without
-    ``in_place`` is refused.
+    ``in_place`` is refused, and so is an output folder inside the input folder (the copy would contain itself).
+    ``unchanged=True`` (the passes changed nothing) copies the input files byte for byte instead of re-serializing:
+    "unchanged" then holds at file level, not only for the graph.
     """
     if output is None:
         if not in_place:
@@ -192,10 +263,17 @@ def save_bundle(bundle: ModelBundle, output: str | os.PathLike | None, *, in_pla
     output = Path(output)
     model_out, folder_out = _output_model_path(bundle, output)
     source_dir = bundle.model_path.parent
-    if not in_place and (
-        _same_file(model_out, bundle.model_path) or (folder_out is not None and _same_file(folder_out, source_dir))
-    ):
+    writes_onto_input = _same_file(model_out, bundle.model_path) or (
+        folder_out is not None and _same_file(folder_out, source_dir)
+    )
+    if not in_place and writes_onto_input:
         raise ModelSaveError(f"{output}: is the input; refusing to overwrite it without --in-place")
+    if bundle.folder is not None and folder_out is not None and not writes_onto_input and _inside(folder_out, bundle.folder):
+        raise ModelSaveError(
+            f"{output}: is inside the input folder {bundle.folder}; choose an output outside it (or --in-place)"
+        )
+    if unchanged and writes_onto_input:
+        return bundle.model_path  # nothing to write: the input already is the output
     target_dir = model_out.parent
     try:
         target_dir.mkdir(parents=True, exist_ok=True)
@@ -204,50 +282,25 @@ def save_bundle(bundle: ModelBundle, output: str | os.PathLike | None, *, in_pla
     if not os.access(target_dir, os.W_OK):
         raise ModelSaveError(f"{target_dir}: output folder is not writable")
 
-    model = bundle.model
-    if model.ir_version is None or model.ir_version > MAX_IR_VERSION:
-        model.ir_version = MAX_IR_VERSION
-    had_external = bool(bundle.external_data_files)
-    _inline_small_external_tensors(model)
-    data_name = model_out.name + ".data"
-
     try:
         staging = Path(tempfile.mkdtemp(prefix=".rope-passes-", dir=target_dir))
     except OSError as exc:
         raise ModelSaveError(f"{target_dir}: cannot write there ({exc.strerror})") from None
     try:
+        if unchanged:
+            staged = _stage_verbatim(bundle, staging, model_out)
+        else:
+            staged = _stage_serialized(bundle, staging, model_out, folder_out)
         staged_model = staging / model_out.name
-        try:
-            ir.save(model, staged_model, external_data=data_name if had_external else None,
-                    size_threshold_bytes=SMALL_TENSOR_BYTES)
-        except OSError as exc:
-            raise ModelSaveError(f"{model_out}: cannot write ({exc.strerror})") from None
-        staged = [staged_model] + ([staging / data_name] if had_external else [])
-        if bundle.genai_config is not None:
-            config_path = staging / GENAI_CONFIG
-            config_path.write_text(json.dumps(bundle.genai_config, indent=4) + "\n")
-            staged.append(config_path)
-        # A folder input travels whole: tokenizer files, processor configs, other models.
-        if folder_out is not None and bundle.folder is not None and not _same_file(folder_out, bundle.folder):
-            skip = {bundle.model_path.name, GENAI_CONFIG, *bundle.external_data_files}
-            for item in sorted(bundle.folder.iterdir()):
-                if item.name in skip or item.name.startswith(".rope-passes-"):
-                    continue
-                dest = staging / item.name
-                if item.is_dir():
-                    shutil.copytree(item, dest)
-                else:
-                    shutil.copy2(item, dest)
-                staged.append(dest)
         # Rename into place: the data file first, so a reader never sees a model without its weights.
         for src in sorted(staged, key=lambda s: s == staged_model):
-            dest = target_dir / src.name
+            dest = target_dir / src.relative_to(staging)
             if dest.is_dir() and not src.is_dir():
                 raise ModelSaveError(f"{dest}: is a folder, cannot write a file there")
             if src.is_dir() and dest.exists():
                 shutil.rmtree(dest)
+            dest.parent.mkdir(parents=True, exist_ok=True)
             os.replace(src, dest)
-        # The weights written are now the on-disk truth for this bundle.
     except ModelSaveError:
         raise
     except OSError as exc:

@@ -29,8 +29,10 @@ PRESETS: dict[str, list[str]] = {
 
 def pass_names_for(target: str | None, passes: Sequence[str] | None) -> list[str]:
     """Resolve ``--target``/``--passes`` to an ordered list of registered pass names."""
-    if passes:
-        names = [p.strip() for p in passes if p.strip()]
+    if passes is not None:
+        names = [p.strip() for p in passes]
+        if not names or "" in names:
+            raise UsageError("--passes needs comma-separated pass names, none empty (see: rope-passes passes)")
     else:
         target = target or "webgpu"
         if target not in PRESETS:
@@ -60,7 +62,7 @@ def run_pipeline(
     """
     names = pass_names_for(target, passes)
     options = dict(options or {})
-    report = PipelineReport(str(bundle.model_path), None, None if passes else (target or "webgpu"))
+    report = PipelineReport(str(bundle.model_path), None, None if passes is not None else (target or "webgpu"))
     pass_objects = build_passes(names, bundle.genai_config, options)
     for index, pass_ in enumerate(pass_objects):
         if progress is not None:
@@ -90,14 +92,37 @@ def optimize(
     progress: Callable[[str, int, int], None] | None = None,
 ) -> PipelineReport:
     """Load → passes → save. The library form of ``rope-passes optimize``."""
-    from rope_passes.io import load_bundle, save_bundle
+    from rope_passes.io import MAX_IR_VERSION, load_bundle, save_bundle
 
     if not dry_run and output_path is None and not in_place:
         raise UsageError("no output path given (use -o OUT, --in-place, or --dry-run)")
     bundle = load_bundle(input_path)
     report = run_pipeline(bundle, target=target, passes=passes, options=options, progress=progress)
     report.dry_run = dry_run
+    report.remaining = remaining_problems(bundle)
     if not dry_run:
-        written = save_bundle(bundle, output_path, in_place=in_place)
+        # Nothing changed: copy the input's bytes (an IR version above what onnxruntime reads is still lowered).
+        unchanged = (
+            not report.modified
+            and not bundle.genai_config_changed
+            and (bundle.model.ir_version or 0) <= MAX_IR_VERSION
+        )
+        report.copied_verbatim = unchanged
+        written = save_bundle(bundle, output_path, in_place=in_place, unchanged=unchanged)
         report.output_path = str(written)
     return report
+
+
+#: lint findings about the output worth printing after optimize: it will not load / run right, or runs on WebGPU only
+_AFTER_OPTIMIZE = ("RP002", "RP101", "RP203", "RP301", "RP204")
+
+
+def remaining_problems(bundle: ModelBundle) -> list[dict[str, Any]]:
+    """Lint errors (and the WebGPU-only note) the optimized model still has, one entry per code."""
+    from rope_passes.lint import lint_bundle
+
+    seen: dict[str, dict[str, Any]] = {}
+    for d in lint_bundle(bundle, select=_AFTER_OPTIMIZE):
+        entry = seen.setdefault(d.code, {**d.to_dict(), "count": 0})
+        entry["count"] += 1
+    return list(seen.values())

@@ -118,6 +118,10 @@ class PipelineReport:
     target: str | None
     passes: list[PassReport] = dataclasses.field(default_factory=list)
     dry_run: bool = False
+    #: the output is a byte-for-byte copy of the input (nothing changed, nothing re-serialized)
+    copied_verbatim: bool = False
+    #: lint findings the output still has (``rope_passes.pipeline.remaining_problems``)
+    remaining: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     @property
     def modified(self) -> bool:
@@ -130,5 +134,7 @@ class PipelineReport:
             "target": self.target,
             "dry_run": self.dry_run,
             "modified": self.modified,
+            "copied_verbatim": self.copied_verbatim,
+            "remaining": self.remaining,
             "passes": [p.to_dict() for p in self.passes],
         }

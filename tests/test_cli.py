@@ -57,18 +57,32 @@ def bad_input(kind: str, tiny: Path, tmp: Path) -> tuple[list[str], str]:
         return ["optimize", str(tiny)], "no output path given"
     if kind == "inspect_missing":
         return ["inspect", str(tmp / "missing.onnx")], "no such file or directory"
+    if kind == "output_inside_input":
+        return ["optimize", str(tiny), "-o", str(tiny / "sub")], "is inside the input folder"
+    if kind == "empty_pass_list":
+        return ["optimize", str(tiny), "-o", out, "--passes", "cleanup,,cleanup"], "none empty"
+    if kind == "negative_max_positions":
+        return ["optimize", str(tiny), "-o", out, "--max-positions", "-5"], "--max-positions must be a positive"
+    if kind.startswith("check_"):
+        args, expect = bad_input(kind[len("check_"):], tiny, tmp)
+        return ["check", str(tiny), args[1], "--ep", "cpu", "--steps", "1"], expect
     raise AssertionError(kind)
 
 
 @pytest.mark.parametrize("kind", ["not_onnx", "truncated", "missing_data", "dir_without_model", "unwritable_output",
-                                  "output_is_a_file", "unknown_pass", "no_output", "inspect_missing"])
+                                  "output_is_a_file", "unknown_pass", "no_output", "inspect_missing",
+                                  "output_inside_input", "empty_pass_list", "negative_max_positions",
+                                  "check_not_onnx", "check_truncated", "check_missing_data",
+                                  "check_dir_without_model"])
 def test_bad_input_one_line_error(kind, tiny, tmp_path):
     if kind == "unwritable_output" and os.geteuid() == 0:
         # root ignores directory permissions; a path under /proc is unwritable for everyone
         args, expect = ["optimize", str(tiny), "-o", "/proc/rope-passes-out"], "cannot create output folder"
     else:
         args, expect = bad_input(kind, tiny, tmp_path)
+    before = sorted(p.name for p in tiny.iterdir())
     result = cli(*args)
+    assert sorted(p.name for p in tiny.iterdir()) == before, "the input folder was touched"
     assert result.returncode == 2, (result.returncode, result.stderr)
     lines = [line for line in result.stderr.splitlines() if line.strip() and not line.startswith("Warning:")]
     assert len(lines) == 1 and lines[0].startswith("rope-passes: error: "), result.stderr

@@ -93,6 +93,26 @@ def test_file_input_file_output(tiny, tmp_path):
     assert (tmp_path / "single" / "genai_config.json").is_file()  # the config beside the input travels too
 
 
+def test_unchanged_save_copies_bytes(tiny, tmp_path):
+    # a file input: the model under its new name, its data file under the name the model references
+    written = save_bundle(load_bundle(tiny / "model.onnx"), tmp_path / "single" / "m.onnx", unchanged=True)
+    assert written.read_bytes() == (tiny / "model.onnx").read_bytes()
+    assert (tmp_path / "single" / "model.onnx.data").read_bytes() == (tiny / "model.onnx.data").read_bytes()
+    assert load_bundle(written).external_data_files == ["model.onnx.data"]
+    # a folder input: the whole folder, byte for byte; in place: nothing written at all
+    save_bundle(load_bundle(tiny), tmp_path / "copy", unchanged=True)
+    assert digest(tmp_path / "copy") == digest(tiny)
+    stamp = (tiny / "model.onnx").stat().st_mtime_ns
+    assert save_bundle(load_bundle(tiny), None, in_place=True, unchanged=True) == tiny / "model.onnx"
+    assert (tiny / "model.onnx").stat().st_mtime_ns == stamp
+
+
+def test_output_inside_input_folder_refused(tiny):
+    with pytest.raises(ModelSaveError, match="inside the input folder"):
+        save_bundle(load_bundle(tiny), tiny / "out" / "deeper")
+    assert not (tiny / "out").exists()
+
+
 @pytest.mark.parametrize("case", ["not_onnx", "truncated", "empty", "missing_data", "short_data", "no_model_dir",
                                   "missing_path"])
 def test_bad_inputs_raise_one_line_errors(tiny, tmp_path, case):

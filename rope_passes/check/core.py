@@ -51,7 +51,7 @@ from rope_passes.check.compare import (
 from rope_passes.check.decode import embedding_table
 from rope_passes.check.runner import RunResult, RunSpec, execute_run, run_isolated
 from rope_passes.errors import UsageError
-from rope_passes.io import GENAI_CONFIG, resolve_model_path
+from rope_passes.io import GENAI_CONFIG, load_model, resolve_model_path
 
 EQUIVALENT, NOT_EQUIVALENT, COULD_NOT_RUN = "equivalent", "not equivalent", "could not run"
 EXIT_CODES = {EQUIVALENT: 0, NOT_EQUIVALENT: 1, COULD_NOT_RUN: 2}
@@ -93,6 +93,7 @@ def _read_model(path: str | Path) -> ModelInfo:
                 webgpu[key] = str(value)
     # the checker decides capture itself: a plain run under enableGraphCapture=1 silently returns zeros
     webgpu.pop("enableGraphCapture", None)
+    load_model(model_path)  # one-line errors for a non-ONNX or truncated file, or missing/short external data
     proto = onnx.load(str(model_path), load_external_data=False)
     return ModelInfo(model_path, config, precision_of(str(model_path)), webgpu,
                      _longrope(proto, webgpu), any(i.name == "inputs_embeds" for i in proto.graph.input))
@@ -267,6 +268,10 @@ def check(
                      f"EP has no multiRotaryCacheConcatOffset, so comparisons with original@cpu stop at "
                      f"{orig.longrope['switch']} tokens")
 
+    if ep == "webgpu" and rew.longrope and rew.longrope["kind"] == "concat" and not (
+            orig.longrope and orig.longrope["kind"] == "concat"):
+        notes.append(f"{rew.path.name}: concatenated LongRoPE cache (offset {rew.longrope['switch']}): WebGPU-only "
+                     f"output; on the CPU EP it is wrong past {rew.longrope['switch']} tokens")
     if ep == "cpu" and rew.longrope and rew.longrope["kind"] == "concat":
         notes.append(f"{rew.path.name}: concatenated LongRoPE cache: it needs multiRotaryCacheConcatOffset, which the "
                      f"CPU EP lacks, so on CPU it is wrong past {rew.longrope['switch']} tokens")

@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from rope_passes.cli import output_console
+from rope_passes.errors import UsageError
 from rope_passes.pipeline import PRESETS, optimize
 from rope_passes.report import PipelineReport
 
@@ -33,7 +34,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
-    passes = args.passes.split(",") if args.passes else None
+    passes = args.passes.split(",") if args.passes is not None else None
+    if args.max_positions is not None and args.max_positions < 1:
+        raise UsageError(f"--max-positions must be a positive number of rows, got {args.max_positions}")
     status = console.status("loading", spinner="dots") if console.is_terminal else None
 
     def progress(name: str, index: int, total: int) -> None:
@@ -85,9 +88,17 @@ def render(report: PipelineReport, console: Console) -> None:
         for (outcome, reason), targets in grouped.items():
             where = targets[0] if len(targets) == 1 else f"{len(targets)} places ({targets[0]}, ...)"
             console.print(f"  {p.pass_name}: {outcome} at {where}: {reason}", highlight=False)
+    for r in report.remaining:
+        where = r["target"] if r["count"] == 1 else f"{r['count']} places ({r['target']}, ...)"
+        console.print(f"  output still has {r['code']} {r['severity']} at {where}: {r['message']}", highlight=False)
     if report.dry_run:
         console.print("dry run: nothing written")
     elif report.output_path:
-        what = "rewritten" if report.modified else "unchanged (copied)"
+        if report.modified:
+            what = "rewritten"
+        elif report.copied_verbatim:
+            what = "unchanged (input copied byte for byte)"
+        else:
+            what = "graph unchanged (re-saved with IR version ≤ 13 so onnxruntime 1.27 loads it)"
         console.print(f"{what} → {report.output_path}")
     sys.stdout.flush()
