@@ -324,3 +324,20 @@ def test_tables_that_mix_tokens_are_not_folded():
     result = FoldTextMRoPEPass()(model)
     assert to_bytes(model) == before
     assert result.report.status.endswith("cos/sin rows do not depend on each token's own position alone")
+
+
+@pytest.mark.parametrize("form,edit,why", [
+    # a manual mRoPE whose section select is not a Where: the cos/sin subgraph cannot be evaluated as mRoPE
+    ("manual", lambda n: n.op_type == "Where" and setattr(n, "op_type", "Max"), "cannot evaluate the cos/sin subgraph"),
+    # an MRotaryEmbedding from a domain the pass does not know: not a rotary op it understands
+    ("mrotary", lambda n: n.op_type == "MRotaryEmbedding" and setattr(n, "domain", "com.example"), "not by a rotary op"),
+])
+def test_graph_the_pass_does_not_understand_is_not_matched_and_bit_identical(form, edit, why):
+    model = attention_graph(form=form, sections=[16, 24, 24], positions="tiled")
+    for node in model.graph:
+        edit(node)
+    before = to_bytes(model)
+    result = FoldTextMRoPEPass(text_only=True)(model)
+    assert not result.modified and to_bytes(model) == before
+    assert result.report.status.startswith("not matched: ") and why in result.report.status, result.report.status
+    assert result.report.count(Outcome.REFUSED) == 0 and result.report.count(Outcome.REWRITTEN) == 0

@@ -69,3 +69,19 @@ def test_noop_optimize_round_trips(name, tmp_path):
     config = json.loads((src / "genai_config.json").read_text())
     for x, y in zip(run_two_steps(src / "model.onnx", config), run_two_steps(out / "model.onnx", config)):
         np.testing.assert_array_equal(x, y)
+
+
+def test_noop_optimize_copies_every_torch_export_byte_for_byte(tmp_path):
+    """The 62 exporter graphs through the default preset: nothing in them is genai mRoPE, so each output must be the
+    input's bytes (and the data file beside it, where there is one), never a re-serialization."""
+    from conftest import TORCH
+
+    models = sorted(TORCH.rglob("*.onnx"))
+    assert len(models) == 62, "shared torch corpus missing or changed"
+    for i, src in enumerate(models):
+        out = tmp_path / f"{i}" / "out.onnx"
+        report = rope_passes.optimize(str(src), str(out), target="webgpu")
+        assert not report.modified and report.copied_verbatim, (src, [p.status for p in report.passes])
+        assert out.read_bytes() == src.read_bytes(), src
+        for data in rope_passes.load_bundle(src).external_data_files:
+            assert (out.parent / data).read_bytes() == (src.parent / data).read_bytes(), (src, data)
