@@ -34,6 +34,7 @@ import numpy as np
 import onnx_ir as ir
 
 from rope_passes.analysis.graph import MS_DOMAIN, const_array
+from rope_passes.analysis.patterns import LongRoPESwitchCondition
 from rope_passes.passes.base import RopePass
 from rope_passes.report import PassReport
 
@@ -98,6 +99,9 @@ def record_offset(model: ir.Model, genai_config: dict[str, Any] | None, offset: 
         report.genai_config_changes.append(f"model.decoder.session_options[{WEBGPU_ONLY_KEY!r}] = '1'")
 
 
+_SWITCH = LongRoPESwitchCondition()
+
+
 class LongRoPEConcatPass(RopePass):
     name = "longrope-concat"
     summary = "replace the LongRoPE If(Greater(total, original)) cache switch by [small; large] + concat offset"
@@ -115,7 +119,7 @@ class LongRoPEConcatPass(RopePass):
                 continue
             found = True
             try:
-                offset, tables = self._match(node, gqas)
+                offset, tables = self._match(model, node, gqas)
             except _Refusal as exc:
                 report.refused(node.name or "If", str(exc))
                 continue
@@ -128,14 +132,13 @@ class LongRoPEConcatPass(RopePass):
             report.not_matched("<model>", "no If switching GroupQueryAttention cos/sin caches")
 
     @staticmethod
-    def _match(node: ir.Node, gqas: list[ir.Node]) -> tuple[int, list[np.ndarray]]:
-        cond = node.inputs[0].producer() if node.inputs and node.inputs[0] is not None else None
-        if cond is None or cond.op_type != "Greater":
-            raise _Refusal("If condition is not Greater(total_length, original)")
-        original = const_array(cond.inputs[1])
-        if original is None or original.size != 1:
-            raise _Refusal("Greater's threshold is not a constant")
-        offset = int(original.reshape(-1)[0])
+    def _match(model: ir.Model, node: ir.Node, gqas: list[ir.Node]) -> tuple[int, list[np.ndarray]]:
+        if not node.inputs or node.inputs[0] is None:
+            raise _Refusal("If has no condition input")
+        switch = _SWITCH.match_value(model, node.inputs[0], "the If condition")
+        if not switch.ok:
+            raise _Refusal(switch.reason)
+        offset = int(const_array(switch.bindings["original"]).reshape(-1)[0])
         then_tables = _branch_tables(node.attributes["then_branch"].value)
         else_tables = _branch_tables(node.attributes["else_branch"].value)
         if len(then_tables) != len(node.outputs) or len(else_tables) != len(node.outputs):

@@ -43,7 +43,8 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from rope_passes.analysis.graph import MS_DOMAIN, attr, const_array, nodes_of
+from rope_passes.analysis.graph import MS_DOMAIN, nodes_of
+from rope_passes.analysis.patterns import SeqlensFromMaskSum, TotalSeqFromMaskShape
 from rope_passes.analysis.placement import (
     WEBGPU_KERNELS,
     predict_placement,
@@ -59,70 +60,28 @@ class _Refusal(Exception):
     pass
 
 
-def _single_int(value: ir.Value | None) -> int | None:
-    arr = const_array(value)
-    if arr is None or arr.size != 1 or arr.dtype.kind not in "iu":
-        return None
-    return int(arr.reshape(-1)[0])
+_TOTAL_SEQ = TotalSeqFromMaskShape()
+_SEQLENS_K = SeqlensFromMaskSum()
 
 
-def _is_cast_to_int32(node: ir.Node | None) -> bool:
-    return node is not None and node.op_type == "Cast" and attr(node, "to") == ir.DataType.INT32.value
+def _match(pattern, model: ir.Model, value: ir.Value, what: str) -> tuple[ir.Value, list[ir.Node]]:
+    """(mask, the chain's nodes); raises _Refusal (structure there, unsound) or ValueError (structure absent)."""
+    found = pattern.match_value(model, value, what)
+    if found.refused:
+        raise _Refusal(found.reason)
+    if not found.ok:
+        raise ValueError(found.reason)
+    return found.bindings["mask"], found.nodes
 
 
-def _mask_input(value: ir.Value, graph: ir.Graph) -> ir.Value:
-    if not value.is_graph_input():
-        raise _Refusal(f"{value.name!r} is not a graph input (the attention mask is expected as one)")
-    if value.dtype not in (ir.DataType.INT64, ir.DataType.INT32):
-        raise _Refusal(f"mask {value.name!r} has dtype {value.dtype}, expected int64/int32")
-    if value.shape is not None and len(value.shape) != 2:
-        raise _Refusal(f"mask {value.name!r} has rank {len(value.shape)}, expected [batch, total_sequence_length]")
-    return value
-
-
-def match_total_seq(value: ir.Value, graph: ir.Graph) -> tuple[ir.Value, list[ir.Node]]:
+def match_total_seq(model: ir.Model, value: ir.Value) -> tuple[ir.Value, list[ir.Node]]:
     """``Cast<int32>(Gather(Shape(M), 1))`` → (M, the chain's nodes). Raises _Refusal/ValueError."""
-    cast = value.producer()
-    if not _is_cast_to_int32(cast):
-        raise ValueError(f"total_sequence_length comes from {cast.op_type if cast else 'a graph input'}, "
-                         "not Cast<int32>(Gather(Shape(mask), 1))")
-    gather = cast.inputs[0].producer()
-    if gather is None or gather.op_type != "Gather":
-        raise ValueError("total_sequence_length's Cast does not read a Gather")
-    shape = gather.inputs[0].producer()
-    if shape is None or shape.op_type != "Shape":
-        raise ValueError("total_sequence_length's Gather does not read a Shape")
-    if attr(shape, "start", 0) != 0 or attr(shape, "end") is not None:
-        raise _Refusal(f"Shape {shape.name!r} has start/end attributes")
-    index = _single_int(gather.inputs[1])
-    if attr(gather, "axis", 0) != 0 or index not in (1, -1):
-        raise _Refusal(f"Gather {gather.name!r} reads dimension {index}, not the mask's dimension 1")
-    mask = _mask_input(shape.inputs[0], graph)
-    return mask, [cast, gather, shape]
+    return _match(_TOTAL_SEQ, model, value, "total_sequence_length")
 
 
-def match_seqlens_k(value: ir.Value, graph: ir.Graph) -> tuple[ir.Value, list[ir.Node]]:
+def match_seqlens_k(model: ir.Model, value: ir.Value) -> tuple[ir.Value, list[ir.Node]]:
     """``Cast<int32>(Sub(ReduceSum(M, axes=[1], keepdims=0), 1))`` → (M, nodes). Raises _Refusal/ValueError."""
-    cast = value.producer()
-    if not _is_cast_to_int32(cast):
-        raise ValueError(f"seqlens_k comes from {cast.op_type if cast else 'a graph input'}, "
-                         "not Cast<int32>(Sub(ReduceSum(mask), 1))")
-    sub = cast.inputs[0].producer()
-    if sub is None or sub.op_type != "Sub":
-        raise ValueError("seqlens_k's Cast does not read a Sub")
-    if _single_int(sub.inputs[1]) != 1:
-        raise _Refusal(f"Sub {sub.name!r} subtracts something other than the constant 1")
-    reduce = sub.inputs[0].producer()
-    if reduce is None or reduce.op_type != "ReduceSum":
-        raise ValueError("seqlens_k's Sub does not read a ReduceSum")
-    axes = const_array(reduce.inputs[1]) if len(reduce.inputs) > 1 else None
-    axes_attr = attr(reduce, "axes")
-    axes_list = [int(a) for a in (axes.reshape(-1) if axes is not None else (axes_attr or []))]
-    if axes_list not in ([1], [-1]) or attr(reduce, "keepdims", 1) != 0:
-        raise _Refusal(f"ReduceSum {reduce.name!r} reduces axes {axes_list} with keepdims="
-                       f"{attr(reduce, 'keepdims', 1)}, expected axes [1], keepdims 0")
-    mask = _mask_input(reduce.inputs[0], graph)
-    return mask, [cast, sub, reduce]
+    return _match(_SEQLENS_K, model, value, "seqlens_k")
 
 
 class TotalSeqOnGpuPass(RopePass):
@@ -150,9 +109,9 @@ class TotalSeqOnGpuPass(RopePass):
                 new_seqlens, new_total = by_pair[key]
             else:
                 try:
-                    mask, old_nodes = match_total_seq(total, graph)
+                    mask, old_nodes = match_total_seq(model, total)
                     try:
-                        seq_mask, seq_nodes = match_seqlens_k(seqlens, graph)
+                        seq_mask, seq_nodes = match_seqlens_k(model, seqlens)
                         old_nodes = old_nodes + seq_nodes
                     except ValueError:
                         seq_mask = None  # seqlens_k already computed some other way: leave it, fix total only
