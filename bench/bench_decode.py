@@ -18,7 +18,6 @@ import tempfile
 import time
 from pathlib import Path
 
-
 import rope_passes
 from rope_passes.check.decode import DecoderSpec, step_feeds, token_ids
 from rope_passes.check.runtime import create_session

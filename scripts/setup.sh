@@ -13,8 +13,12 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 echo "setup: installing rope-passes and its dependencies into $VENV"
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip >/dev/null 2>&1 || true
-"$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[test]' 2>&1 | grep -v '^WARNING: Location' || true
-"$VENV/bin/python" -c "import rope_passes, onnxruntime" || { echo "setup: install failed" >&2; exit 1; }
+if ! "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[test]' >"$VENV/pip-install.log" 2>&1; then
+  grep -v '^WARNING: Location' "$VENV/pip-install.log" >&2 || true
+  echo "setup: pip install failed (log: $VENV/pip-install.log)" >&2
+  exit 1
+fi
+"$VENV/bin/python" -c "import rope_passes, onnxruntime, pytest" || { echo "setup: install failed" >&2; exit 1; }
 if "$VENV/bin/python" -c "import torch" 2>/dev/null && ! "$PY" -c "import torch" 2>/dev/null; then
   echo "setup: warning: torch got installed into $VENV; rope-passes does not need it" >&2
 fi

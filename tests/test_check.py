@@ -13,6 +13,7 @@ import sys
 import numpy as np
 import onnx_ir as ir
 import pytest
+from conftest import GENAI, UNLOADABLE, genai_models
 
 import rope_passes
 from rope_passes.analysis.graph import nodes_of
@@ -23,8 +24,6 @@ from rope_passes.check.decode import DecoderSpec, embedding_table, run_decode, t
 from rope_passes.check.runtime import create_session
 from rope_passes.cli import main
 from rope_passes.io import load_bundle, save_bundle
-
-from conftest import GENAI, UNLOADABLE, genai_models
 
 LOADABLE = [m for m in genai_models() if m not in UNLOADABLE]
 GRAPH_BUILDS = {m for m in LOADABLE if "_graph" in m}

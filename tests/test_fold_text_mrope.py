@@ -19,6 +19,8 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 import pytest
+from conftest import GENAI
+from mrope_graphs import attention_graph, to_bytes
 
 from rope_passes.analysis.graph import MS_DOMAIN, attr, nodes_of
 from rope_passes.check.decode import DecoderSpec, embedding_table, run_decode, token_ids
@@ -28,9 +30,6 @@ from rope_passes.io import load_bundle, save_bundle
 from rope_passes.passes import CleanupPass, FoldTextMRoPEPass, LowerMRoPEPass
 from rope_passes.pipeline import run_pipeline
 from rope_passes.report import Outcome
-
-from conftest import GENAI
-from mrope_graphs import attention_graph, to_bytes
 
 ROTARY = ("MRotaryEmbedding", "RotaryEmbedding")
 #: ops of the mRoPE paths that none of these graphs uses elsewhere (Shape: only the attention-mask one may stay)

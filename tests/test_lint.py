@@ -8,11 +8,10 @@ import subprocess
 import sys
 
 import pytest
+from conftest import GENAI, genai_models
 
 from rope_passes.lint import RULES, lint_bundle
 from rope_passes.lint.formats import FORMATS
-
-from conftest import GENAI, genai_models
 
 # The rule codes each corpus model must raise (from the corpus README's "how it fails today" column).
 EXPECTED = {

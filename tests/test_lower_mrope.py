@@ -10,6 +10,8 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 import pytest
+from conftest import GENAI
+from mrope_graphs import mrotary_graph, to_bytes
 
 from rope_passes.analysis.graph import attr, nodes_of
 from rope_passes.analysis.mrope import mrope_reference
@@ -18,8 +20,6 @@ from rope_passes.check.runtime import create_session
 from rope_passes.io import load_bundle, save_bundle
 from rope_passes.passes import LowerMRoPEPass
 from rope_passes.report import Outcome
-from conftest import GENAI
-from mrope_graphs import mrotary_graph, to_bytes
 
 #: t, h, w all different (an image-like patch grid after 2 text tokens), B=2 with a second, shifted row.
 S = 7

@@ -10,12 +10,12 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from conftest import GENAI, UNLOADABLE, genai_models
 
 import rope_passes
 from rope_passes.check.decode import DecoderSpec, run_decode, token_ids
 from rope_passes.check.runtime import create_session
 
-from conftest import GENAI, UNLOADABLE, genai_models
 
 def node_signature(model: onnx.ModelProto) -> list[tuple]:
     """Nodes as (op, name, inputs, outputs); trailing omitted optional inputs ('') are not significant."""

@@ -34,6 +34,7 @@ def test_webgpu_profile_shows_the_node_ran_on_webgpu(tmp_path):
     so.profile_file_prefix = str(tmp_path / "prof")
     sess = create_session(tiny_add_model(), "webgpu", so=so)
     sess.run(None, {"x": np.ones(4, np.float32)})
-    events = json.load(open(sess.end_profiling()))
+    with open(sess.end_profiling()) as f:
+        events = json.load(f)
     providers = {e["args"].get("provider") for e in events if e.get("cat") == "Node" and "provider" in e.get("args", {})}
     assert providers == {WEBGPU}, providers

@@ -533,7 +533,7 @@ def _caches(model: ir.Model) -> tuple[list[_RawCache], list[ir.Node]]:
         if _table_like(tensor) and id(value) not in found:
             found[id(value)] = (value, role, source, tensor, if_node)
 
-    for node, role, value in _rope_sinks(model):
+    for _node, role, value in _rope_sinks(model):
         if role == "position_ids":
             continue
         candidates = [value]

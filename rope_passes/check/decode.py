@@ -149,7 +149,7 @@ def _head_size(genai_config: Mapping | None) -> int | None:
     return None
 
 
-def default_embedding_table(width: int, dtype: np.dtype = np.dtype(np.float32), seed: int = 0) -> np.ndarray:
+def default_embedding_table(width: int, dtype: np.dtype | type = np.float32, seed: int = 0) -> np.ndarray:
     """A fixed-seed ``[TOKEN_HIGH, width]`` table, N(0, 0.02) like a fresh HF ``embed_tokens`` (same for all graphs)."""
     table = np.random.RandomState(seed).standard_normal((TOKEN_HIGH, width)) * 0.02
     return table.astype(dtype)

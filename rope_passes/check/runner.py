@@ -81,9 +81,9 @@ def execute_run(spec: RunSpec, on_step: Callable[[int], None] | None = None, cap
 
     ``capture_log``: log the capture session at info level (the worker does, so the parent can count replays).
     """
-    from rope_passes.check.runtime import create_session
-
     import onnxruntime
+
+    from rope_passes.check.runtime import create_session
 
     start = time.perf_counter()
     result = RunResult(spec.label, OK, runtime=f"onnxruntime {onnxruntime.__version__}")

@@ -14,9 +14,8 @@ from rope_passes.lint.core import RULES, Diagnostic, LintContext, Rule, Severity
 
 
 def _context(bundle) -> LintContext:
-    from rope_passes.lint import rules as _rules  # noqa: F401  (registers the rules)
-
     from rope_passes.analysis.census import census
+    from rope_passes.lint import rules as _rules  # noqa: F401  (registers the rules)
 
     facts = census(bundle.model, bundle.genai_config)
     return LintContext(bundle.model, bundle.genai_config, facts, str(bundle.model_path))

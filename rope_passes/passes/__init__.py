@@ -6,13 +6,13 @@ Add a pass: write ``rope_passes/passes/<name>.py`` with one ``RopePass`` subclas
 
 from __future__ import annotations
 
+from rope_passes.passes.annotate_cache_offset import AnnotateCacheOffsetPass
 from rope_passes.passes.base import RopePass, RopePassResult
 from rope_passes.passes.cleanup import CleanupPass
 from rope_passes.passes.fold_text_mrope import FoldTextMRoPEPass
+from rope_passes.passes.longrope_concat import LongRoPEConcatPass
 from rope_passes.passes.lower_mrope import LowerMRoPEPass
 from rope_passes.passes.precompute_cos_sin import PrecomputeCosSinPass
-from rope_passes.passes.annotate_cache_offset import AnnotateCacheOffsetPass
-from rope_passes.passes.longrope_concat import LongRoPEConcatPass
 from rope_passes.passes.total_seq_on_gpu import TotalSeqOnGpuPass
 
 ALL_PASSES: dict[str, type[RopePass]] = {cls.name: cls for cls in (

@@ -199,9 +199,9 @@ class FoldTextMRoPEPass(RopePass):
 
     def _head_size(self, past_key: ir.Value | None) -> int | None:
         """Head size from the KV cache input's static last dim, else genai_config's decoder.head_size."""
-        if past_key is not None and past_key.shape is not None and len(past_key.shape) == 4:
-            if isinstance(past_key.shape[3], int):
-                return past_key.shape[3]
+        shape = past_key.shape if past_key is not None else None
+        if shape is not None and len(shape) == 4 and isinstance(shape[3], int):
+            return shape[3]
         value = (self.genai_config or {}).get("model", {}).get("decoder", {}).get("head_size")
         return int(value) if isinstance(value, int) else None
 
