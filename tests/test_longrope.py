@@ -142,15 +142,14 @@ def test_rewritten_webgpu_prefill_matches_hugging_face(rewritten):
 # --- refusals -------------------------------------------------------------------------------------------------------
 
 
-def test_refuses_separate_qkv(genai_corpus):
+def test_refuses_qkv_it_cannot_pack(genai_corpus):
     model = ir.load(PHI3 / "cpu_fp32" / "model.onnx")
     gqa = nodes_of(model, "GroupQueryAttention")[0]
-    gqa.replace_input_with(1, gqa.inputs[0])
-    gqa.replace_input_with(2, gqa.inputs[0])
+    gqa.replace_input_with(1, gqa.inputs[0])  # a key but no value: not GQA's separate-Q/K/V layout either
     result = LongRoPEConcatPass()(model)
     report = result.report
-    assert report.count(Outcome.REFUSED) == 1 and "only acts on packed QKV" in report.findings[0].reason
-    assert nodes_of(result.model, "If")  # untouched
+    assert report.count(Outcome.REFUSED) == 1 and "only one of key/value is given" in report.findings[0].reason
+    assert nodes_of(result.model, "If") and gqa.inputs[0].producer().op_type != "Concat"  # untouched
 
 
 def test_not_matched_without_if(genai_corpus):
@@ -199,6 +198,48 @@ def test_annotate_leaves_plain_rope_alone(genai_corpus):
     report = run_pipeline(bundle, passes=["annotate-cache-offset"]).passes[0]
     assert not report.modified and "not a concatenated cache" in report.status
     assert bundle.genai_config == before
+
+
+def _unpack_qkv(model: ir.Model) -> None:
+    """Feed every GQA separate q/k/v (Split of the packed projection), as some exporters do."""
+    for gqa in nodes_of(model, "GroupQueryAttention"):
+        packed = gqa.inputs[0]
+        head = packed.shape[2] // (int(gqa.attributes["num_heads"].value) + 2 * int(gqa.attributes["kv_num_heads"].value))
+        sizes = [int(gqa.attributes["num_heads"].value) * head] + [int(gqa.attributes["kv_num_heads"].value) * head] * 2
+        split_sizes = ir.Value(name=f"{gqa.name}/split_sizes", const_value=ir.tensor(np.array(sizes, np.int64)))
+        model.graph.register_initializer(split_sizes)
+        split = ir.node("Split", [packed, split_sizes], attributes={"axis": 2}, num_outputs=3, name=f"{gqa.name}/Split")
+        for out, size, part in zip(split.outputs, sizes, "qkv"):
+            out.name, out.dtype = f"{gqa.name}/{part}", packed.dtype
+            out.shape = ir.Shape([packed.shape[0], packed.shape[1], size])
+        model.graph.insert_before(gqa, split)
+        for i in range(3):
+            gqa.replace_input_with(i, split.outputs[i])
+
+
+def test_separate_qkv_packed_then_captured_decode_matches(genai_corpus, tmp_path):
+    """A LongRoPE graph whose GQAs take separate q/k/v: the pass packs them (the offset only acts on packed QKV),
+    and the captured WebGPU decode across the switch matches the unpacked If-graph on CPU."""
+    bundle = load_bundle(PHI3 / "cpu_fp32")
+    _unpack_qkv(bundle.model)
+    from rope_passes.io import save_bundle
+
+    save_bundle(bundle, tmp_path / "unpacked")
+    report = optimize(str(tmp_path / "unpacked"), str(tmp_path / "out"), target="webgpu-graph")
+    longrope = next(p for p in report.passes if p.pass_name == "longrope-concat")
+    assert longrope.status == "rewritten 1", longrope.status
+    assert any("packed separate query/key/value" in f.reason and "2 GroupQueryAttention" in f.reason
+               for f in longrope.findings)
+    new = ir.load(tmp_path / "out" / "model.onnx")
+    for gqa in nodes_of(new, "GroupQueryAttention"):
+        assert gqa.inputs[0].producer().op_type == "Concat" and gqa.inputs[1] is None and gqa.inputs[2] is None
+    result = check(tmp_path / "unpacked", tmp_path / "out", prefill=8, steps=4, graph_capture=True)
+    assert result.equivalent, result.to_json()[:2000]
+    assert result.prefill + result.steps > ORIGINAL  # the checker crossed the switch
+    vs_cpu = result.comparison("rewritten@webgpu", "original@cpu")
+    assert vs_cpu.ok and max(d.max_abs for d in vs_cpu.diffs if d.output == "logits") <= DECODE_TOL
+    assert len({d.step for d in vs_cpu.diffs}) == result.steps + 1  # every step, both sides of the switch
+    assert result.comparison("rewritten@webgpu+capture", "rewritten@webgpu").ok
 
 
 def _swap_branches(model):

@@ -20,8 +20,12 @@ concatenated table: right up to ``original`` tokens, wrong after. The output is 
 passes unknown session_options on as session config entries, which onnxruntime ignores); ``lint`` rule RP204 says
 so too. ``tests/test_longrope.py`` pins both the WebGPU match and the CPU mismatch.
 
-**Refuses** (graph unchanged, reason in the report): a GQA reading the caches with separate key/value inputs (the
-offset would be ignored; packing Q/K/V is not done here); branches that are not constant tables of matching
+**Packs Q/K/V** where a GQA reading the caches takes separate query/key/value inputs (the offset would be ignored
+there): one ``Concat(q, k, v, axis=-1)`` becomes its query and key/value are left empty, which is GQA's packed
+layout (it splits num_heads, kv_num_heads, kv_num_heads heads back out): exact, at the cost of one copy per layer.
+
+**Refuses** (graph unchanged, reason in the report): separate Q/K/V that cannot be packed (one of key/value
+missing, not rank 3, mixed dtypes); branches that are not constant tables of matching
 width/dtype; a then-branch that is not the longer table; a small table with fewer than ``original`` rows; a
 condition other than ``Greater(x, constant)``.
 """
@@ -102,6 +106,45 @@ def record_offset(model: ir.Model, genai_config: dict[str, Any] | None, offset: 
 _SWITCH = LongRoPESwitchCondition()
 
 
+def _separate_qkv(gqa: ir.Node) -> bool:
+    return any(len(gqa.inputs) > i and gqa.inputs[i] is not None for i in (1, 2))
+
+
+def _packable(gqa: ir.Node) -> None:
+    """Raise _Refusal when a GQA with separate Q/K/V cannot be packed exactly into one input."""
+    if not _separate_qkv(gqa):
+        return
+    q, k, v = (gqa.inputs[i] if len(gqa.inputs) > i else None for i in range(3))
+    if q is None or k is None or v is None:
+        raise _Refusal(f"{gqa.name}: only one of key/value is given; cannot pack Q/K/V")
+    for value in (q, k, v):
+        if value.shape is not None and len(value.shape) != 3:
+            raise _Refusal(f"{gqa.name}: {value.name!r} has rank {len(value.shape)}, expected [batch, seq, hidden] "
+                           "to pack Q/K/V")
+    if len({value.dtype for value in (q, k, v)}) != 1:
+        raise _Refusal(f"{gqa.name}: query/key/value dtypes differ; cannot pack Q/K/V")
+
+
+def pack_qkv(graph: ir.Graph, gqa: ir.Node) -> ir.Node:
+    """Feed ``gqa`` one packed ``Concat(q, k, v, axis=-1)`` with key/value empty (GQA's packed-QKV layout).
+
+    GroupQueryAttention splits a packed query back into ``num_heads``, ``kv_num_heads``, ``kv_num_heads`` heads of
+    the head size, in that order: the same tensors as the separate inputs, so the attention is unchanged.
+    """
+    q, k, v = gqa.inputs[0], gqa.inputs[1], gqa.inputs[2]
+    prefix = f"{gqa.name or 'GroupQueryAttention'}/rope_passes_packed_qkv"
+    concat = ir.node("Concat", [q, k, v], attributes={"axis": -1}, name=prefix)
+    out = concat.outputs[0]
+    out.name, out.dtype = f"{prefix}/output_0", q.dtype
+    if all(x.shape is not None and isinstance(x.shape[2], int) for x in (q, k, v)):
+        out.shape = ir.Shape([q.shape[0], q.shape[1], q.shape[2] + k.shape[2] + v.shape[2]])
+    graph.insert_before(gqa, concat)
+    gqa.replace_input_with(0, out)
+    gqa.replace_input_with(1, None)
+    gqa.replace_input_with(2, None)
+    return concat
+
+
 class LongRoPEConcatPass(RopePass):
     name = "longrope-concat"
     summary = "replace the LongRoPE If(Greater(total, original)) cache switch by [small; large] + concat offset"
@@ -123,6 +166,10 @@ class LongRoPEConcatPass(RopePass):
             except _Refusal as exc:
                 report.refused(node.name or "If", str(exc))
                 continue
+            packed = [pack_qkv(graph, gqa) for gqa in gqas if _separate_qkv(gqa)]
+            if packed:
+                report.note(node.name or "If", f"packed separate query/key/value into one input (Concat on the hidden "
+                            f"axis) for {len(packed)} GroupQueryAttention node(s): {OFFSET_KEY} acts on packed QKV only")
             self._rewrite(graph, node, tables)
             record_offset(model, self.genai_config, offset, report)
             report.rewritten(node.name or "If", f"If replaced by concatenated caches [{offset} short; "
@@ -149,9 +196,7 @@ class LongRoPEConcatPass(RopePass):
                     raise _Refusal(f"{out.name!r} is read by {user.name or user.op_type} input {index}, not as "
                                    "a GQA cos/sin cache")
         for gqa in gqas:
-            if any(len(gqa.inputs) > i and gqa.inputs[i] is not None for i in (1, 2)):
-                raise _Refusal(f"{gqa.name}: separate query/key/value inputs; {OFFSET_KEY} only acts on packed QKV "
-                               "(key/value empty) and packing is not done by this pass")
+            _packable(gqa)  # raises when separate Q/K/V cannot be packed
         tables = []
         for large, small in zip(then_tables, else_tables):
             if large.ndim != 2 or small.ndim != 2 or large.shape[1] != small.shape[1] or large.dtype != small.dtype:
