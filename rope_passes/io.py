@@ -82,6 +82,30 @@ def find_model_file(folder: Path) -> Path:
     return candidates[0]
 
 
+def _holds_model(folder: Path) -> bool:
+    return (folder / GENAI_CONFIG).is_file() or any(p.is_file() for p in folder.glob("*.onnx"))
+
+
+def discover_models(path: str | os.PathLike) -> list[Path]:
+    """The models a user path stands for: a model file or model folder is itself; a folder holding no model directly
+    stands for every model folder below it (sorted, hidden folders skipped), e.g. a tree of genai builds."""
+    p = Path(path)
+    if not p.exists():
+        raise ModelLoadError(f"{p}: no such file or directory")
+    if p.is_file() or _holds_model(p):
+        return [p]
+    found = []
+    for root, dirs, _files in os.walk(p, followlinks=False):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        folder = Path(root)
+        if folder != p and _holds_model(folder):
+            found.append(folder)
+            dirs[:] = []  # a model folder's subfolders belong to it (tokenizer, processor files)
+    if not found:
+        raise ModelLoadError(f"{p}: no .onnx model in this folder or below it")
+    return found
+
+
 def resolve_model_path(path: str | os.PathLike) -> tuple[Path, Path | None]:
     """(model file, folder or None) for a user-given file or folder path."""
     p = Path(path)

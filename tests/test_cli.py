@@ -122,3 +122,33 @@ def test_exporter_preset_with_max_positions(tmp_path):
     assert done.returncode == 0, done.stderr
     first = json.loads(done.stdout)["passes"][0]
     assert first["rewritten"] >= 1 and first["nodes_removed"] > first["nodes_added"], first
+
+
+def test_optimize_and_lint_a_tree_of_models(tiny, tmp_path):
+    """A folder of model folders: each goes to the same relative path, one line each, a tally; a broken model is
+    reported and the others still written (exit 2); lint walks the same tree."""
+    import shutil
+
+    tree = tmp_path / "tree"
+    shutil.copytree(tiny, tree / "a")
+    shutil.copytree(tiny, tree / "deep" / "b")
+    (tree / "bad").mkdir()
+    (tree / "bad" / "model.onnx").write_text("not a model\n")
+    result = cli("optimize", str(tree), "-o", str(tmp_path / "out"), "--report", str(tmp_path / "r.json"))
+    assert result.returncode == 2, result.stderr
+    lines = [ln for ln in result.stderr.splitlines() if ln.startswith("[") or " models: " in ln]
+    assert lines[0].startswith("[1/3] a: ") and lines[1].startswith("[2/3] bad: error: ")
+    assert "not a readable ONNX model" in lines[1] and lines[2].startswith("[3/3] deep/b: ")
+    assert lines[3] == "3 models: 0 rewritten, 2 unchanged, 1 failed"
+    for rel in ("a", "deep/b"):
+        assert (tmp_path / "out" / rel / "model.onnx").read_bytes() == (tiny / "model.onnx").read_bytes()
+    assert not (tmp_path / "out" / "bad").exists()
+    reports = json.loads((tmp_path / "r.json").read_text())
+    assert [("error" in r) for r in reports] == [False, True, False]
+    # output inside the input tree: refused before anything is written
+    inside = cli("optimize", str(tree), "-o", str(tree / "out"))
+    assert inside.returncode == 2 and "inside the input tree" in inside.stderr and not (tree / "out").exists()
+    shutil.rmtree(tree / "bad")
+    lint = cli("lint", str(tree), "--format", "json")
+    assert lint.returncode in (0, 1), lint.stderr
+    assert sorted(json.loads(lint.stdout)) == sorted([str(tree / "a"), str(tree / "deep" / "b")])

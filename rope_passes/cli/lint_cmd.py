@@ -19,7 +19,7 @@ ORDER = {Severity.NOTE: 0, Severity.WARNING: 1, Severity.ERROR: 2}
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("lint", help="lint models for WebGPU RoPE problems (rule codes, --fix, CI formats)")
-    p.add_argument("models", nargs="*", help="model files or folders")
+    p.add_argument("models", nargs="*", help="model files, model folders, or folders of model folders")
     p.add_argument("--format", default="text", choices=sorted(FORMATS))
     p.add_argument("--output", "-o", help="write the report to this file instead of stdout")
     p.add_argument("--fix", action="store_true", help="apply the fixing passes in place, then lint again")
@@ -44,8 +44,11 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("no model given (rope-passes lint MODEL...)")
     select = args.select.split(",") if args.select else None
     ignore = args.ignore.split(",") if args.ignore else ()
+    from rope_passes.io import discover_models
+
+    paths = [str(m) for given in args.models for m in discover_models(given)]
     results = {}
-    for path in args.models:
+    for path in paths:
         if args.fix:
             fix_bundle(path, options={"text_only": args.text_only}, select=select, ignore=ignore,
                        log=lambda m: print(m, file=sys.stderr))

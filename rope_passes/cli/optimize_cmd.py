@@ -4,20 +4,24 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
 from rope_passes.cli import output_console
-from rope_passes.errors import UsageError
-from rope_passes.pipeline import PRESETS, optimize
+from rope_passes.errors import ModelSaveError, RopePassesError, UsageError
+from rope_passes.io import discover_models
+from rope_passes.pipeline import PRESETS, optimize, pass_names_for
 from rope_passes.report import PipelineReport
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("optimize", help="rewrite a model (file or genai folder) for a target")
-    p.add_argument("input", help="model.onnx or a model folder (model + genai_config.json + tokenizer files)")
+    p.add_argument("input", help="model.onnx, a model folder (model + genai_config.json + tokenizer files), or a folder "
+                                  "of model folders (each written to the same relative path under -o)")
     p.add_argument("-o", "--output", help="output .onnx path or folder (a folder input always gives a folder)")
     p.add_argument("--target", default="webgpu", choices=sorted(PRESETS), help="pass preset (default: webgpu)")
     p.add_argument("--passes", help="comma-separated pass names, run in this order instead of the preset")
@@ -33,10 +37,79 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    console = Console(stderr=True)
     passes = args.passes.split(",") if args.passes is not None else None
     if args.max_positions is not None and args.max_positions < 1:
         raise UsageError(f"--max-positions must be a positive number of rows, got {args.max_positions}")
+    pass_names_for(args.target, passes)  # a bad --passes/--target is one error, not one per model
+    if args.report:  # an unwritable --report path fails before any work
+        folder = Path(args.report).parent
+        if Path(args.report).is_dir() or not folder.is_dir() or not os.access(folder, os.W_OK):
+            raise ModelSaveError(f"{args.report}: cannot write the report there")
+    models = discover_models(args.input)
+    if models == [Path(args.input)]:
+        return _run_one(args, passes)
+    return _run_tree(args, passes, models)
+
+
+def _run_tree(args: argparse.Namespace, passes: list[str] | None, models: list[Path]) -> int:
+    """A folder of model folders: each optimized to the same relative path under -o; one line each, then a tally."""
+    root = Path(args.input)
+    if args.output is None and not (args.in_place or args.dry_run):
+        raise UsageError("no output path given (use -o OUT_DIR, --in-place, or --dry-run)")
+    if args.output is not None:
+        out_root = Path(args.output)
+        if out_root.resolve() == root.resolve() or out_root.resolve().is_relative_to(root.resolve()):
+            raise UsageError(f"{out_root}: is inside the input tree {root}; choose an output outside it")
+    reports, failed = [], []
+    tally = {"rewritten": 0, "unchanged": 0, "failed": 0}
+    for i, model in enumerate(models, 1):
+        rel = model.relative_to(root)
+        dest = None if args.output is None else str(Path(args.output) / rel)
+        try:
+            report = optimize(str(model), dest, target=args.target, passes=passes, options=_options(args),
+                              dry_run=args.dry_run, in_place=args.in_place)
+        except RopePassesError as exc:
+            failed.append(str(rel))
+            tally["failed"] += 1
+            _say(f"[{i}/{len(models)}] {rel}: error: {exc}")
+            reports.append({"input": str(model), "error": str(exc)})
+            continue
+        state = "rewritten" if report.modified else "unchanged"
+        tally[state] += 1
+        refused = sum(p.to_dict()["refused"] for p in report.passes)
+        remaining = ", ".join(r["code"] for r in report.remaining)
+        _say(f"[{i}/{len(models)}] {rel}: {state}"
+             + (f"; refused {refused} (see --report)" if refused else "")
+             + (f"; output still has {remaining}" if remaining else ""))
+        reports.append(report.to_dict())
+    if args.report:
+        _write_report(args.report, reports)
+    if args.json:
+        print(json.dumps(reports, indent=2))
+    _say(f"{len(models)} models: {tally['rewritten']} rewritten, {tally['unchanged']} unchanged, "
+         f"{tally['failed']} failed" + (" (dry run: nothing written)" if args.dry_run else ""))
+    return 2 if failed else 0
+
+
+def _write_report(path: str, data) -> None:
+    try:
+        with open(path, "w") as f:
+            json.dump(data, f, indent=2)
+    except OSError as exc:
+        raise ModelSaveError(f"{path}: cannot write the report ({exc.strerror or exc})") from None
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _options(args: argparse.Namespace) -> dict:
+    return {"text_only": args.text_only,
+            **({"max_positions": args.max_positions} if args.max_positions is not None else {})}
+
+
+def _run_one(args: argparse.Namespace, passes: list[str] | None) -> int:
+    console = Console(stderr=True)
     status = console.status("loading", spinner="dots") if console.is_terminal else None
 
     def progress(name: str, index: int, total: int) -> None:
@@ -51,8 +124,7 @@ def run(args: argparse.Namespace) -> int:
             args.output,
             target=args.target,
             passes=passes,
-            options={"text_only": args.text_only,
-                     **({"max_positions": args.max_positions} if args.max_positions is not None else {})},
+            options=_options(args),
             dry_run=args.dry_run,
             in_place=args.in_place,
             progress=progress,
@@ -61,8 +133,7 @@ def run(args: argparse.Namespace) -> int:
         if status is not None:
             status.stop()
     if args.report:
-        with open(args.report, "w") as f:
-            json.dump(report.to_dict(), f, indent=2)
+        _write_report(args.report, report.to_dict())
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:
