@@ -152,3 +152,23 @@ def test_optimize_and_lint_a_tree_of_models(tiny, tmp_path):
     lint = cli("lint", str(tree), "--format", "json")
     assert lint.returncode in (0, 1), lint.stderr
     assert sorted(json.loads(lint.stdout)) == sorted([str(tree / "a"), str(tree / "deep" / "b")])
+
+
+def test_optimize_explain_lists_every_attempt(tmp_path):
+    """--explain prints each pass's status and every finding under it: here the two GQA layers of a 3D-position
+    graph are each refused with the reason, and the passes with nothing to do say what they looked for."""
+    from conftest import GENAI
+
+    result = cli("optimize", str(GENAI / "legacy/qwen35/cpu_fp32"), "--dry-run", "--target", "webgpu-graph",
+                 "--explain")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    start = lines.index(next(x for x in lines if x.startswith("fold-text-mrope: refused")))
+    explained = lines[start:]
+    refusals = [x for x in explained if x.startswith("  refused /model/layers.")]
+    assert len(refusals) == 2 and all("--text-only" in x for x in refusals), explained
+    for name in ("lower-mrope", "longrope-concat", "annotate-cache-offset", "total-seq-on-gpu", "cleanup"):
+        assert any(x.startswith(f"{name}: ") for x in explained), name
+    assert "  not matched <model>: no com.microsoft::MRotaryEmbedding node" in explained
+    rewritten = [x for x in explained if x.startswith("  rewritten ")]
+    assert len(rewritten) == 16 and any("ReduceSum/ReduceMax of 'attention_mask'" in x for x in rewritten)

@@ -33,6 +33,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--in-place", action="store_true", help="overwrite the input (atomically)")
     p.add_argument("--report", metavar="FILE", help="write the report as JSON to FILE")
     p.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
+    p.add_argument("--explain", action="store_true",
+                   help="list every match attempt of every pass (rewritten, refused, not matched, notes) with its "
+                        "reason and details, for a pass that did not do what you expected")
     p.set_defaults(func=run)
 
 
@@ -82,6 +85,8 @@ def _run_tree(args: argparse.Namespace, passes: list[str] | None, models: list[P
              + (f"; refused {refused} (see --report)" if refused else "")
              + (f"; output still has {remaining}" if remaining else ""))
         reports.append(report.to_dict())
+        if args.explain:
+            explain(report, output_console(), indent="    ")
     if args.report:
         _write_report(args.report, reports)
     if args.json:
@@ -138,7 +143,24 @@ def _run_one(args: argparse.Namespace, passes: list[str] | None) -> int:
         print(json.dumps(report.to_dict(), indent=2))
     else:
         render(report, output_console())
+        if args.explain:
+            explain(report, output_console())
     return 0
+
+
+def explain(report: PipelineReport, console: Console, indent: str = "") -> None:
+    """Every finding of every pass, in pipeline order: what was tried where, and what came of it."""
+    for p in report.passes:
+        console.print(f"{indent}{p.pass_name}: {p.status}", highlight=False, soft_wrap=True)
+        for f in p.findings:
+            details = ", ".join(f"{k}={_short(v)}" for k, v in f.details.items())
+            console.print(f"{indent}  {f.outcome} {f.target}: {f.reason}" + (f" [{details}]" if details else ""),
+                          highlight=False, soft_wrap=True)
+
+
+def _short(value) -> str:
+    text = json.dumps(value, default=str) if not isinstance(value, str) else value
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def render(report: PipelineReport, console: Console) -> None:
