@@ -6,6 +6,7 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import GENAI, genai_models
@@ -117,3 +118,28 @@ def test_fix_makes_the_model_lint_clean_and_capture_ready(name, tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     probe = probe_placement(work / "model.onnx", graph_capture=True)  # onnxruntime's own verdict
     assert probe.capture_ok and not probe.memcpy, probe.summary()
+
+
+def test_pre_commit_hook_runs_as_pre_commit_calls_it():
+    """The hook in .pre-commit-hooks.yaml, called the way pre-commit calls it (entry + args + the staged files its
+    `files` pattern selects): the .onnx files are linted, weights files are not passed, a problem fails the commit."""
+    import re
+    import shlex
+
+    from conftest import REPO
+
+    hook = dict(line.strip().removeprefix("- ").split(": ", 1) for line in (REPO / ".pre-commit-hooks.yaml").read_text()
+                .splitlines() if line.strip() and not line.startswith("#"))
+    assert hook["id"] == "rope-passes-lint" and hook["language"] == "python"
+    clean, dirty = (GENAI / "current/llama/webgpu_fp16_graph/model.onnx", GENAI / "current/llama/cpu_fp32/model.onnx")
+    staged = [clean, clean.with_name("model.onnx.data"), clean.with_name("genai_config.json"), dirty]
+    selected = [str(p) for p in staged if re.search(hook["files"], str(p))]
+    assert selected == [str(clean), str(dirty)]
+    entry = shlex.split(hook["entry"])
+    assert entry[0] == "rope-passes"  # the console script pyproject.toml installs
+    exe = Path(sys.executable).with_name("rope-passes")
+    result = subprocess.run([str(exe), *entry[1:], "--format", "github", *selected], capture_output=True, text=True)
+    assert result.returncode == 1, result.stdout + result.stderr
+    flagged = {line.split("file=", 1)[1].split(",", 1)[0] for line in result.stdout.splitlines()}
+    assert flagged == {str(dirty)}, result.stdout
+    assert result.stdout.count("RP201") == 2 and result.stdout.count("RP205") == 1
