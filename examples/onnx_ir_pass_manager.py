@@ -1,28 +1,45 @@
-"""rope-passes passes are onnx_ir passes: use them inside your own onnx_ir PassManager (e.g. in an export script).
+"""rope-passes passes are onnx_ir passes: run them inside your own onnx_ir PassManager (e.g. in an export script).
 
-    python examples/onnx_ir_pass_manager.py MODEL.onnx OUT.onnx
+    python examples/onnx_ir_pass_manager.py MODEL_DIR OUT_DIR [--text-only]
+
+The passes of one run share a ``PassContext``: it carries the model's ``genai_config.json`` (a typed
+``GenaiConfig``), so what ``longrope-concat`` writes there (the cache offset) or ``fold-text-mrope`` removes from it
+(the position input) reaches the next pass and the saved folder, exactly as ``rope-passes optimize`` does: the output
+is byte-identical to ``rope-passes optimize MODEL_DIR -o OUT_DIR --target webgpu-graph``.
 """
 
 from __future__ import annotations
 
-import sys
+import argparse
 
 import onnx_ir as ir
-from onnx_ir.passes.common import RemoveUnusedNodesPass
 
-from rope_passes.passes import ALL_PASSES
+from rope_passes import PRESETS, load_bundle, save_bundle
+from rope_passes.passes import ALL_PASSES, PassContext
 
 
-def main(src: str, dst: str) -> None:
-    model = ir.load(src)
-    passes = [ALL_PASSES[name](text_only=False) for name in ("fold-text-mrope", "cleanup")]
-    manager = ir.passes.PassManager([*passes, RemoveUnusedNodesPass()])
-    result = manager(model)
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model_dir")
+    ap.add_argument("out_dir")
+    ap.add_argument("--text-only", action="store_true")
+    args = ap.parse_args()
+
+    bundle = load_bundle(args.model_dir)  # onnx_ir model (weights stay on disk) + its genai_config.json
+    context = PassContext(bundle.genai_config)
+    passes = []
+    for name in PRESETS["webgpu-graph"]:
+        cls = ALL_PASSES[name]
+        options = {"text_only": True} if args.text_only and "text_only" in cls.option_names() else {}
+        passes.append(cls(context, **options))
+    result = ir.passes.PassManager(passes)(bundle.model)
     for p in passes:
         print(f"{p.name}: {p.report.status}")
-    result.model.ir_version = min(result.model.ir_version, 13)  # onnxruntime 1.27 rejects IR 14
-    ir.save(result.model, dst, external_data=dst.rsplit("/", 1)[-1] + ".data")
+    bundle.model = result.model
+    # save_bundle: IR version <= 13 (onnxruntime 1.27), external data beside the model, the folder copied whole,
+    # genai_config.json written from the context the passes changed
+    save_bundle(bundle, args.out_dir, unchanged=not result.modified and not context.genai_config.changed)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main()

@@ -14,22 +14,19 @@
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
-import json
 import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
 
 import onnx_ir as ir
 
+from rope_passes.config import GENAI_CONFIG, GenaiConfig
 from rope_passes.errors import ModelLoadError, ModelSaveError
 
 #: onnxruntime 1.27 accepts IR versions up to 13; onnx 1.23 would save 14.
 MAX_IR_VERSION = 13
-GENAI_CONFIG = "genai_config.json"
 
 
 @dataclasses.dataclass
@@ -39,8 +36,7 @@ class ModelBundle:
     model: ir.Model
     model_path: Path  # the .onnx file it was read from
     folder: Path | None = None  # the model folder, when the input was a folder
-    genai_config: dict[str, Any] | None = None  # parsed genai_config.json, when present beside the model
-    original_genai_config: dict[str, Any] | None = None
+    genai_config: GenaiConfig = dataclasses.field(default_factory=GenaiConfig)  # genai_config.json beside it
 
     @property
     def external_data_files(self) -> list[str]:
@@ -48,7 +44,7 @@ class ModelBundle:
 
     @property
     def genai_config_changed(self) -> bool:
-        return self.genai_config != self.original_genai_config
+        return self.genai_config.changed
 
 
 def _external_tensors(model: ir.Model):
@@ -64,15 +60,12 @@ def _external_tensors(model: ir.Model):
 
 def find_model_file(folder: Path) -> Path:
     """The decoder model of a genai folder: ``genai_config.json``'s ``model.decoder.filename``, else the only .onnx."""
-    config_path = folder / GENAI_CONFIG
-    if config_path.is_file():
-        try:
-            config = json.loads(config_path.read_text())
-            name = config["model"]["decoder"]["filename"]
-            if (folder / name).is_file():
-                return folder / name
-        except (ValueError, KeyError, TypeError):
-            pass
+    try:
+        name = GenaiConfig.load(folder).decoder.get("filename")
+    except ModelLoadError:
+        name = None  # an unreadable config is reported when the bundle loads it
+    if isinstance(name, str) and name and (folder / name).is_file():
+        return folder / name
     candidates = sorted(folder.glob("*.onnx"))
     if not candidates:
         raise ModelLoadError(f"{folder}: no .onnx model in this folder")
@@ -157,14 +150,7 @@ def load_bundle(path: str | os.PathLike) -> ModelBundle:
     """Load a model file or a genai model folder."""
     model_path, folder = resolve_model_path(path)
     model = load_model(model_path)
-    config = None
-    config_path = model_path.parent / GENAI_CONFIG
-    if config_path.is_file():
-        try:
-            config = json.loads(config_path.read_text())
-        except ValueError as exc:
-            raise ModelLoadError(f"{config_path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
-    return ModelBundle(model, model_path, folder, config, copy.deepcopy(config))
+    return ModelBundle(model, model_path, folder, GenaiConfig.load(model_path.parent))
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -227,7 +213,7 @@ def _stage_verbatim(bundle: ModelBundle, staging: Path, model_out: Path) -> list
     staged.append(dest)
     source_dir = bundle.model_path.parent
     extras = list(bundle.external_data_files)
-    if bundle.genai_config is not None:
+    if bundle.genai_config.present:
         extras.append(GENAI_CONFIG)
     for name in extras:
         src = source_dir / name
@@ -254,9 +240,9 @@ def _stage_serialized(bundle: ModelBundle, staging: Path, model_out: Path, folde
     except OSError as exc:
         raise ModelSaveError(f"{model_out}: cannot write ({exc.strerror})") from None
     staged = [staged_model] + ([staging / data_name] if had_external else [])
-    if bundle.genai_config is not None:
+    if bundle.genai_config.present:
         config_path = staging / GENAI_CONFIG
-        config_path.write_text(json.dumps(bundle.genai_config, indent=4) + "\n")
+        config_path.write_text(bundle.genai_config.dumps())
         staged.append(config_path)
     # A folder input travels whole: tokenizer files, processor configs, other models.
     if folder_out is not None and bundle.folder is not None and not _same_file(folder_out, bundle.folder):

@@ -13,7 +13,7 @@ from typing import Any
 
 from rope_passes.errors import UsageError
 from rope_passes.io import ModelBundle
-from rope_passes.passes import ALL_PASSES, RopePass
+from rope_passes.passes import ALL_PASSES, PassContext, RopePass
 from rope_passes.report import PipelineReport
 
 #: Target presets. Later entries may rely on what earlier ones established (documented per pass).
@@ -44,8 +44,22 @@ def pass_names_for(target: str | None, passes: Sequence[str] | None) -> list[str
     return names
 
 
-def build_passes(names: Sequence[str], genai_config: dict | None, options: dict[str, Any]) -> list[RopePass]:
-    return [ALL_PASSES[name](genai_config=genai_config, **options) for name in names]
+def build_passes(names: Sequence[str], context: PassContext, options: dict[str, Any] | None = None) -> list[RopePass]:
+    """The pass objects of one run, sharing ``context``; each gets the options it declares.
+
+    An option that no pass of the run takes is a UsageError (a misspelt or misplaced option is never dropped).
+    """
+    options = dict(options or {})
+    taken = set().union(*(ALL_PASSES[n].option_names() for n in names)) if names else set()
+    for key in options:
+        if key not in taken:
+            raise UsageError(f"option {key!r} is not taken by any pass of this run ({', '.join(names)}); "
+                             "see: rope-passes passes")
+    out = []
+    for name in names:
+        cls = ALL_PASSES[name]
+        out.append(cls(context, **{k: v for k, v in options.items() if k in cls.option_names()}))
+    return out
 
 
 def run_pipeline(
@@ -61,9 +75,8 @@ def run_pipeline(
     ``progress(pass_name, index, total)`` is called before each pass.
     """
     names = pass_names_for(target, passes)
-    options = dict(options or {})
     report = PipelineReport(str(bundle.model_path), None, None if passes is not None else (target or "webgpu"))
-    pass_objects = build_passes(names, bundle.genai_config, options)
+    pass_objects = build_passes(names, PassContext(bundle.genai_config), options)
     for index, pass_ in enumerate(pass_objects):
         if progress is not None:
             progress(pass_.name, index, len(pass_objects))
@@ -73,10 +86,6 @@ def run_pipeline(
         assert result.report is not None
         result.report.duration_s = time.perf_counter() - start
         report.passes.append(result.report)
-        # a pass may replace the config dict wholesale
-        bundle.genai_config = pass_.genai_config if pass_.genai_config is not None else bundle.genai_config
-        for later in pass_objects[index + 1 :]:
-            later.genai_config = bundle.genai_config
     return report
 
 

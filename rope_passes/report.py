@@ -20,6 +20,39 @@ class Outcome(str, enum.Enum):
         return self.value
 
 
+class MatchFailure(Exception):
+    """Why a pass does not rewrite at one place: the one failure type of every match and every proof.
+
+    Raised by analysis and passes, recorded by :meth:`PassReport.record` (the one place that maps it to an outcome):
+
+    * ``MatchFailure.absent(reason, target)``: the form the pass rewrites is not there (or not understood):
+      *not matched*, nothing about the graph is wrong;
+    * ``MatchFailure.refuse(reason, target)``: the form is there, but a condition of the proof that the rewrite is
+      exact does not hold: *refused*, with the node or value that broke the proof as ``target``.
+
+    In the spirit of onnxscript's ``MatchResult.fail(reason, value)``; ``details`` travel into the report.
+    """
+
+    def __init__(self, outcome: Outcome, reason: str, target: str = "<model>", **details: Any) -> None:
+        super().__init__(reason)
+        self.outcome = outcome
+        self.reason = reason
+        self.target = target
+        self.details = details
+
+    @classmethod
+    def absent(cls, reason: str, target: str = "<model>", **details: Any) -> MatchFailure:
+        return cls(Outcome.NOT_MATCHED, reason, target, **details)
+
+    @classmethod
+    def refuse(cls, reason: str, target: str = "<model>", **details: Any) -> MatchFailure:
+        return cls(Outcome.REFUSED, reason, target, **details)
+
+    @property
+    def refused(self) -> bool:
+        return self.outcome is Outcome.REFUSED
+
+
 @dataclasses.dataclass
 class Finding:
     """One match attempt of a pass at one place of the graph."""
@@ -59,6 +92,10 @@ class PassReport:
 
     def note(self, target: str, text: str, **details: Any) -> None:
         self.findings.append(Finding(Outcome.NOTE, target, text, details))
+
+    def record(self, failure: MatchFailure, target: str | None = None) -> None:
+        """Record a :class:`MatchFailure` as refused / not matched (``target`` overrides the failure's own)."""
+        self.findings.append(Finding(failure.outcome, target or failure.target, failure.reason, dict(failure.details)))
 
     # -- reading ---------------------------------------------------------------------------------------------
     def count(self, outcome: Outcome) -> int:

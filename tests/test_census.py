@@ -19,6 +19,7 @@ from rich.console import Console
 
 from rope_passes.analysis.census import SMALL_TENSOR, census, render
 from rope_passes.cli import main
+from rope_passes.config import GenaiConfig
 from rope_passes.io import load_bundle
 
 MODELS = genai_models()
@@ -336,10 +337,10 @@ def test_no_attention_no_rope():
 
 def test_concat_offset_without_long_cache_is_a_note(censuses):
     bundle = load_bundle(GENAI / "current/llama/cpu_fp32")
-    config = json.loads(json.dumps(bundle.genai_config))
+    config = json.loads(json.dumps(bundle.genai_config.data))
     config["model"]["decoder"]["session_options"]["provider_options"] = [
         {"webgpu": {"multiRotaryCacheConcatOffset": "32"}}]
-    c = census(bundle.model, config)
+    c = census(bundle.model, GenaiConfig(config))
     assert c.longrope is None and "longrope-concat" not in c.flavours
     assert any("multiRotaryCacheConcatOffset=32" in n for n in c.notes)
 

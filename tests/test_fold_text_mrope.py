@@ -26,8 +26,9 @@ from rope_passes.analysis.graph import MS_DOMAIN, attr, nodes_of
 from rope_passes.check.decode import DecoderSpec, embedding_table, run_decode, token_ids
 from rope_passes.check.runner import RunSpec, run_isolated
 from rope_passes.check.runtime import create_session, session_options
+from rope_passes.config import GenaiConfig
 from rope_passes.io import load_bundle, save_bundle
-from rope_passes.passes import CleanupPass, FoldTextMRoPEPass, LowerMRoPEPass
+from rope_passes.passes import CleanupPass, FoldTextMRoPEPass, LowerMRoPEPass, PassContext
 from rope_passes.pipeline import run_pipeline
 from rope_passes.report import Outcome
 
@@ -119,7 +120,7 @@ def test_small_graph_fold_on_webgpu_matches_original_on_cpu():
 def test_3d_positions_without_text_only_are_refused_and_untouched():
     model = attention_graph(form="mrotary", sections=[16, 24, 24], positions="3d")
     before = to_bytes(model)
-    result = FoldTextMRoPEPass(genai_config={"model": {"decoder": {"inputs": {"position_ids": "position_ids"}}}})(model)
+    result = FoldTextMRoPEPass(PassContext(GenaiConfig({"model": {"decoder": {"inputs": {"position_ids": "position_ids"}}}})))(model)
     assert not result.modified and to_bytes(model) == before
     (finding,) = result.report.findings
     assert finding.outcome is Outcome.REFUSED
@@ -152,7 +153,7 @@ def test_unrelated_dead_code_is_left_alone_but_own_dead_code_is_removed():
 def test_model_without_mrope_is_bit_identical(genai_corpus):
     bundle = load_bundle(genai_corpus / "current/llama/cpu_fp32")
     before = to_bytes(bundle.model)
-    result = FoldTextMRoPEPass(genai_config=bundle.genai_config, text_only=True)(bundle.model)
+    result = FoldTextMRoPEPass(PassContext(bundle.genai_config), text_only=True)(bundle.model)
     assert not result.modified and to_bytes(bundle.model) == before
     assert result.report.status == "not matched: GroupQueryAttention already rotates (do_rotary=1)"
 
@@ -193,22 +194,22 @@ def test_corpus_fold(name, genai_corpus, tmp_path):
     if needs_text_only:  # without --text-only the 3D-position graph is refused and left as it is
         probe = load_bundle(genai_corpus / name)
         before = to_bytes(probe.model)
-        refused = FoldTextMRoPEPass(genai_config=probe.genai_config)(probe.model)
+        refused = FoldTextMRoPEPass(PassContext(probe.genai_config))(probe.model)
         assert not refused.modified and to_bytes(probe.model) == before
         assert refused.report.count(Outcome.REFUSED) == 2 and "--text-only" in refused.report.status
-    result = FoldTextMRoPEPass(genai_config=bundle.genai_config, text_only=needs_text_only)(bundle.model)
+    result = FoldTextMRoPEPass(PassContext(bundle.genai_config), text_only=needs_text_only)(bundle.model)
     report = result.report
     assert report.status == "rewritten 2", report.status
     fp16 = "fp16" in name or "int4" in name  # the int4 graph computes in fp16
     assert_folded(bundle.model, interleaved=False, half=8 if "qwen35" in name else 16,
                   dtype=ir.DataType.FLOAT16 if fp16 else ir.DataType.FLOAT)
-    assert "position_ids" not in bundle.genai_config["model"]["decoder"]["inputs"]
+    assert "position_ids" not in bundle.genai_config.data["model"]["decoder"]["inputs"]
     nodes_after = len(bundle.model.graph)
     assert CleanupPass()(bundle.model).report.status == "not matched: no dead nodes or initializers"  # none left
     assert len(bundle.model.graph) == nodes_after
     text_only_marked = bundle.model.metadata_props.get("rope_passes.text_only") == "true"
     assert text_only_marked == needs_text_only
-    session_options = bundle.genai_config["model"]["decoder"]["session_options"]
+    session_options = bundle.genai_config.data["model"]["decoder"]["session_options"]
     assert (session_options.get("rope_passes.text_only") == "1") == needs_text_only
     assert any(f.outcome is Outcome.NOTE and "text prompts only" in f.reason for f in report.findings) == needs_text_only
     path = save_bundle(bundle, tmp_path / "folded")
@@ -225,7 +226,7 @@ def test_corpus_fold(name, genai_corpus, tmp_path):
     # 16 decode steps against the original on CPU
     ref_path = _reference_model(name, tmp_path)
     ref_sess = create_session(ref_path, "cpu")
-    ref_spec = DecoderSpec.from_session(ref_sess, bundle.genai_config | {}, embedding_table=embed)
+    ref_spec = DecoderSpec.from_session(ref_sess, bundle.genai_config.data | {}, embedding_table=embed)
     want = run_decode(ref_sess, ref_spec, tokens, prefill=8, steps=STEPS)
     cpu = run_decode(create_session(path, "cpu"), spec, tokens, prefill=8, steps=STEPS)
     if "int4" in name:
@@ -246,7 +247,7 @@ def test_corpus_fold(name, genai_corpus, tmp_path):
         np.testing.assert_allclose(got[step]["logits"], w, rtol=0, atol=webgpu_tol, err_msg=f"WebGPU step {step}")
         np.testing.assert_allclose(cpu[step]["logits"], w, rtol=0, atol=cpu_tol, err_msg=f"CPU step {step}")
     if "_graph" in name:
-        _assert_capture_replays(path, bundle.genai_config, embed, got, tmp_path)
+        _assert_capture_replays(path, bundle.genai_config.data, embed, got, tmp_path)
 
 
 def _assert_capture_replays(path, genai_config, embed, plain_steps, tmp_path):
@@ -279,7 +280,7 @@ def test_legacy_qwen35_3d_input_without_text_only_is_unchanged_in_the_pipeline(g
     assert report.passes[1].status == "not matched: no com.microsoft::MRotaryEmbedding node"
     # (cleanup's onnx_ir RemoveUnusedNodesPass trims GQA's trailing empty inputs, so bytes are not compared here;
     # the fold alone is byte-for-byte a no-op: test_corpus_fold)
-    assert not report.modified and bundle.genai_config["model"]["decoder"]["inputs"]["position_ids"] == "position_ids"
+    assert not report.modified and bundle.genai_config.data["model"]["decoder"]["inputs"]["position_ids"] == "position_ids"
     assert [(n.name, n.op_type) for n in bundle.model.graph] == nodes_before
     assert [i.name for i in bundle.model.graph.inputs] == inputs_before
 
@@ -298,7 +299,7 @@ def test_fold_also_reads_a_lowered_graph(genai_corpus):
     """lower-mrope's output is the per-token RotaryEmbedding form, so --text-only can still fold it afterwards."""
     bundle = load_bundle(genai_corpus / "current/qwen35/webgpu_fp32")
     LowerMRoPEPass()(bundle.model)
-    result = FoldTextMRoPEPass(genai_config=bundle.genai_config, text_only=True)(bundle.model)
+    result = FoldTextMRoPEPass(PassContext(bundle.genai_config), text_only=True)(bundle.model)
     assert result.report.status == "rewritten 2"
     assert_folded(bundle.model, interleaved=False, half=8, dtype=ir.DataType.FLOAT)
     cos = nodes_of(bundle.model, "GroupQueryAttention", MS_DOMAIN)[0].inputs[7].const_value.numpy()

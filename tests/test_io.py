@@ -36,7 +36,7 @@ def test_load_keeps_weights_on_disk(tiny):
     tensors = [v.const_value for v in bundle.model.graph.initializers.values()]
     external = [t for t in tensors if isinstance(t, ir.ExternalTensor)]
     assert len(external) >= 10 and bundle.external_data_files == ["model.onnx.data"]
-    assert bundle.genai_config["model"]["decoder"]["filename"] == "model.onnx"
+    assert bundle.genai_config.data["model"]["decoder"]["filename"] == "model.onnx"
     assert bundle.folder == tiny and bundle.model_path == tiny / "model.onnx"
 
 
@@ -59,7 +59,7 @@ def test_save_keeps_everything_and_caps_ir_version(tiny, tmp_path):
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(
         ["model.onnx", "model.onnx.data", "genai_config.json", "tokenizer_config.json"]
     )
-    assert json.loads((tmp_path / "out" / "genai_config.json").read_text()) == bundle.original_genai_config
+    assert json.loads((tmp_path / "out" / "genai_config.json").read_text()) == bundle.genai_config.data
     full_out = onnx.load(written)
     full_src = onnx.load(tiny / "model.onnx")
     assert {i.name: i.raw_data for i in full_out.graph.initializer} == {
@@ -78,10 +78,10 @@ def test_refuses_to_overwrite_input_without_in_place(tiny):
 
 def test_in_place_rewrites_atomically(tiny):
     bundle = load_bundle(tiny)
-    bundle.genai_config["model"]["note"] = "edited"
+    bundle.genai_config.data["model"]["note"] = "edited"
     save_bundle(bundle, None, in_place=True)
     again = load_bundle(tiny)
-    assert again.genai_config["model"]["note"] == "edited"
+    assert again.genai_config.data["model"]["note"] == "edited"
     assert len(again.model.graph.initializers) == len(bundle.model.graph.initializers)
     assert not list(tiny.glob(".rope-passes-*"))
 

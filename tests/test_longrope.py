@@ -132,7 +132,7 @@ def test_original_on_cpu_matches_hugging_face(genai_corpus):
 
 def test_rewritten_webgpu_prefill_matches_hugging_face(rewritten):
     bundle = load_bundle(rewritten["webgpu_fp32"])
-    options = {k: str(v) for k, v in _webgpu_options(bundle.genai_config).items()}
+    options = {k: str(v) for k, v in _webgpu_options(bundle.genai_config.data).items()}
     sess = create_session(str(rewritten["webgpu_fp32"] / "model.onnx"), "webgpu", webgpu_options=options)
     spec = DecoderSpec.from_session(sess, bundle.genai_config)
     logits = run_decode(sess, spec, token_ids(8), prefill=8, steps=0)[0]["logits"][0]
@@ -163,7 +163,7 @@ def test_not_matched_without_if(genai_corpus):
 def _graph_bundle(config_edit=None):
     bundle = load_bundle(PHI3 / "webgpu_fp16_graph")
     if config_edit is not None:
-        config_edit(_webgpu_options(bundle.genai_config))
+        config_edit(_webgpu_options(bundle.genai_config.data))
     return bundle
 
 
@@ -172,10 +172,10 @@ def _graph_bundle(config_edit=None):
                          ids=["missing", "wrong"])
 def test_annotate_writes_missing_or_wrong_offset(genai_corpus, edit, expected_before):
     bundle = _graph_bundle(edit)
-    assert _webgpu_options(bundle.genai_config).get("multiRotaryCacheConcatOffset") == expected_before
+    assert _webgpu_options(bundle.genai_config.data).get("multiRotaryCacheConcatOffset") == expected_before
     report = run_pipeline(bundle, passes=["annotate-cache-offset"]).passes[0]
     assert report.count(Outcome.REWRITTEN) == 1, report.status
-    assert _webgpu_options(bundle.genai_config)["multiRotaryCacheConcatOffset"] == "32"
+    assert _webgpu_options(bundle.genai_config.data)["multiRotaryCacheConcatOffset"] == "32"
     assert bundle.model.metadata_props[OFFSET_METADATA] == "32"
     finding = report.findings[0]
     assert finding.details["short_fit_error"] < 2e-3 and finding.details["long_fit_error"] < 2e-3
@@ -189,15 +189,15 @@ def test_annotate_refuses_a_table_that_is_not_two_rope_tables(genai_corpus):
     cos.const_value = ir.tensor(table, name="cos_cache")
     report = run_pipeline(bundle, passes=["annotate-cache-offset"]).passes[0]
     assert report.count(Outcome.REFUSED) == 1 and "do not fit a short+long RoPE pair" in report.findings[0].reason
-    assert "multiRotaryCacheConcatOffset" not in _webgpu_options(bundle.genai_config)
+    assert "multiRotaryCacheConcatOffset" not in _webgpu_options(bundle.genai_config.data)
 
 
 def test_annotate_leaves_plain_rope_alone(genai_corpus):
     bundle = load_bundle(GENAI / "current/llama/webgpu_fp16")
-    before = copy.deepcopy(bundle.genai_config)
+    before = copy.deepcopy(bundle.genai_config.data)
     report = run_pipeline(bundle, passes=["annotate-cache-offset"]).passes[0]
     assert not report.modified and "not a concatenated cache" in report.status
-    assert bundle.genai_config == before
+    assert bundle.genai_config.data == before
 
 
 def _unpack_qkv(model: ir.Model) -> None:

@@ -18,7 +18,7 @@ from rope_passes.analysis.mrope import mrope_reference
 from rope_passes.check.decode import DecoderSpec, run_decode, step_feeds, token_ids
 from rope_passes.check.runtime import create_session
 from rope_passes.io import load_bundle, save_bundle
-from rope_passes.passes import LowerMRoPEPass
+from rope_passes.passes import LowerMRoPEPass, PassContext
 from rope_passes.report import Outcome
 
 #: t, h, w all different (an image-like patch grid after 2 text tokens), B=2 with a second, shifted row.
@@ -136,7 +136,7 @@ def _expose_rotations(model: ir.Model) -> list[dict]:
 def test_corpus_lowered_loads_on_webgpu_and_rotates_like_mrope(name, genai_corpus, tmp_path):
     bundle = load_bundle(genai_corpus / name)
     info = _expose_rotations(bundle.model)
-    result = LowerMRoPEPass(genai_config=bundle.genai_config)(bundle.model)
+    result = LowerMRoPEPass(PassContext(bundle.genai_config))(bundle.model)
     assert result.report.status == "rewritten 4"
     assert not nodes_of(bundle.model, "MRotaryEmbedding")
     graph = bundle.model.graph

@@ -24,9 +24,10 @@ import pytest
 from conftest import TORCH
 
 from rope_passes.check.runtime import WEBGPU, create_session
+from rope_passes.config import GenaiConfig
 from rope_passes.errors import UsageError
 from rope_passes.io import MAX_IR_VERSION
-from rope_passes.passes import ALL_PASSES, PrecomputeCosSinPass
+from rope_passes.passes import ALL_PASSES, PassContext, PrecomputeCosSinPass
 from rope_passes.passes.precompute_cos_sin import MAX_POSITIONS_KEY
 from rope_passes.pipeline import run_pipeline
 from rope_passes.report import Outcome
@@ -110,10 +111,10 @@ def _run_cases(original: bytes, rewritten: bytes, kind: str, ep: str = "cpu", ca
     return worst
 
 
-def _rewrite(path: str, **options) -> tuple[bytes, ir.Model, object]:
+def _rewrite(path: str, genai_config: dict | None = None, **options) -> tuple[bytes, ir.Model, object]:
     original = (TORCH / path).read_bytes()
     model = ir.serde.deserialize_model(onnx.load_from_string(original))
-    result = PrecomputeCosSinPass(**options)(model)
+    result = PrecomputeCosSinPass(PassContext(GenaiConfig(genai_config)), **options)(model)
     return original, result.model, result
 
 
@@ -442,15 +443,15 @@ def test_builder_manual_mrope_rewritten_and_fold_text_mrope_still_folds(tmp_path
     src = GENAI / "legacy" / "qwen25_vl" / "cpu_fp32"
     original = save_bundle(load_bundle(str(src)), str(tmp_path / "orig"))
     bundle = load_bundle(str(src))
-    context = bundle.genai_config["model"]["context_length"]
-    result = PrecomputeCosSinPass(genai_config=bundle.genai_config)(bundle.model)
+    context = bundle.genai_config.data["model"]["context_length"]
+    result = PrecomputeCosSinPass(PassContext(bundle.genai_config))(bundle.model)
     assert result.report.status == "rewritten 4"  # cos and sin of each layer's own mrope_dynamic_cache
     assert bundle.model.metadata_props[MAX_POSITIONS_KEY] == str(context)
     rewritten = save_bundle(bundle, str(tmp_path / "new"))
     sessions = [create_session(str(p), "cpu") for p in (original, rewritten)]  # save_bundle gives the .onnx path
     rng = np.random.RandomState(0)
     batch, seq, past = 1, 5, 7
-    head = bundle.genai_config["model"]["decoder"]["head_size"]
+    head = bundle.genai_config.data["model"]["decoder"]["head_size"]
     feeds = {}
     for i in sessions[0].get_inputs():
         if i.name == "inputs_embeds":
@@ -465,5 +466,5 @@ def test_builder_manual_mrope_rewritten_and_fold_text_mrope_still_folds(tmp_path
     ref, new = (s.run(None, feeds) for s in sessions)
     for r, n in zip(ref, new, strict=True):
         np.testing.assert_array_equal(n, r)
-    fold = FoldTextMRoPEPass(genai_config=bundle.genai_config, text_only=True)(bundle.model)
+    fold = FoldTextMRoPEPass(PassContext(bundle.genai_config), text_only=True)(bundle.model)
     assert fold.report.status == "rewritten 2"

@@ -28,6 +28,7 @@ import numpy as np
 import onnx_ir as ir
 
 from rope_passes.analysis.graph import MS_DOMAIN, ancestors, attr, const_array, const_tensor, iter_nodes
+from rope_passes.config import GenaiConfig
 
 #: The RoPE flavours the census can name, in the order it lists them.
 FLAVOURS = (
@@ -380,14 +381,13 @@ def _total_seq_description(value: ir.Value | None, model: ir.Model) -> tuple[str
     return chain, False
 
 
-def _attention_groups(model: ir.Model, genai_config: dict | None) -> list[AttentionGroup]:
+def _attention_groups(model: ir.Model, genai_config: GenaiConfig) -> list[AttentionGroup]:
     groups: dict[tuple, list[ir.Node]] = {}
     for node in iter_nodes(model):
         if node.op_type not in ATTENTION_OPS or _domain(node) not in ("", MS_DOMAIN):
             continue
         key = (node.op_type, _domain(node), repr(sorted(_attributes(node).items())), len(node.inputs))
         groups.setdefault(key, []).append(node)
-    decoder = ((genai_config or {}).get("model") or {}).get("decoder") or {}
     out = []
     for (op_type, domain, _, n_inputs), nodes in groups.items():
         first = nodes[0]
@@ -409,8 +409,8 @@ def _attention_groups(model: ir.Model, genai_config: dict | None) -> list[Attent
                 per_token_heads = 1
         if width is not None and per_token_heads and width % per_token_heads == 0:
             head_size, head_source = width // per_token_heads, "graph"
-        if head_size is None and decoder.get("head_size"):
-            head_size, head_source = int(decoder["head_size"]), "genai_config"
+        if head_size is None and genai_config.decoder.get("head_size"):
+            head_size, head_source = int(genai_config.decoder["head_size"]), "genai_config"
         inputs = {_slot_name(first, i): v.name for i, v in enumerate(first.inputs) if _present(v)}
         group = AttentionGroup(
             op_type=op_type, domain=domain or "ai.onnx", count=len(nodes), nodes=[n.name or "" for n in nodes],
@@ -489,30 +489,6 @@ def _rotary_groups(model: ir.Model) -> list[RotaryGroup]:
 # ------------------------------------------------------------------------------------------------------------
 # Caches and LongRoPE
 # ------------------------------------------------------------------------------------------------------------
-
-
-def _context_length(genai_config: dict | None) -> tuple[int | None, str | None]:
-    if not genai_config:
-        return None, None
-    model = genai_config.get("model") or {}
-    if isinstance(model.get("context_length"), int):
-        return model["context_length"], "genai_config model.context_length"
-    search = genai_config.get("search") or {}
-    if isinstance(search.get("max_length"), int):
-        return search["max_length"], "genai_config search.max_length"
-    return None, None
-
-
-def _concat_offset(genai_config: dict | None) -> int | None:
-    decoder = ((genai_config or {}).get("model") or {}).get("decoder") or {}
-    for entry in (decoder.get("session_options") or {}).get("provider_options") or []:
-        for options in (entry or {}).values():
-            if isinstance(options, dict) and "multiRotaryCacheConcatOffset" in options:
-                try:
-                    return int(options["multiRotaryCacheConcatOffset"])
-                except (TypeError, ValueError):
-                    return None
-    return None
 
 
 def _table_like(tensor: ir.TensorProtocol | None) -> bool:
@@ -864,9 +840,8 @@ def _tile_to_3d(value: ir.Value) -> ir.Node | None:
     return None
 
 
-def _positions(model: ir.Model, genai_config: dict | None) -> list[PositionInput]:
-    decoder = ((genai_config or {}).get("model") or {}).get("decoder") or {}
-    wanted = (decoder.get("inputs") or {}).get("position_ids")
+def _positions(model: ir.Model, genai_config: GenaiConfig) -> list[PositionInput]:
+    wanted = genai_config.decoder_inputs.get("position_ids")
     out = []
     for value in model.graph.inputs:
         if value.name != wanted and "position" not in (value.name or ""):
@@ -923,10 +898,11 @@ def _opsets(model: ir.Model) -> dict[str, int]:
     return {("ai.onnx" if k == "" else k): v for k, v in sorted(model.opset_imports.items())}
 
 
-def census(model: ir.Model, genai_config: dict | None = None, *, source: str | None = None) -> RopeCensus:
-    """The RoPE census of ``model`` (``genai_config``: the parsed genai_config.json beside it, if any)."""
-    context_length, context_source = _context_length(genai_config)
-    offset = _concat_offset(genai_config)
+def census(model: ir.Model, genai_config: GenaiConfig | None = None, *, source: str | None = None) -> RopeCensus:
+    """The RoPE census of ``model`` (``genai_config``: the genai_config.json beside it, if any)."""
+    genai_config = genai_config if genai_config is not None else GenaiConfig()
+    context_length, context_source = genai_config.context_length_with_source
+    offset = genai_config.concat_offset
     attention = _attention_groups(model, genai_config)
     rotary = _rotary_groups(model)
     caches, longrope = _cache_records(model, context_length, offset)

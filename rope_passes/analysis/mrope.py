@@ -25,14 +25,12 @@ import numpy as np
 import onnx_ir as ir
 
 from rope_passes.analysis.graph import MS_DOMAIN, ancestors, attr, const_array
+from rope_passes.report import MatchFailure
+from rope_passes.runtime.evaluate import evaluate_subgraph
 
 #: Ops that only move or re-type q/k around a rotation (and are undone after it).
 ADAPTER_OPS = ("Cast", "Reshape", "Transpose")
 ROTARY_OPS = ("MRotaryEmbedding", "RotaryEmbedding")
-
-
-class Mismatch(Exception):
-    """The graph is not in a form these analyses understand; ``str(exc)`` is the precise reason."""
 
 
 def axis_of_columns(sections: Sequence[int], layout: int, half: int) -> np.ndarray:
@@ -50,7 +48,7 @@ def axis_of_columns(sections: Sequence[int], layout: int, half: int) -> np.ndarr
             for col in range(axis, min(int(sections[axis]) * 3, half), 3):
                 out[col] = axis
     else:
-        raise Mismatch(f"mrope_layout={layout} is neither 0 (sectioned) nor 1 (interleaved)")
+        raise MatchFailure.absent(f"mrope_layout={layout} is neither 0 (sectioned) nor 1 (interleaved)")
     return out
 
 
@@ -172,21 +170,21 @@ def trace_rotation(value: ir.Value, heads: int, head_size_hint: int | None = Non
         producer = v.producer()
     if producer is None or producer.op_type not in ROTARY_OPS or producer.domain != MS_DOMAIN:
         what = "a graph input or initializer" if producer is None else f"{producer.op_type} {producer.name!r}"
-        raise Mismatch(f"{value.name!r} is produced by {what}, not by a rotary op")
+        raise MatchFailure.absent(f"{value.name!r} is produced by {what}, not by a rotary op")
     rot = producer
     before: list[ir.Node] = []
     x = rot.inputs[0]
     for mirror in after:  # after[0] is next to GQA, so it mirrors the *first* adapter before the rotation
         p = x.producer() if x is not None else None
         if p is None or p.op_type not in ADAPTER_OPS or p.domain not in ("", "ai.onnx"):
-            raise Mismatch(f"{mirror.op_type} {mirror.name!r} after {rot.name!r} has no matching op before it")
+            raise MatchFailure.absent(f"{mirror.op_type} {mirror.name!r} after {rot.name!r} has no matching op before it")
         before.append(p)
         x = p.inputs[0]
     # before[-1] is the first op applied to the pre-rotation value, and after[0] the last one undoing it.
     for b_node, a_node in zip(before[::-1], after, strict=True):
         why = _mirrors(b_node, a_node)
         if why:
-            raise Mismatch(why)
+            raise MatchFailure.absent(why)
     pre = x
     layout_ops = [n.op_type for n in before[::-1] if n.op_type != "Cast"]
     rot_in = rot.inputs[0]
@@ -198,14 +196,14 @@ def trace_rotation(value: ir.Value, heads: int, head_size_hint: int | None = Non
         transpose = next(n for n in before[::-1] if n.op_type == "Transpose")
         target = const_array(reshape.inputs[1])
         if list(attr(transpose, "perm") or []) != [0, 2, 1, 3] or target is None or len(target) != 4:
-            raise Mismatch(f"{rot.name!r}: input is not [batch, heads, seq, head] from a [batch, seq, hidden] value")
+            raise MatchFailure.absent(f"{rot.name!r}: input is not [batch, heads, seq, head] from a [batch, seq, hidden] value")
         rank = 4
         if int(target[3]) > 0 and not (rot_in.shape is not None and isinstance(rot_in.shape[3], int)):
             head_size_hint = int(target[3])
     else:
-        raise Mismatch(f"{rot.name!r}: unsupported layout around the rotation ({' -> '.join(layout_ops)})")
+        raise MatchFailure.absent(f"{rot.name!r}: unsupported layout around the rotation ({' -> '.join(layout_ops)})")
     if pre.dtype is not None and value.dtype is not None and pre.dtype != value.dtype:
-        raise Mismatch(f"{rot.name!r}: value before the rotation is {pre.dtype}, GQA reads {value.dtype}")
+        raise MatchFailure.absent(f"{rot.name!r}: value before the rotation is {pre.dtype}, GQA reads {value.dtype}")
     if rank == 4 and rot_in.shape is not None and isinstance(rot_in.shape[3], int):
         head_size = rot_in.shape[3]
     elif rank == 4 and head_size_hint:
@@ -217,12 +215,12 @@ def trace_rotation(value: ir.Value, heads: int, head_size_hint: int | None = Non
         elif head_size_hint:
             head_size = head_size_hint
         else:
-            raise Mismatch(f"{rot.name!r}: hidden size of {pre.name!r} is not static and the head size is unknown")
+            raise MatchFailure.absent(f"{rot.name!r}: hidden size of {pre.name!r} is not static and the head size is unknown")
     num_heads = int(attr(rot, "num_heads", 0) or heads)
     if num_heads != heads:
-        raise Mismatch(f"{rot.name!r}: num_heads={num_heads} but GroupQueryAttention has {heads} heads here")
+        raise MatchFailure.absent(f"{rot.name!r}: num_heads={num_heads} but GroupQueryAttention has {heads} heads here")
     if int(attr(rot, "is_packed_batching", 0) or 0):
-        raise Mismatch(f"{rot.name!r}: is_packed_batching=1 (packed batches) is not supported")
+        raise MatchFailure.absent(f"{rot.name!r}: is_packed_batching=1 (packed batches) is not supported")
     rotary_dim = int(attr(rot, "rotary_embedding_dim", 0) or 0) or head_size
     return Rotation(rot, pre, value, bool(attr(rot, "interleaved", 0)), rotary_dim, head_size, num_heads)
 
@@ -271,7 +269,7 @@ def _is_tile_of_2d(value: ir.Value) -> ir.Value | None:
 
 
 def position_source(values: Iterable[ir.Value]) -> PositionSource:
-    """Trace the positions ``values`` (cos/sin tables or a position input) depend on, or raise Mismatch."""
+    """Trace the positions ``values`` (cos/sin tables or a position input) depend on, or raise MatchFailure."""
     values = [v for v in values if v is not None]
     graph_inputs: dict[int, ir.Value] = {}
     for v in values:
@@ -284,10 +282,10 @@ def position_source(values: Iterable[ir.Value]) -> PositionSource:
                 graph_inputs[id(inp)] = inp
     if len(graph_inputs) != 1:
         names = sorted(v.name for v in graph_inputs.values())
-        raise Mismatch(f"positions depend on {len(graph_inputs)} graph inputs ({', '.join(names) or 'none'}), not 1")
+        raise MatchFailure.absent(f"positions depend on {len(graph_inputs)} graph inputs ({', '.join(names) or 'none'}), not 1")
     (pos,) = graph_inputs.values()
     if pos.dtype not in (ir.DataType.INT64, ir.DataType.INT32):
-        raise Mismatch(f"position input {pos.name!r} is {pos.dtype}, not an integer tensor")
+        raise MatchFailure.absent(f"position input {pos.name!r} is {pos.dtype}, not an integer tensor")
     rank = len(pos.shape) if pos.shape is not None else None
     if rank == 3 and pos.shape[0] == 3:
         how = f"{pos.name!r} is a [3, batch, seq] graph input (positions set by the caller)"
@@ -302,22 +300,22 @@ def position_source(values: Iterable[ir.Value]) -> PositionSource:
             unsq_out = user.outputs[0]
             readers = [u for u, _ in unsq_out.uses() if id(u) in node_ids]
             if user.op_type != "Unsqueeze" or not readers:
-                raise Mismatch(
+                raise MatchFailure.absent(
                     f"2D {pos.name!r} reaches the rotary tables through {user.op_type} {user.name!r}, "
                     "not a tile to 3 axes"
                 )
             for reader in readers:
                 if _is_tile_of_2d(reader.outputs[0]) is not pos:
-                    raise Mismatch(
+                    raise MatchFailure.absent(
                         f"2D {pos.name!r} is unsqueezed into {reader.op_type} {reader.name!r}, "
                         "not a tile to 3 identical axes"
                     )
                 tiles.append(reader.outputs[0])
         if len({id(t) for t in tiles}) != 1:
-            raise Mismatch(f"2D {pos.name!r} is tiled to 3 axes in {len(tiles)} places")
+            raise MatchFailure.absent(f"2D {pos.name!r} is tiled to 3 axes in {len(tiles)} places")
         how = f"2D {pos.name!r} is tiled to 3 identical axes in the graph (text only)"
         return PositionSource(pos, tiles[0], True, how)
-    raise Mismatch(f"position input {pos.name!r} has shape {pos.shape}, neither [3, batch, seq] nor [batch, seq]")
+    raise MatchFailure.absent(f"position input {pos.name!r} has shape {pos.shape}, neither [3, batch, seq] nor [batch, seq]")
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -349,14 +347,14 @@ def mrotary_tables(node: ir.Node) -> TextTables:
     """MRotaryEmbedding(x, position_ids, cos_cache, sin_cache): with equal axes every column reads row p."""
     cos, sin = const_array(node.inputs[2]), const_array(node.inputs[3])
     if cos is None or sin is None:
-        raise Mismatch(f"{node.name!r}: cos_cache/sin_cache are not constants")
+        raise MatchFailure.absent(f"{node.name!r}: cos_cache/sin_cache are not constants")
     if cos.ndim != 2 or cos.shape != sin.shape:
-        raise Mismatch(f"{node.name!r}: cos/sin caches have shapes {cos.shape}/{sin.shape}, not [max_pos, half]")
+        raise MatchFailure.absent(f"{node.name!r}: cos/sin caches have shapes {cos.shape}/{sin.shape}, not [max_pos, half]")
     sections = [int(s) for s in (attr(node, "mrope_section") or [])]
     layout = int(attr(node, "mrope_layout", 0) or 0)
     half = cos.shape[1]
     if len(sections) != 3 or sum(sections) != half:
-        raise Mismatch(f"{node.name!r}: mrope_section {sections} does not sum to rotary_dim/2 = {half}")
+        raise MatchFailure.absent(f"{node.name!r}: mrope_section {sections} does not sum to rotary_dim/2 = {half}")
     axis_of_columns(sections, layout, half)  # validates the layout
     scale = float(attr(node, "scale", 1.0) or 1.0)
     cos32, sin32 = cos.astype(np.float32), sin.astype(np.float32)
@@ -365,22 +363,6 @@ def mrotary_tables(node: ir.Node) -> TextTables:
     positions = position_source([node.inputs[1]])
     source = f"{node.inputs[2].name!r}/{node.inputs[3].name!r} (sections {sections}, layout {layout})"
     return TextTables(cos32, sin32, source, positions)
-
-
-def evaluate_subgraph(model: ir.Model, inputs: Sequence[ir.Value], outputs: Sequence[ir.Value], feeds: list[np.ndarray]):
-    import onnxruntime as ort
-
-    sub = ir.convenience.extract(model.graph, inputs, outputs)
-    for value in sub.initializers.values():  # small constants (caches, inv_freq, masks): load them into the proto
-        if value.const_value is not None:
-            value.const_value = ir.tensor(value.const_value.numpy(), name=value.name)
-    sub_model = ir.Model(sub, ir_version=min(model.ir_version or 10, 10))
-    proto = ir.serde.serialize_model(sub_model)
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    sess = ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    names = [i.name for i in sess.get_inputs()]
-    return sess.run(None, dict(zip(names, feeds, strict=True)))
 
 
 def _gathered_rows(nodes: Iterable[ir.Node]) -> int | None:
@@ -405,12 +387,12 @@ def per_token_tables(model: ir.Model, node: ir.Node, max_positions: int | None) 
     on token i's position.
     """
     if not _is_token_index(node.inputs[1]):
-        raise Mismatch(
+        raise MatchFailure.absent(
             f"{node.name!r}: position_ids is not the token index Range(0, batch*seq) "
             "(plain RoPE, not per-token mRoPE tables)"
         )
     if float(attr(node, "scale", 1.0) or 1.0) != 1.0:
-        raise Mismatch(f"{node.name!r}: RotaryEmbedding scale != 1 is not supported")
+        raise MatchFailure.absent(f"{node.name!r}: RotaryEmbedding scale != 1 is not supported")
     cos_v, sin_v = node.inputs[2], node.inputs[3]
     positions = position_source([cos_v, sin_v])
     cut = positions.three_axis
@@ -418,7 +400,7 @@ def per_token_tables(model: ir.Model, node: ir.Node, max_positions: int | None) 
     rows = _gathered_rows(sub_nodes)
     max_pos = rows if rows is not None else max_positions
     if not max_pos:
-        raise Mismatch(
+        raise MatchFailure.absent(
             f"{node.name!r}: the tables are computed from inv_freq with no cache size; set model.context_length in "
             "genai_config.json or pass max_positions"
         )
@@ -429,15 +411,15 @@ def per_token_tables(model: ir.Model, node: ir.Node, max_positions: int | None) 
         perm = np.random.RandomState(0).permutation(max_pos)
         cos_p, sin_p = evaluate_subgraph(model, [cut], [cos_v, sin_v], [np.tile(pos[perm], (3, 1, 1)).astype(dtype)])
     except ValueError as exc:  # extract(): not bounded by the positions
-        raise Mismatch(f"{node.name!r}: cos/sin subgraph is not a function of the positions alone ({exc})") from None
+        raise MatchFailure.absent(f"{node.name!r}: cos/sin subgraph is not a function of the positions alone ({exc})") from None
     except Exception as exc:  # onnxruntime failures
-        raise Mismatch(f"{node.name!r}: cannot evaluate the cos/sin subgraph ({type(exc).__name__})") from None
+        raise MatchFailure.absent(f"{node.name!r}: cannot evaluate the cos/sin subgraph ({type(exc).__name__})") from None
     if cos.ndim != 2 or cos.shape[0] != max_pos or cos.shape != sin.shape:
-        raise Mismatch(
+        raise MatchFailure.absent(
             f"{node.name!r}: cos/sin subgraph gives shape {cos.shape} for {max_pos} tokens, not [tokens, half]"
         )
     if not (np.array_equal(cos_p, cos[perm]) and np.array_equal(sin_p, sin[perm])):
-        raise Mismatch(f"{node.name!r}: cos/sin rows do not depend on each token's own position alone")
+        raise MatchFailure.absent(f"{node.name!r}: cos/sin rows do not depend on each token's own position alone")
     source = f"evaluated from the graph's cos/sin subgraph ({max_pos} positions)"
     return TextTables(cos.astype(np.float32), sin.astype(np.float32), source, positions)
 

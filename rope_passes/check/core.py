@@ -50,8 +50,9 @@ from rope_passes.check.compare import (
 )
 from rope_passes.check.decode import embedding_table
 from rope_passes.check.runner import RunResult, RunSpec, execute_run, run_isolated
+from rope_passes.config import GenaiConfig
 from rope_passes.errors import UsageError
-from rope_passes.io import GENAI_CONFIG, load_model, resolve_model_path
+from rope_passes.io import load_model, resolve_model_path
 
 EQUIVALENT, NOT_EQUIVALENT, COULD_NOT_RUN = "equivalent", "not equivalent", "could not run"
 EXIT_CODES = {EQUIVALENT: 0, NOT_EQUIVALENT: 1, COULD_NOT_RUN: 2}
@@ -77,25 +78,13 @@ def _read_model(path: str | Path) -> ModelInfo:
     import onnx
 
     model_path, folder = resolve_model_path(path)
-    config_path = (folder or model_path.parent) / GENAI_CONFIG
-    config = None
-    if config_path.is_file():
-        try:
-            config = json.loads(config_path.read_text())
-        except ValueError:
-            raise UsageError(f"{config_path}: not valid JSON") from None
-    webgpu: dict[str, str] = {}
-    if config:
-        provider_options = (config.get("model", {}).get("decoder", {}).get("session_options", {})
-                            .get("provider_options", []))
-        for entry in provider_options:
-            for key, value in (entry.get("webgpu") or {}).items():
-                webgpu[key] = str(value)
+    config = GenaiConfig.load(folder or model_path.parent)
+    webgpu = config.provider_options("webgpu")
     # the checker decides capture itself: a plain run under enableGraphCapture=1 silently returns zeros
     webgpu.pop("enableGraphCapture", None)
     load_model(model_path)  # one-line errors for a non-ONNX or truncated file, or missing/short external data
     proto = onnx.load(str(model_path), load_external_data=False)
-    return ModelInfo(model_path, config, precision_of(str(model_path)), webgpu,
+    return ModelInfo(model_path, config.data, precision_of(str(model_path)), webgpu,
                      _longrope(proto, webgpu), any(i.name == "inputs_embeds" for i in proto.graph.input))
 
 

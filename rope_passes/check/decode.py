@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from rope_passes.config import GenaiConfig
 from rope_passes.errors import UsageError
 
 #: Token ids of the corpus's Hugging Face references: RandomState(0).randint(TOKEN_LOW, TOKEN_HIGH).
@@ -107,12 +108,12 @@ class DecoderSpec:
     embedding_table: np.ndarray | None = None  # [vocab, hidden] for inputs_embeds graphs
 
     @classmethod
-    def from_session(cls, sess: Any, genai_config: Mapping | None = None, **kw: Any) -> DecoderSpec:
+    def from_session(cls, sess: Any, genai_config: GenaiConfig | Mapping | None = None, **kw: Any) -> DecoderSpec:
         ins = [InputSpec(i.name, i.type, tuple(i.shape)) for i in sess.get_inputs()]
         return cls(ins, [o.name for o in sess.get_outputs()], head_size=_head_size(genai_config), **kw)
 
     @classmethod
-    def from_model(cls, model: Any, genai_config: Mapping | None = None, **kw: Any) -> DecoderSpec:
+    def from_model(cls, model: Any, genai_config: GenaiConfig | Mapping | None = None, **kw: Any) -> DecoderSpec:
         """From an ``onnx.ModelProto`` or a model path (weights are not read)."""
         ins, outs = _specs_from_model(model)
         return cls(ins, outs, head_size=_head_size(genai_config), **kw)
@@ -138,15 +139,10 @@ class DecoderSpec:
         return next((i for i in self.inputs if i.name == name), None)
 
 
-def _head_size(genai_config: Mapping | None) -> int | None:
-    if not genai_config:
-        return None
-    dec = genai_config.get("model", {}).get("decoder", {})
-    if dec.get("head_size"):
-        return int(dec["head_size"])
-    if dec.get("hidden_size") and dec.get("num_attention_heads"):
-        return int(dec["hidden_size"]) // int(dec["num_attention_heads"])
-    return None
+def _head_size(genai_config: GenaiConfig | Mapping | None) -> int | None:
+    if isinstance(genai_config, GenaiConfig):
+        return genai_config.head_size
+    return GenaiConfig(dict(genai_config) if genai_config else None).head_size
 
 
 def default_embedding_table(width: int, dtype: np.dtype | type = np.float32, seed: int = 0) -> np.ndarray:

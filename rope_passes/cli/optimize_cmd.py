@@ -109,8 +109,10 @@ def _say(line: str) -> None:
 
 
 def _options(args: argparse.Namespace) -> dict:
-    return {"text_only": args.text_only,
-            **({"max_positions": args.max_positions} if args.max_positions is not None else {})}
+    options: dict = {"text_only": True} if args.text_only else {}
+    if args.max_positions is not None:
+        options["max_positions"] = args.max_positions
+    return options
 
 
 def _run_one(args: argparse.Namespace, passes: list[str] | None) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from rich.markup import escape
 from rich.table import Table
 
 from rope_passes.cli import output_console
@@ -21,8 +22,10 @@ def run(args: argparse.Namespace) -> int:
     table = Table(title="passes", title_justify="left")
     table.add_column("name")
     table.add_column("what it does")
+    table.add_column("options")
     for name, cls in ALL_PASSES.items():
-        table.add_row(name, cls.summary)
+        opts = "\n".join(f"{o.name}: {o.type} = {o.default!r} — {o.help}" for o in cls.option_infos())
+        table.add_row(escape(name), escape(cls.summary), escape(opts or "-"))
     console.print(table)
     for target, names in PRESETS.items():
         console.print(f"--target {target}: " + " → ".join(names))

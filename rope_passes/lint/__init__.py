@@ -43,7 +43,11 @@ def fix_bundle(path: str, *, options: dict | None = None, select: Iterable[str] 
     order = [n for n in PRESETS["webgpu-graph"] if n in wanted] + sorted(wanted - set(PRESETS["webgpu-graph"]))
     if "cleanup" not in order:
         order.append("cleanup")
-    report = run_pipeline(bundle, passes=order, options=options)
+    # the options that the fixing passes take (``text_only`` means nothing to cleanup alone)
+    from rope_passes.passes import ALL_PASSES
+
+    taken = set().union(*(ALL_PASSES[n].option_names() for n in order))
+    report = run_pipeline(bundle, passes=order, options={k: v for k, v in (options or {}).items() if k in taken})
     for p in report.passes:
         log(f"{path}: {p.pass_name}: {p.status}")
     if report.modified or any(d.code == "RP001" for d in found):  # saving is RP001's fix (IR version capped)

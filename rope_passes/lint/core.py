@@ -14,6 +14,8 @@ from typing import Any
 
 import onnx_ir as ir
 
+from rope_passes.config import GenaiConfig
+
 
 class Severity(str, enum.Enum):
     ERROR = "error"  # the model will not load or computes wrong results on the target
@@ -40,7 +42,7 @@ class Diagnostic:
 @dataclasses.dataclass
 class LintContext:
     model: ir.Model
-    genai_config: dict | None
+    genai_config: GenaiConfig
     census: Any  # rope_passes.analysis.census.RopeCensus
     path: str
 

@@ -22,20 +22,15 @@ def _gqa(ctx: LintContext) -> list[ir.Node]:
 
 
 def _decoder(ctx: LintContext) -> dict:
-    return ((ctx.genai_config or {}).get("model") or {}).get("decoder") or {}
+    return ctx.genai_config.decoder
 
 
 def _context_length(ctx: LintContext) -> int | None:
-    model = (ctx.genai_config or {}).get("model") or {}
-    return model.get("context_length")
+    return ctx.genai_config.context_length
 
 
 def _provider_options(ctx: LintContext) -> dict[str, str]:
-    merged: dict[str, str] = {}
-    for entry in (_decoder(ctx).get("session_options") or {}).get("provider_options") or []:
-        for opts in entry.values():
-            merged.update({k: str(v) for k, v in (opts or {}).items()})
-    return merged
+    return ctx.genai_config.all_provider_options()
 
 
 @rule("RP001", "ir-version-unsupported", Severity.ERROR,

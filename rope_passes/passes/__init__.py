@@ -7,7 +7,7 @@ Add a pass: write ``rope_passes/passes/<name>.py`` with one ``RopePass`` subclas
 from __future__ import annotations
 
 from rope_passes.passes.annotate_cache_offset import AnnotateCacheOffsetPass
-from rope_passes.passes.base import RopePass, RopePassResult
+from rope_passes.passes.base import PassContext, RopePass, RopePassResult, option
 from rope_passes.passes.cleanup import CleanupPass
 from rope_passes.passes.fold_text_mrope import FoldTextMRoPEPass
 from rope_passes.passes.longrope_concat import LongRoPEConcatPass
@@ -26,4 +26,4 @@ def register(cls: type[RopePass]) -> type[RopePass]:
     return cls
 
 
-__all__ = ["ALL_PASSES", "AnnotateCacheOffsetPass", "CleanupPass", "LongRoPEConcatPass", "TotalSeqOnGpuPass", "FoldTextMRoPEPass", "LowerMRoPEPass", "PrecomputeCosSinPass", "RopePass", "RopePassResult", "register"]
+__all__ = ["ALL_PASSES", "PassContext", "option", "AnnotateCacheOffsetPass", "CleanupPass", "LongRoPEConcatPass", "TotalSeqOnGpuPass", "FoldTextMRoPEPass", "LowerMRoPEPass", "PrecomputeCosSinPass", "RopePass", "RopePassResult", "register"]

@@ -19,8 +19,6 @@ genai_config.json (nothing to read ``original`` from).
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import onnx_ir as ir
 
@@ -31,20 +29,6 @@ from rope_passes.report import PassReport
 
 #: worst row error of a fitted table: float16 rounds values ~1.3 (LongRoPE scaling) to 1e-3 steps; float32 to ~1e-7
 ROW_TOLERANCE = {ir.DataType.FLOAT16: 2e-3, ir.DataType.FLOAT: 1e-4}
-
-
-def _decoder(config: dict[str, Any] | None) -> dict[str, Any]:
-    decoder = (config or {}).get("model", {}).get("decoder")
-    return decoder if isinstance(decoder, dict) else {}
-
-
-def _original(config: dict[str, Any] | None) -> int | None:
-    model = (config or {}).get("model", {})
-    for source in (_decoder(config), model, _decoder(config).get("rope_scaling") or {}):
-        for key in ("original_max_position_embeddings", "original_context_length"):
-            if isinstance(source.get(key), int):
-                return source[key]
-    return None
 
 
 def fit_frequencies(cos: np.ndarray, sin: np.ndarray, rows: range) -> tuple[np.ndarray, float]:
@@ -74,13 +58,12 @@ class AnnotateCacheOffsetPass(RopePass):
         if cos.const_value is None:
             report.not_matched(cos.name or "cos_cache", "cos_cache is not an initializer")
             return
-        context = _decoder(self.genai_config).get("context_length") or (self.genai_config or {}).get(
-            "model", {}).get("context_length")
+        context = self.genai_config.decoder.get("context_length") or self.genai_config.model.get("context_length")
         if not isinstance(context, int):
             report.refused("<model>", "no context_length in genai_config.json to split the cache by")
             return
         rows = cos.const_value.shape[0]
-        original = _original(self.genai_config) or rows - context
+        original = self.genai_config.original_context_length or rows - context
         if rows != original + context or original <= 1:
             report.not_matched(cos.name or "cos_cache", f"cos_cache has {rows} rows, not original + context "
                                f"{context} (not a concatenated cache)")

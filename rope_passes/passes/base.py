@@ -1,22 +1,93 @@
-"""The base of every rope-passes pass.
+"""The base of every rope-passes pass: the context it reads, its typed options, and its report.
 
 A pass is an ``onnx_ir.passes.InPlacePass`` (drop it into any onnx_ir ``PassManager``) that also fills a
 :class:`~rope_passes.report.PassReport`: what it matched, rewrote and refused, and why. Subclasses implement
 :meth:`RopePass.apply`; counting nodes/initializers added and removed is done here, once, for all of them.
 
-A pass that needs to update ``genai_config.json`` reads and writes ``self.genai_config`` (a dict, or ``None``
-when the model came without one); the pipeline hands it in and writes it back out.
+**Context.** What travels with the model (its ``genai_config.json``, as a typed :class:`~rope_passes.config.GenaiConfig`)
+reaches a pass through one :class:`PassContext` object given to its constructor. Passes of one run share the same
+context, so a change one pass makes to the config is what the next pass reads, inside our pipeline and inside a
+plain onnx_ir ``PassManager`` alike::
+
+    ctx = PassContext.for_model("model_dir")          # reads model_dir/genai_config.json if present
+    manager = ir.passes.PassManager([FoldTextMRoPEPass(ctx, text_only=True), CleanupPass(ctx)])
+    manager(model); ctx.genai_config.dumps()
+
+**Options.** A pass declares its options as a frozen dataclass (``options_type``): names, types, defaults and a
+one-line help each (``rope-passes passes`` prints them). ``MyPass(ctx, text_only=True)`` validates them: an unknown
+name or a wrong type is a :class:`~rope_passes.errors.UsageError` naming the pass.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
+import types
+import typing
+from pathlib import Path
 from typing import Any, ClassVar
 
 import onnx_ir as ir
 
-from rope_passes.report import PassReport
+from rope_passes.config import GenaiConfig
+from rope_passes.errors import UsageError
+from rope_passes.report import MatchFailure, PassReport
+
+
+@dataclasses.dataclass
+class PassContext:
+    """What the passes of one run read and write besides the model itself."""
+
+    genai_config: GenaiConfig = dataclasses.field(default_factory=GenaiConfig)
+
+    @classmethod
+    def for_model(cls, path: str | os.PathLike) -> PassContext:
+        """The context of a model file or folder: the ``genai_config.json`` beside it, if any."""
+        p = Path(path)
+        return cls(GenaiConfig.load(p if p.is_dir() else p.parent))
+
+
+@dataclasses.dataclass(frozen=True)
+class NoOptions:
+    """A pass without options."""
+
+
+def option(default: Any, help: str, *, positive: bool = False) -> Any:
+    """A pass option: its default and one line of help (shown by ``rope-passes passes``).
+
+    ``positive``: a number that must be > 0 when given.
+    """
+    return dataclasses.field(default=default, metadata={"help": help, "positive": positive})
+
+
+@dataclasses.dataclass(frozen=True)
+class OptionInfo:
+    name: str
+    type: str
+    default: Any
+    help: str
+
+
+def _type_ok(value: Any, annotation: Any) -> bool:
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        return any(_type_ok(value, a) for a in typing.get_args(annotation))
+    if annotation is type(None):
+        return value is None
+    if annotation is bool:
+        return isinstance(value, bool)
+    if annotation is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if annotation is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, annotation) if isinstance(annotation, type) else True
+
+
+def _type_name(annotation: Any) -> str:
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return " | ".join(_type_name(a) for a in typing.get_args(annotation))
+    return "None" if annotation is type(None) else getattr(annotation, "__name__", str(annotation))
 
 
 @dataclasses.dataclass
@@ -31,15 +102,53 @@ class RopePass(ir.passes.InPlacePass):
     name: ClassVar[str] = ""
     #: One line for ``rope-passes passes`` and the docs.
     summary: ClassVar[str] = ""
+    #: The pass's options (a frozen dataclass whose fields are made with :func:`option`).
+    options_type: ClassVar[type] = NoOptions
 
-    def __init__(self, *, genai_config: dict[str, Any] | None = None, **options: Any) -> None:
+    def __init__(self, context: PassContext | None = None, **options: Any) -> None:
         super().__init__()
-        self.genai_config = genai_config
-        self.options = options
+        self.context = context if context is not None else PassContext()
+        self.options = self.make_options(**options)
         self.report = PassReport(self.name)
 
+    # -- options ---------------------------------------------------------------------------------------------
+    @classmethod
+    def option_infos(cls) -> list[OptionInfo]:
+        hints = typing.get_type_hints(cls.options_type)
+        return [OptionInfo(f.name, _type_name(hints[f.name]), f.default, f.metadata.get("help", ""))
+                for f in dataclasses.fields(cls.options_type)]
+
+    @classmethod
+    def option_names(cls) -> set[str]:
+        return {f.name for f in dataclasses.fields(cls.options_type)}
+
+    @classmethod
+    def make_options(cls, **options: Any) -> Any:
+        """The validated options object; UsageError naming the pass for an unknown name or a wrong type."""
+        known = cls.option_names()
+        for key in options:
+            if key not in known:
+                takes = ", ".join(sorted(known)) or "no options"
+                raise UsageError(f"{cls.name}: unknown option {key!r} (it takes: {takes})")
+        hints = typing.get_type_hints(cls.options_type)
+        fields = {f.name: f for f in dataclasses.fields(cls.options_type)}
+        for key, value in options.items():
+            positive = fields[key].metadata.get("positive")
+            if not _type_ok(value, hints[key]) or (positive and value is not None and value <= 0):
+                what = "a positive integer" if positive else _type_name(hints[key])
+                raise UsageError(f"{cls.name}: {key} must be {what}, not {value!r}")
+        return cls.options_type(**options)
+
+    # -- running ---------------------------------------------------------------------------------------------
+    @property
+    def genai_config(self) -> GenaiConfig:
+        return self.context.genai_config
+
     def apply(self, model: ir.Model, report: PassReport) -> None:
-        """Match and rewrite ``model`` in place, recording every match, rewrite and refusal in ``report``."""
+        """Match and rewrite ``model`` in place, recording every match, rewrite and refusal in ``report``.
+
+        A :class:`~rope_passes.report.MatchFailure` escaping ``apply`` is recorded for the whole model.
+        """
         raise NotImplementedError
 
     def call(self, model: ir.Model) -> RopePassResult:
@@ -48,7 +157,10 @@ class RopePass(ir.passes.InPlacePass):
         nodes_before = _node_ids(model)
         inits_before = set(model.graph.initializers)
         start = time.perf_counter()
-        self.apply(model, report)
+        try:
+            self.apply(model, report)
+        except MatchFailure as failure:
+            report.record(failure)
         report.duration_s = time.perf_counter() - start
         nodes_after = _node_ids(model)
         inits_after = set(model.graph.initializers)

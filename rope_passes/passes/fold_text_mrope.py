@@ -36,6 +36,7 @@ reason, and the model is left bit-identical.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
@@ -43,9 +44,10 @@ import numpy as np
 import onnx_ir as ir
 
 from rope_passes.analysis.graph import MS_DOMAIN, attr, nodes_of
-from rope_passes.analysis.mrope import Mismatch, PositionSource, Rotation, TextTables, text_tables, trace_rotation
-from rope_passes.passes.base import RopePass
-from rope_passes.report import PassReport
+from rope_passes.analysis.mrope import PositionSource, Rotation, TextTables, text_tables, trace_rotation
+from rope_passes.config import GenaiConfig
+from rope_passes.passes.base import RopePass, option
+from rope_passes.report import MatchFailure, PassReport
 
 TEXT_ONLY_KEY = "rope_passes.text_only"
 _NP_DTYPES = {ir.DataType.FLOAT: np.float32, ir.DataType.FLOAT16: np.float16}
@@ -85,9 +87,7 @@ def remove_dead(graph: ir.Graph, start: Iterable[ir.Value | None]) -> tuple[int,
     return nodes_removed, inits_removed
 
 
-def drop_unused_input(
-    graph: ir.Graph, value: ir.Value, genai_config: dict[str, Any] | None
-) -> tuple[list[str], list[str]]:
+def drop_unused_input(graph: ir.Graph, value: ir.Value, genai_config: GenaiConfig) -> tuple[list[str], list[str]]:
     """Remove graph input ``value`` when nothing reads it, and its genai_config decoder input entry.
 
     Returns (graph changes, genai_config changes).
@@ -95,13 +95,7 @@ def drop_unused_input(
     if value.uses() or not value.is_graph_input() or value.is_graph_output():
         return [], []
     graph.inputs.remove(value)
-    config_changes = []
-    inputs = (genai_config or {}).get("model", {}).get("decoder", {}).get("inputs")
-    if isinstance(inputs, dict):
-        for key in [k for k, v in inputs.items() if v == value.name]:
-            del inputs[key]
-            config_changes.append(f"removed model.decoder.inputs.{key} ({value.name!r} is no longer a graph input)")
-    return [f"removed graph input {value.name!r}"], config_changes
+    return [f"removed graph input {value.name!r}"], genai_config.drop_decoder_input(value.name or "")
 
 
 def add_initializer(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
@@ -121,6 +115,10 @@ def add_initializer(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
 # ----------------------------------------------------------------------------------------------------------------
 
 
+def _int_or_none(value: Any) -> int | None:
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def _query_dtype(gqa: ir.Node) -> ir.DataType | None:
     """GQA's T: query's dtype, else the KV cache's or the output's (graphs built without type info)."""
     for v in (gqa.inputs[0], gqa.inputs[3] if len(gqa.inputs) > 3 else None, gqa.outputs[0]):
@@ -136,14 +134,25 @@ class _Site:
         self.gqa, self.q, self.k, self.packed, self.tables = gqa, q, k, packed, tables
 
 
+@dataclasses.dataclass(frozen=True)
+class FoldTextMRoPEOptions:
+    text_only: bool = option(False, "fold 3D positions that come from outside too (the output then serves text "
+                                    "prompts only; marked in metadata and genai_config)")
+    max_positions: int | None = option(None, "rows of the 1D tables built from a manual mRoPE subgraph "
+                                             "(default: rows of the cache it gathers from, else context_length)",
+                                       positive=True)
+
+
 class FoldTextMRoPEPass(RopePass):
     name = "fold-text-mrope"
     summary = "fold text-only mRoPE (MRotaryEmbedding or the manual subgraph) into GQA do_rotary=1 with 2D caches"
+    options_type = FoldTextMRoPEOptions
+    options: FoldTextMRoPEOptions
 
     def apply(self, model: ir.Model, report: PassReport) -> None:
         graph = model.graph
-        text_only = bool(self.options.get("text_only"))
-        max_positions = self.options.get("max_positions") or self._context_length()
+        text_only = self.options.text_only
+        max_positions = self.options.max_positions or self.genai_config.context_length
         gqas = nodes_of(graph, "GroupQueryAttention", MS_DOMAIN)
         if not gqas:
             report.not_matched("<model>", "no com.microsoft::GroupQueryAttention node")
@@ -192,18 +201,12 @@ class FoldTextMRoPEPass(RopePass):
             self._mark_text_only(model, report, external)
 
     # -- matching ---------------------------------------------------------------------------------------------
-    def _context_length(self) -> int | None:
-        model_cfg = (self.genai_config or {}).get("model", {})
-        value = model_cfg.get("context_length")
-        return int(value) if isinstance(value, (int, float)) and value > 0 else None
-
     def _head_size(self, past_key: ir.Value | None) -> int | None:
         """Head size from the KV cache input's static last dim, else genai_config's decoder.head_size."""
         shape = past_key.shape if past_key is not None else None
         if shape is not None and len(shape) == 4 and isinstance(shape[3], int):
             return shape[3]
-        value = (self.genai_config or {}).get("model", {}).get("decoder", {}).get("head_size")
-        return int(value) if isinstance(value, int) else None
+        return _int_or_none(self.genai_config.decoder.get("head_size"))
 
     def _match(self, model, gqa, report, table_cache, max_positions) -> _Site | None:
         if int(attr(gqa, "do_rotary", 0) or 0):
@@ -221,18 +224,18 @@ class FoldTextMRoPEPass(RopePass):
             if key is None or not key.name:
                 packed = query.producer()
                 if packed is None or packed.op_type != "Concat" or len(packed.inputs) != 3:
-                    raise Mismatch(f"packed QKV {query.name!r} is not a Concat of rotated q, rotated k and v")
+                    raise MatchFailure.absent(f"packed QKV {query.name!r} is not a Concat of rotated q, rotated k and v")
                 axis = int(attr(packed, "axis", -1))
                 if axis not in (-1, 2):
-                    raise Mismatch(f"packed QKV Concat {packed.name!r} is on axis {axis}, not the hidden axis")
+                    raise MatchFailure.absent(f"packed QKV Concat {packed.name!r} is on axis {axis}, not the hidden axis")
                 q_rot = trace_rotation(packed.inputs[0], heads, hint)
                 k_rot = trace_rotation(packed.inputs[1], kv_heads, hint)
             else:
                 q_rot, k_rot = trace_rotation(query, heads, hint), trace_rotation(key, kv_heads, hint)
             q_tables = self._tables(model, q_rot, table_cache, max_positions)
             k_tables = self._tables(model, k_rot, table_cache, max_positions)
-        except Mismatch as exc:
-            report.not_matched(gqa.name, str(exc))
+        except MatchFailure as exc:
+            report.record(exc, gqa.name)
             return None
         reason = self._check(gqa, q_rot, k_rot, q_tables, k_tables)
         if reason:
@@ -315,11 +318,8 @@ class FoldTextMRoPEPass(RopePass):
         report.note("<model>", text)
         model.metadata_props[TEXT_ONLY_KEY] = "true"
         report.metadata_changes.append(f"metadata_props[{TEXT_ONLY_KEY!r}] = 'true'")
-        decoder = (self.genai_config or {}).get("model", {}).get("decoder")
-        if isinstance(decoder, dict):
-            # onnxruntime-genai turns unknown session_options strings into session config entries, which
-            # onnxruntime ignores: the one place in genai_config.json a marker cannot break loading.
-            decoder.setdefault("session_options", {})[TEXT_ONLY_KEY] = "1"
-            report.genai_config_changes.append(
-                f"model.decoder.session_options[{TEXT_ONLY_KEY!r}] = '1' (text prompts only)"
-            )
+        # onnxruntime-genai turns unknown session_options strings into session config entries, which
+        # onnxruntime ignores: the one place in genai_config.json a marker cannot break loading.
+        change = self.genai_config.set_session_option(TEXT_ONLY_KEY, "1", "text prompts only")
+        if change:
+            report.genai_config_changes.append(change)

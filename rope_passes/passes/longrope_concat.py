@@ -32,17 +32,16 @@ condition other than ``Greater(x, constant)``.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import onnx_ir as ir
 
 from rope_passes.analysis.graph import MS_DOMAIN, const_array
 from rope_passes.analysis.patterns import LongRoPESwitchCondition
+from rope_passes.config import CONCAT_OFFSET_OPTION, GenaiConfig
 from rope_passes.passes.base import RopePass
 from rope_passes.report import PassReport
 
-OFFSET_KEY = "multiRotaryCacheConcatOffset"
+OFFSET_KEY = CONCAT_OFFSET_OPTION
 OFFSET_METADATA = "rope_passes.multi_rotary_cache_concat_offset"
 WEBGPU_ONLY_KEY = "rope_passes.webgpu_only"
 
@@ -61,22 +60,7 @@ def _branch_tables(graph: ir.Graph) -> list[np.ndarray]:
     return tables
 
 
-def webgpu_options(genai_config: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The ``{"webgpu": {...}}`` provider options dict of the decoder (created if missing); None without a config."""
-    decoder = (genai_config or {}).get("model", {}).get("decoder")
-    if not isinstance(decoder, dict):
-        return None
-    session = decoder.setdefault("session_options", {})
-    providers = session.setdefault("provider_options", [])
-    for entry in providers:
-        if isinstance(entry, dict) and "webgpu" in entry:
-            return entry["webgpu"]
-    entry = {"webgpu": {}}
-    providers.append(entry)
-    return entry["webgpu"]
-
-
-def record_offset(model: ir.Model, genai_config: dict[str, Any] | None, offset: int, report: PassReport) -> None:
+def record_offset(model: ir.Model, genai_config: GenaiConfig, offset: int, report: PassReport) -> None:
     """Write the offset to genai_config.json's WebGPU options and the model metadata, and flag CPU as wrong."""
     reason = (f"concatenated LongRoPE cos/sin cache: correct with the WebGPU EP and {OFFSET_KEY}={offset}; "
               f"the CPU EP reads wrong rows past {offset} tokens")
@@ -86,21 +70,14 @@ def record_offset(model: ir.Model, genai_config: dict[str, Any] | None, offset: 
     if model.metadata_props.get(WEBGPU_ONLY_KEY) != reason:
         model.metadata_props[WEBGPU_ONLY_KEY] = reason
         report.metadata_changes.append(f"metadata_props[{WEBGPU_ONLY_KEY!r}] (CPU EP wrong past {offset})")
-    options = webgpu_options(genai_config)
-    if options is None:
+    if not genai_config.decoder:
         report.note("<model>", f"no genai_config.json: run with the WebGPU session config entry "
                     f"ep.webgpuexecutionprovider.{OFFSET_KEY}={offset}")
         return
-    if options.get(OFFSET_KEY) != str(offset):
-        old = options.get(OFFSET_KEY)
-        options[OFFSET_KEY] = str(offset)
-        report.genai_config_changes.append(
-            f"model.decoder.session_options.provider_options.webgpu.{OFFSET_KEY} = '{offset}'"
-            + (f" (was {old!r})" if old is not None else ""))
-    session = genai_config["model"]["decoder"]["session_options"]
-    if session.get(WEBGPU_ONLY_KEY) != "1":
-        session[WEBGPU_ONLY_KEY] = "1"
-        report.genai_config_changes.append(f"model.decoder.session_options[{WEBGPU_ONLY_KEY!r}] = '1'")
+    for change in (genai_config.set_provider_option("webgpu", OFFSET_KEY, str(offset)),
+                   genai_config.set_session_option(WEBGPU_ONLY_KEY, "1")):
+        if change:
+            report.genai_config_changes.append(change)
 
 
 _SWITCH = LongRoPESwitchCondition()

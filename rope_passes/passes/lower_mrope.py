@@ -31,10 +31,10 @@ import numpy as np
 import onnx_ir as ir
 
 from rope_passes.analysis.graph import MS_DOMAIN, attr, nodes_of
-from rope_passes.analysis.mrope import Mismatch, axis_of_columns
+from rope_passes.analysis.mrope import axis_of_columns
 from rope_passes.passes.base import RopePass
 from rope_passes.passes.fold_text_mrope import add_initializer, remove_dead
-from rope_passes.report import PassReport
+from rope_passes.report import MatchFailure, PassReport
 
 
 class LowerMRoPEPass(RopePass):
@@ -55,8 +55,8 @@ class LowerMRoPEPass(RopePass):
                 continue
             try:
                 key, half, sections, layout, scale = self._check(node)
-            except Mismatch as exc:
-                report.refused(node.name, str(exc))
+            except MatchFailure as exc:
+                report.record(exc, node.name)
                 continue
             if key not in shared:
                 shared[key] = self._per_token_tables(graph, node, half, sections, layout, scale)
@@ -109,23 +109,23 @@ class LowerMRoPEPass(RopePass):
     @staticmethod
     def _check(node: ir.Node):
         if int(attr(node, "is_packed_batching", 0) or 0):
-            raise Mismatch("is_packed_batching=1 (packed batches) is not supported")
+            raise MatchFailure.refuse("is_packed_batching=1 (packed batches) is not supported")
         pos, cos, sin = node.inputs[1], node.inputs[2], node.inputs[3]
         if pos is None or pos.dtype != ir.DataType.INT64:
-            raise Mismatch("position_ids is not an int64 tensor")
+            raise MatchFailure.refuse("position_ids is not an int64 tensor")
         if pos.shape is not None and (len(pos.shape) != 3 or pos.shape[0] != 3):
-            raise Mismatch(f"position_ids has shape {pos.shape}, not [3, batch, seq]")
+            raise MatchFailure.refuse(f"position_ids has shape {pos.shape}, not [3, batch, seq]")
         if cos is None or sin is None or cos.shape is None or len(cos.shape) != 2 or not isinstance(cos.shape[1], int):
-            raise Mismatch("cos_cache is not a 2D [max_pos, half] tensor with a static width")
+            raise MatchFailure.refuse("cos_cache is not a 2D [max_pos, half] tensor with a static width")
         half = cos.shape[1]
         sections = [int(s) for s in (attr(node, "mrope_section") or [])]
         layout = int(attr(node, "mrope_layout", 0) or 0)
         if len(sections) != 3 or sum(sections) != half:
-            raise Mismatch(f"mrope_section {sections} does not sum to the cache width {half}")
+            raise MatchFailure.refuse(f"mrope_section {sections} does not sum to the cache width {half}")
         axis_of_columns(sections, layout, half)
         scale = float(attr(node, "scale", 1.0) or 1.0)
         if scale != 1.0 and (cos.const_value is None or sin.const_value is None):
-            raise Mismatch(f"scale={scale} with cos/sin caches that are not constants (cannot pre-scale them)")
+            raise MatchFailure.refuse(f"scale={scale} with cos/sin caches that are not constants (cannot pre-scale them)")
         return (id(pos), id(cos), id(sin), tuple(sections), layout, scale), half, sections, layout, scale
 
     @staticmethod

@@ -18,7 +18,7 @@ when equal), and every node only the old chain used is removed (Shape/Expand/Mat
 end (``Unsqueeze(1)``, mRoPE's Split/Gather sections, the rotations) is left as it was, with the same shape.
 
 The tables are not re-derived from formulas: the graph's own subgraph from the position input to the chain ends is
-evaluated on onnxruntime CPU (:func:`rope_passes.analysis.mrope.evaluate_subgraph`, as ``fold-text-mrope`` does) on
+evaluated on onnxruntime CPU (:func:`rope_passes.runtime.evaluate.evaluate_subgraph`, as ``fold-text-mrope`` does) on
 positions ``0..max_positions-1``, so linear/llama3/yarn/partial-rotary factors and attention scaling are whatever
 the graph computes. ``max_positions``: the ``max_positions`` option, else ``model.context_length`` from
 genai_config.json; without either the chain is refused ("table size unknown: give max_positions").
@@ -57,11 +57,10 @@ import onnx_ir as ir
 
 from rope_passes.analysis.census import inv_freq_product, longrope_where
 from rope_passes.analysis.graph import ancestors, const_tensor
-from rope_passes.analysis.mrope import evaluate_subgraph
-from rope_passes.errors import UsageError
-from rope_passes.passes.base import RopePass
+from rope_passes.passes.base import RopePass, option
 from rope_passes.passes.fold_text_mrope import add_initializer, remove_dead
 from rope_passes.report import PassReport
+from rope_passes.runtime.evaluate import evaluate_subgraph
 
 MAX_POSITIONS_KEY = "rope_passes.cos_sin_max_positions"
 
@@ -125,9 +124,17 @@ def _graph_inputs(nodes: list[ir.Node], end: ir.Value) -> list[ir.Value]:
     return list(found.values())
 
 
+@dataclasses.dataclass(frozen=True)
+class PrecomputeCosSinOptions:
+    max_positions: int | None = option(None, "rows of the precomputed tables (default: genai_config context_length)",
+                                       positive=True)
+
+
 class PrecomputeCosSinPass(RopePass):
     name = "precompute-cos-sin"
     summary = "replace cos/sin computed per call from inv_freq by Gather from precomputed max_positions × D tables"
+    options_type = PrecomputeCosSinOptions
+    options: PrecomputeCosSinOptions
 
     def apply(self, model: ir.Model, report: PassReport) -> None:
         graph = model.graph
@@ -166,17 +173,9 @@ class PrecomputeCosSinPass(RopePass):
 
     # -- options ----------------------------------------------------------------------------------------------
     def _max_positions(self) -> int | None:
-        value = self.options.get("max_positions")
-        if value is None:
-            ctx = ((self.genai_config or {}).get("model") or {}).get("context_length")
-            return int(ctx) if isinstance(ctx, int) and not isinstance(ctx, bool) and ctx > 0 else None
-        try:
-            rows = int(value)
-        except (TypeError, ValueError):
-            raise UsageError(f"max_positions must be a positive integer, not {value!r}") from None
-        if rows <= 0 or (isinstance(value, float) and value != rows):
-            raise UsageError(f"max_positions must be a positive integer, not {value!r}")
-        return rows
+        if self.options.max_positions is None:
+            return self.genai_config.context_length
+        return self.options.max_positions
 
     # -- matching ---------------------------------------------------------------------------------------------
     def _match(self, model: ir.Model, trig: ir.Node, report: PassReport) -> _Chain | None:

@@ -1,0 +1,231 @@
+"""A typed view of ``genai_config.json``: every read and write of it goes through :class:`GenaiConfig`.
+
+onnxruntime-genai's config is a large, loosely specified JSON document. rope-passes reads a handful of facts from it
+(context length, head size, the decoder's graph-input names, the WebGPU provider options and the LongRoPE cache
+offset in them) and writes three kinds of things into it (the offset, a removed decoder input, our own
+``rope_passes.*`` session-option markers). This module is the one place that knows where those live.
+
+The view wraps the parsed dict without copying it: keys we do not know are kept and written back unchanged, and a
+change is made in place and described by a one-line string that the pass puts into its report.
+
+    config = GenaiConfig.load("model_dir/genai_config.json")   # GenaiConfig(None) when there is none
+    config.context_length            # 4096 or None
+    config.set_provider_option("webgpu", "multiRotaryCacheConcatOffset", "32")   # -> change line or None
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from rope_passes.errors import ModelLoadError
+
+#: the file name onnxruntime-genai reads beside the model
+GENAI_CONFIG = "genai_config.json"
+#: the WebGPU provider option onnxruntime reads the LongRoPE concatenated-cache offset from
+CONCAT_OFFSET_OPTION = "multiRotaryCacheConcatOffset"
+
+
+def _int(value: Any) -> int | None:
+    """A positive int from a JSON value (ints, or strings of digits as provider options are), else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value if value > 0 else None
+    if isinstance(value, float) and value.is_integer() and value > 0:
+        return int(value)
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value) or None
+    return None
+
+
+class GenaiConfig:
+    """The parsed ``genai_config.json`` of one model (or none: every read is then ``None``, writes are refused)."""
+
+    def __init__(self, data: dict[str, Any] | None = None) -> None:
+        self.data = data if isinstance(data, dict) else None
+        self._original = copy.deepcopy(self.data)
+
+    # -- files ---------------------------------------------------------------------------------------------------
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> GenaiConfig:
+        """Read ``path`` (a genai_config.json, or a folder holding one); ``GenaiConfig(None)`` when it is absent."""
+        p = Path(path)
+        if p.is_dir():
+            p = p / GENAI_CONFIG
+        if not p.is_file():
+            return cls(None)
+        try:
+            data = json.loads(p.read_text())
+        except ValueError as exc:
+            line = getattr(exc, "lineno", None)
+            where = f" ({exc.msg} at line {line})" if hasattr(exc, "msg") and line else ""
+            raise ModelLoadError(f"{p}: not valid JSON{where}") from None
+        if not isinstance(data, dict):
+            raise ModelLoadError(f"{p}: not a genai_config (the top level is not an object)")
+        return cls(data)
+
+    def dumps(self) -> str:
+        """The text written to disk (the layout onnxruntime-genai's builder uses: 4-space indent)."""
+        return json.dumps(self.data, indent=4) + "\n"
+
+    @property
+    def present(self) -> bool:
+        return self.data is not None
+
+    @property
+    def changed(self) -> bool:
+        return self.data != self._original
+
+    def __bool__(self) -> bool:  # ``if ctx.genai_config:`` reads as "the model came with one"
+        return self.present
+
+    def __repr__(self) -> str:
+        return f"GenaiConfig({'present' if self.present else 'absent'}{', changed' if self.changed else ''})"
+
+    # -- sections ------------------------------------------------------------------------------------------------
+    def _section(self, *keys: str) -> dict[str, Any]:
+        node: Any = self.data or {}
+        for key in keys:
+            node = node.get(key) if isinstance(node, dict) else None
+        return node if isinstance(node, dict) else {}
+
+    @property
+    def model(self) -> dict[str, Any]:
+        """``model`` (read-only use; {} when absent)."""
+        return self._section("model")
+
+    @property
+    def decoder(self) -> dict[str, Any]:
+        """``model.decoder`` (read-only use; {} when absent)."""
+        return self._section("model", "decoder")
+
+    # -- facts ---------------------------------------------------------------------------------------------------
+    @property
+    def context_length_with_source(self) -> tuple[int | None, str | None]:
+        """(context length, where it was read): ``model.context_length``, else ``search.max_length``."""
+        value = _int(self.model.get("context_length"))
+        if value is not None:
+            return value, "genai_config model.context_length"
+        value = _int(self._section("search").get("max_length"))
+        if value is not None:
+            return value, "genai_config search.max_length"
+        return None, None
+
+    @property
+    def context_length(self) -> int | None:
+        return self.context_length_with_source[0]
+
+    @property
+    def head_size(self) -> int | None:
+        """``model.decoder.head_size``, else hidden_size / num_attention_heads."""
+        decoder = self.decoder
+        value = _int(decoder.get("head_size"))
+        if value is not None:
+            return value
+        hidden, heads = _int(decoder.get("hidden_size")), _int(decoder.get("num_attention_heads"))
+        return hidden // heads if hidden and heads else None
+
+    @property
+    def original_context_length(self) -> int | None:
+        """LongRoPE's original (short-factor) context, where the builder or the user recorded it."""
+        decoder = self.decoder
+        for source in (decoder, self.model, decoder.get("rope_scaling") or {}):
+            for key in ("original_max_position_embeddings", "original_context_length"):
+                value = source.get(key) if isinstance(source, dict) else None
+                if isinstance(value, int) and not isinstance(value, bool):
+                    return value
+        return None
+
+    @property
+    def decoder_inputs(self) -> dict[str, str]:
+        """``model.decoder.inputs``: role (``position_ids``, ``attention_mask``, …) -> graph input name."""
+        inputs = self.decoder.get("inputs")
+        return {k: v for k, v in inputs.items() if isinstance(v, str)} if isinstance(inputs, dict) else {}
+
+    def _provider_entries(self) -> Iterator[tuple[str, dict[str, Any]]]:
+        session = self.decoder.get("session_options")
+        providers = session.get("provider_options") if isinstance(session, dict) else None
+        for entry in providers if isinstance(providers, list) else []:
+            if isinstance(entry, dict):
+                for provider, options in entry.items():
+                    if isinstance(options, dict):
+                        yield provider, options
+
+    def provider_options(self, provider: str = "webgpu") -> dict[str, str]:
+        """The decoder's options for ``provider`` as strings (what onnxruntime receives); {} when none."""
+        out: dict[str, str] = {}
+        for name, options in self._provider_entries():
+            if name == provider:
+                out.update({k: str(v) for k, v in options.items()})
+        return out
+
+    def all_provider_options(self) -> dict[str, str]:
+        """Every provider's options merged (later entries win), as strings."""
+        out: dict[str, str] = {}
+        for _name, options in self._provider_entries():
+            out.update({k: str(v) for k, v in options.items()})
+        return out
+
+    @property
+    def concat_offset(self) -> int | None:
+        """``multiRotaryCacheConcatOffset`` in any provider's options (0, absent or not a number: None)."""
+        for _provider, options in self._provider_entries():
+            if CONCAT_OFFSET_OPTION in options:
+                return _int(options[CONCAT_OFFSET_OPTION])
+        return None
+
+    def session_option(self, key: str) -> Any:
+        session = self.decoder.get("session_options")
+        return session.get(key) if isinstance(session, dict) else None
+
+    # -- changes (each returns the report line, or None when nothing changed / nowhere to write) ----------------
+    def _writable_decoder(self) -> dict[str, Any] | None:
+        model = (self.data or {}).get("model")
+        decoder = model.get("decoder") if isinstance(model, dict) else None
+        return decoder if isinstance(decoder, dict) else None
+
+    def set_provider_option(self, provider: str, key: str, value: str) -> str | None:
+        """Set ``model.decoder.session_options.provider_options[{provider: {key: value}}]`` (created if missing)."""
+        decoder = self._writable_decoder()
+        if decoder is None:
+            return None
+        session = decoder.setdefault("session_options", {})
+        providers = session.setdefault("provider_options", [])
+        options = next((e[provider] for e in providers if isinstance(e, dict) and isinstance(e.get(provider), dict)),
+                       None)
+        if options is None:
+            options = {}
+            providers.append({provider: options})
+        old = options.get(key)
+        if old == value:
+            return None
+        options[key] = value
+        return (f"model.decoder.session_options.provider_options.{provider}.{key} = '{value}'"
+                + (f" (was {old!r})" if old is not None else ""))
+
+    def set_session_option(self, key: str, value: str, why: str = "") -> str | None:
+        """Set ``model.decoder.session_options[key]`` (our ``rope_passes.*`` markers: onnxruntime ignores them)."""
+        decoder = self._writable_decoder()
+        if decoder is None:
+            return None
+        session = decoder.setdefault("session_options", {})
+        if session.get(key) == value:
+            return None
+        session[key] = value
+        return f"model.decoder.session_options[{key!r}] = '{value}'" + (f" ({why})" if why else "")
+
+    def drop_decoder_input(self, graph_input: str) -> list[str]:
+        """Remove every ``model.decoder.inputs`` entry naming ``graph_input``; the report lines."""
+        inputs = self.decoder.get("inputs")
+        if not isinstance(inputs, dict):
+            return []
+        changes = []
+        for key in [k for k, v in inputs.items() if v == graph_input]:
+            del inputs[key]
+            changes.append(f"removed model.decoder.inputs.{key} ({graph_input!r} is no longer a graph input)")
+        return changes
