@@ -29,8 +29,8 @@ import onnxruntime as ort
 import rope_passes
 from rope_passes.check.capture import WebGPUBuffers
 from rope_passes.check.decode import DecoderSpec, step_feeds, token_ids
-from rope_passes.check.runtime import create_session, session_options
 from rope_passes.io import load_bundle
+from rope_passes.runtime.sessions import create_session, session_options
 
 
 class NumpyLoop:

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import rope_passes
 from rope_passes.check.decode import DecoderSpec, step_feeds, token_ids
-from rope_passes.check.runtime import create_session
 from rope_passes.io import load_bundle
+from rope_passes.runtime.sessions import create_session
 
 
 def step_timer(model_dir: Path, prefill: int, ep: str):

@@ -23,7 +23,7 @@ if "$VENV/bin/python" -c "import torch" 2>/dev/null && ! "$PY" -c "import torch"
   echo "setup: warning: torch got installed into $VENV; rope-passes does not need it" >&2
 fi
 
-probe() { "$VENV/bin/python" -m rope_passes.check.probe_adapter >/dev/null 2>&1; }
+probe() { "$VENV/bin/python" -m rope_passes.runtime.adapter >/dev/null 2>&1; }
 if [ "${1:-}" = "--no-driver" ]; then
   echo "setup: skipping the WebGPU driver check (--no-driver)"
 elif probe; then

@@ -17,13 +17,13 @@ from conftest import GENAI, UNLOADABLE, genai_models
 
 import rope_passes
 from rope_passes.analysis.graph import nodes_of
-from rope_passes.check.adapter import adapter_info, max_webgpu_prefill
 from rope_passes.check.compare import TOLERANCES
 from rope_passes.check.core import COULD_NOT_RUN, EQUIVALENT, NOT_EQUIVALENT, check
 from rope_passes.check.decode import DecoderSpec, embedding_table, run_decode, token_ids
-from rope_passes.check.runtime import create_session
 from rope_passes.cli import main
 from rope_passes.io import load_bundle, save_bundle
+from rope_passes.runtime.adapter import adapter_info, max_webgpu_prefill
+from rope_passes.runtime.sessions import create_session
 
 LOADABLE = [m for m in genai_models() if m not in UNLOADABLE]
 GRAPH_BUILDS = {m for m in LOADABLE if "_graph" in m}

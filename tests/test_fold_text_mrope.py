@@ -25,12 +25,12 @@ from mrope_graphs import attention_graph, to_bytes
 from rope_passes.analysis.graph import MS_DOMAIN, attr, nodes_of
 from rope_passes.check.decode import DecoderSpec, embedding_table, run_decode, token_ids
 from rope_passes.check.runner import RunSpec, run_isolated
-from rope_passes.check.runtime import create_session, session_options
 from rope_passes.config import GenaiConfig
 from rope_passes.io import load_bundle, save_bundle
 from rope_passes.passes import CleanupPass, FoldTextMRoPEPass, LowerMRoPEPass, PassContext
 from rope_passes.pipeline import run_pipeline
 from rope_passes.report import Outcome
+from rope_passes.runtime.sessions import create_session, session_options
 
 ROTARY = ("MRotaryEmbedding", "RotaryEmbedding")
 #: ops of the mRoPE paths that none of these graphs uses elsewhere (Shape: only the attention-mask one may stay)

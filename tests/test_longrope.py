@@ -22,7 +22,6 @@ from rope_passes.analysis.graph import nodes_of
 from rope_passes.analysis.placement import predict_placement
 from rope_passes.check import check
 from rope_passes.check.decode import DecoderSpec, run_decode, token_ids
-from rope_passes.check.runtime import create_session
 from rope_passes.io import load_bundle
 from rope_passes.passes.longrope_concat import (
     OFFSET_METADATA,
@@ -31,6 +30,7 @@ from rope_passes.passes.longrope_concat import (
 )
 from rope_passes.pipeline import optimize, run_pipeline
 from rope_passes.report import Outcome
+from rope_passes.runtime.sessions import create_session
 
 PHI3 = GENAI / "current/phi3_mini_128k"
 HF = GENAI.parent / "genai" / "hf" / "phi3_mini_128k"

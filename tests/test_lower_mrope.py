@@ -16,10 +16,10 @@ from mrope_graphs import mrotary_graph, to_bytes
 from rope_passes.analysis.graph import attr, nodes_of
 from rope_passes.analysis.mrope import mrope_reference
 from rope_passes.check.decode import DecoderSpec, run_decode, step_feeds, token_ids
-from rope_passes.check.runtime import create_session
 from rope_passes.io import load_bundle, save_bundle
 from rope_passes.passes import LowerMRoPEPass, PassContext
 from rope_passes.report import Outcome
+from rope_passes.runtime.sessions import create_session
 
 #: t, h, w all different (an image-like patch grid after 2 text tokens), B=2 with a second, shifted row.
 S = 7

@@ -23,7 +23,6 @@ import onnxruntime as ort
 import pytest
 from conftest import TORCH
 
-from rope_passes.check.runtime import WEBGPU, create_session
 from rope_passes.config import GenaiConfig
 from rope_passes.errors import UsageError
 from rope_passes.io import MAX_IR_VERSION
@@ -31,6 +30,7 @@ from rope_passes.passes import ALL_PASSES, PassContext, PrecomputeCosSinPass
 from rope_passes.passes.precompute_cos_sin import MAX_POSITIONS_KEY
 from rope_passes.pipeline import run_pipeline
 from rope_passes.report import Outcome
+from rope_passes.runtime.sessions import WEBGPU, create_session
 
 MAX_POS = 256  # max_position_embeddings of every corpus model (corpus README)
 

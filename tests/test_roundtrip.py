@@ -14,7 +14,7 @@ from conftest import GENAI, UNLOADABLE, genai_models
 
 import rope_passes
 from rope_passes.check.decode import DecoderSpec, run_decode, token_ids
-from rope_passes.check.runtime import create_session
+from rope_passes.runtime.sessions import create_session
 
 
 def node_signature(model: onnx.ModelProto) -> list[tuple]:

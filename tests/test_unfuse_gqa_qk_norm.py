@@ -13,11 +13,11 @@ import pytest
 from conftest import GENAI
 
 from rope_passes.check.decode import DecoderSpec, run_decode, token_ids
-from rope_passes.check.runtime import create_session
 from rope_passes.io import load_bundle, save_bundle
 from rope_passes.passes import PassContext
 from rope_passes.passes.unfuse_gqa_qk_norm import UnfuseGQAQKNormPass
 from rope_passes.report import Outcome
+from rope_passes.runtime.sessions import create_session
 
 FUSED = "current/qwen3/webgpu_fp16"
 BUILDER_UNFUSED = "current/qwen3/webgpu_fp16_noqknormfuse"

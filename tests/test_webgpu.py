@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort
 
-from rope_passes.check.probe_adapter import probe, tiny_add_model
-from rope_passes.check.runtime import WEBGPU, create_session
+from rope_passes.runtime.adapter import probe, tiny_add_model
+from rope_passes.runtime.sessions import WEBGPU, create_session
 
 
 def test_webgpu_provider_is_in_this_onnxruntime():

@@ -27,8 +27,8 @@ import onnxruntime as ort
 from onnx import TensorProto, helper
 
 from rope_passes.check.decode import PAST_PREFIX, DecoderSpec, step_feeds, token_ids
-from rope_passes.check.runtime import create_session, session_options
 from rope_passes.errors import UsageError
+from rope_passes.runtime.sessions import create_session, session_options
 
 _ONNX_TYPES = {np.dtype(np.float16): TensorProto.FLOAT16, np.dtype(np.float32): TensorProto.FLOAT,
                np.dtype(np.int64): TensorProto.INT64, np.dtype(np.int32): TensorProto.INT32}

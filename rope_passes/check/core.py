@@ -38,7 +38,6 @@ from typing import Any
 
 import numpy as np
 
-from rope_passes.check.adapter import AdapterInfo, adapter_info, max_webgpu_prefill
 from rope_passes.check.compare import (
     TOLERANCES,
     Comparison,
@@ -53,6 +52,7 @@ from rope_passes.check.runner import RunResult, RunSpec, execute_run, run_isolat
 from rope_passes.config import GenaiConfig
 from rope_passes.errors import UsageError
 from rope_passes.io import load_model, resolve_model_path
+from rope_passes.runtime.adapter import AdapterInfo, adapter_info, max_webgpu_prefill
 
 EQUIVALENT, NOT_EQUIVALENT, COULD_NOT_RUN = "equivalent", "not equivalent", "could not run"
 EXIT_CODES = {EQUIVALENT: 0, NOT_EQUIVALENT: 1, COULD_NOT_RUN: 2}

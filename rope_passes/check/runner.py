@@ -83,7 +83,7 @@ def execute_run(spec: RunSpec, on_step: Callable[[int], None] | None = None, cap
     """
     import onnxruntime
 
-    from rope_passes.check.runtime import create_session
+    from rope_passes.runtime.sessions import create_session
 
     start = time.perf_counter()
     result = RunResult(spec.label, OK, runtime=f"onnxruntime {onnxruntime.__version__}")

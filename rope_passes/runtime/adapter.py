@@ -1,4 +1,9 @@
-"""Which WebGPU adapter the checker runs on: a real GPU, or a CPU (software) Vulkan driver such as Mesa lavapipe.
+"""Whether onnxruntime gets a WebGPU adapter at all (:func:`probe`), and which one: a real GPU, or a CPU (software)
+Vulkan driver such as Mesa lavapipe (:func:`adapter_info`).
+
+``python -m rope_passes.runtime.adapter`` exits 0 when a one-node graph runs on WebGpuExecutionProvider without a
+silent CPU fallback, else 1 (scripts/setup.sh uses it to decide whether to install lavapipe);
+``python -m rope_passes.runtime.adapter --vulkan-devices`` prints the Vulkan physical devices as JSON.
 
 onnxruntime 1.27 does not expose Dawn's adapter info to Python, so the checker asks Vulkan directly (the backend Dawn
 uses on Linux): a small ``ctypes`` probe of ``libvulkan`` lists the physical devices and their
@@ -86,8 +91,8 @@ def adapter_info() -> AdapterInfo:
     if env in ("0", "1"):
         return AdapterInfo((), env == "1", "env ROPE_PASSES_SOFTWARE_ADAPTER")
     try:
-        proc = subprocess.run([sys.executable, "-m", "rope_passes.check.adapter"], capture_output=True, text=True,
-                              timeout=60)
+        proc = subprocess.run([sys.executable, "-m", "rope_passes.runtime.adapter", "--vulkan-devices"],
+                              capture_output=True, text=True, timeout=60)
         devices = [tuple(d) for d in json.loads(proc.stdout.strip().splitlines()[-1])]
     except (subprocess.SubprocessError, ValueError, IndexError, OSError) as exc:
         return AdapterInfo((), False, f"unknown: Vulkan probe failed ({type(exc).__name__})")
@@ -107,8 +112,51 @@ def max_webgpu_prefill(info: AdapterInfo | None = None) -> int | None:
     return max(1, min(8, width // 32))
 
 
-if __name__ == "__main__":
+def tiny_add_model() -> bytes:
+    """A one-node ``y = x + x`` float model (IR 10, opset 17)."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "x"], ["y"])], "probe",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    return model.SerializeToString()
+
+
+def probe() -> str | None:
+    """None when a WebGPU session really runs (no silent CPU fallback) and computes right, else the reason."""
+    import numpy as np
+
+    from rope_passes.runtime.sessions import create_session
+
     try:
-        print(json.dumps(vulkan_devices()))
-    except OSError:
-        print("[]")
+        sess = create_session(tiny_add_model(), "webgpu")
+        y = sess.run(None, {"x": np.arange(4, dtype=np.float32)})[0]
+    except Exception as exc:  # noqa: BLE001 - any failure means no adapter
+        return " ".join(str(exc).split())
+    if not np.array_equal(y, 2 * np.arange(4, dtype=np.float32)):
+        return f"WebGPU computed a wrong result: {y}"
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args == ["--vulkan-devices"]:
+        try:
+            print(json.dumps(vulkan_devices()))
+        except OSError:
+            print("[]")
+        return 0
+    if args:
+        print("usage: python -m rope_passes.runtime.adapter [--vulkan-devices]", file=sys.stderr)
+        return 2
+    reason = probe()
+    print("webgpu: ok" if reason is None else f"webgpu: unavailable: {reason}")
+    return 0 if reason is None else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
