@@ -37,86 +37,18 @@ reason, and the model is left bit-identical.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
-from typing import Any
 
 import numpy as np
 import onnx_ir as ir
 
 from rope_passes.analysis.graph import MS_DOMAIN, attr, nodes_of
 from rope_passes.analysis.mrope import PositionSource, Rotation, TextTables, text_tables, trace_rotation
-from rope_passes.config import GenaiConfig
+from rope_passes.passes._rewrite import NodeTape, add_initializer, drop_unused_input, remove_dead
 from rope_passes.passes.base import RopePass, option
 from rope_passes.report import MatchFailure, PassReport
 
 TEXT_ONLY_KEY = "rope_passes.text_only"
 _NP_DTYPES = {ir.DataType.FLOAT: np.float32, ir.DataType.FLOAT16: np.float16}
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Rewrite helpers (also used by lower-mrope)
-# ----------------------------------------------------------------------------------------------------------------
-
-
-def remove_dead(graph: ir.Graph, start: Iterable[ir.Value | None]) -> tuple[int, int]:
-    """Remove nodes and initializers that became dead, walking up from ``start`` only.
-
-    Dead code elsewhere in the graph is left alone, so a pass changes only what it rewrote.
-    Returns (nodes removed, initializers removed).
-    """
-    work = [v for v in start if v is not None]
-    nodes_removed = inits_removed = 0
-    while work:
-        value = work.pop()
-        if value.uses() or value.is_graph_output() or value.is_graph_input():
-            continue
-        if value.is_initializer():
-            if graph.initializers.get(value.name) is value:
-                del graph.initializers[value.name]
-                inits_removed += 1
-            continue
-        node = value.producer()
-        if node is None or node.graph is not graph:
-            continue
-        if any(out.uses() or out.is_graph_output() for out in node.outputs):
-            continue
-        inputs = [i for i in node.inputs if i is not None]
-        graph.remove(node, safe=True)
-        nodes_removed += 1
-        work.extend(inputs)
-    return nodes_removed, inits_removed
-
-
-def drop_unused_input(graph: ir.Graph, value: ir.Value, genai_config: GenaiConfig) -> tuple[list[str], list[str]]:
-    """Remove graph input ``value`` when nothing reads it, and its genai_config decoder input entry.
-
-    Returns (graph changes, genai_config changes).
-    """
-    if value.uses() or not value.is_graph_input() or value.is_graph_output():
-        return [], []
-    graph.inputs.remove(value)
-    return [f"removed graph input {value.name!r}"], genai_config.drop_decoder_input(value.name or "")
-
-
-def add_initializer(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
-    """A new initializer named ``name`` (made unique) holding ``array``."""
-    base, n = name, 1
-    while name in graph.initializers:
-        name = f"{base}_{n}"
-        n += 1
-    value = ir.Value(name=name, shape=ir.Shape(array.shape), type=ir.TensorType(ir.DataType.from_numpy(array.dtype)))
-    value.const_value = ir.tensor(array, name=name)
-    graph.register_initializer(value)
-    return value
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# The pass
-# ----------------------------------------------------------------------------------------------------------------
-
-
-def _int_or_none(value: Any) -> int | None:
-    return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _query_dtype(gqa: ir.Node) -> ir.DataType | None:
@@ -155,20 +87,20 @@ class FoldTextMRoPEPass(RopePass):
         max_positions = self.options.max_positions or self.genai_config.context_length
         gqas = nodes_of(graph, "GroupQueryAttention", MS_DOMAIN)
         if not gqas:
-            report.not_matched("<model>", "no com.microsoft::GroupQueryAttention node")
-            return
+            raise MatchFailure.absent("no com.microsoft::GroupQueryAttention node")
         table_cache: dict[tuple, TextTables] = {}
         sites: list[_Site] = []
         for gqa in gqas:
-            site = self._match(model, gqa, report, table_cache, max_positions)
-            if site is None:
-                continue
-            if not (site.tables.positions.text_only or text_only):
-                report.refused(
-                    gqa.name,
-                    f"positions come from outside: {site.tables.positions.how}; folding into GQA is exact only for "
-                    "text prompts (all three axes equal); pass --text-only to fold for text-only use",
-                )
+            try:
+                site = self._match(model, gqa, table_cache, max_positions)
+                if not (site.tables.positions.text_only or text_only):
+                    raise MatchFailure.refuse(
+                        f"positions come from outside: {site.tables.positions.how}; folding into GQA is exact only "
+                        "for text prompts (all three axes equal); pass --text-only to fold for text-only use",
+                        gqa.name,
+                    )
+            except MatchFailure as failure:
+                report.record(failure, gqa.name)
                 continue
             sites.append(site)
         if not sites:
@@ -202,48 +134,42 @@ class FoldTextMRoPEPass(RopePass):
 
     # -- matching ---------------------------------------------------------------------------------------------
     def _head_size(self, past_key: ir.Value | None) -> int | None:
-        """Head size from the KV cache input's static last dim, else genai_config's decoder.head_size."""
+        """Head size from the KV cache input's static last dim, else genai_config's (:attr:`GenaiConfig.head_size`)."""
         shape = past_key.shape if past_key is not None else None
         if shape is not None and len(shape) == 4 and isinstance(shape[3], int):
             return shape[3]
-        return _int_or_none(self.genai_config.decoder.get("head_size"))
+        return self.genai_config.head_size
 
-    def _match(self, model, gqa, report, table_cache, max_positions) -> _Site | None:
+    def _match(self, model: ir.Model, gqa: ir.Node, table_cache: dict[tuple, TextTables],
+               max_positions: int | None) -> _Site:
+        """The GQA's q/k rotations and their text tables, checked; MatchFailure (absent/refused) otherwise."""
         if int(attr(gqa, "do_rotary", 0) or 0):
-            report.not_matched(gqa.name, "GroupQueryAttention already rotates (do_rotary=1)")
-            return None
+            raise MatchFailure.absent("GroupQueryAttention already rotates (do_rotary=1)", gqa.name)
         inputs = list(gqa.inputs) + [None] * max(0, 9 - len(gqa.inputs))
         if any(v is not None and v.name for v in inputs[7:9]):
-            report.not_matched(gqa.name, "GroupQueryAttention has cos_cache/sin_cache inputs but do_rotary=0")
-            return None
+            raise MatchFailure.absent("GroupQueryAttention has cos_cache/sin_cache inputs but do_rotary=0", gqa.name)
         query, key = inputs[0], inputs[1]
         heads, kv_heads = int(attr(gqa, "num_heads", 0)), int(attr(gqa, "kv_num_heads", 0))
         hint = self._head_size(inputs[3])
         packed = None
-        try:
-            if key is None or not key.name:
-                packed = query.producer()
-                if packed is None or packed.op_type != "Concat" or len(packed.inputs) != 3:
-                    raise MatchFailure.absent(f"packed QKV {query.name!r} is not a Concat of rotated q, rotated k and v")
-                axis = int(attr(packed, "axis", -1))
-                if axis not in (-1, 2):
-                    raise MatchFailure.absent(f"packed QKV Concat {packed.name!r} is on axis {axis}, not the hidden axis")
-                q_rot = trace_rotation(packed.inputs[0], heads, hint)
-                k_rot = trace_rotation(packed.inputs[1], kv_heads, hint)
-            else:
-                q_rot, k_rot = trace_rotation(query, heads, hint), trace_rotation(key, kv_heads, hint)
-            q_tables = self._tables(model, q_rot, table_cache, max_positions)
-            k_tables = self._tables(model, k_rot, table_cache, max_positions)
-        except MatchFailure as exc:
-            report.record(exc, gqa.name)
-            return None
-        reason = self._check(gqa, q_rot, k_rot, q_tables, k_tables)
-        if reason:
-            report.refused(gqa.name, reason)
-            return None
+        if key is None or not key.name:
+            packed = query.producer()
+            if packed is None or packed.op_type != "Concat" or len(packed.inputs) != 3:
+                raise MatchFailure.absent(f"packed QKV {query.name!r} is not a Concat of rotated q, rotated k and v")
+            axis = int(attr(packed, "axis", -1))
+            if axis not in (-1, 2):
+                raise MatchFailure.absent(f"packed QKV Concat {packed.name!r} is on axis {axis}, not the hidden axis")
+            q_rot = trace_rotation(packed.inputs[0], heads, hint)
+            k_rot = trace_rotation(packed.inputs[1], kv_heads, hint)
+        else:
+            q_rot, k_rot = trace_rotation(query, heads, hint), trace_rotation(key, kv_heads, hint)
+        q_tables = self._tables(model, q_rot, table_cache, max_positions)
+        k_tables = self._tables(model, k_rot, table_cache, max_positions)
+        self._check(gqa, q_rot, k_rot, q_tables, k_tables)
         return _Site(gqa, q_rot, k_rot, packed, q_tables)
 
-    def _tables(self, model, rotation: Rotation, cache, max_positions) -> TextTables:
+    def _tables(self, model: ir.Model, rotation: Rotation, cache: dict[tuple, TextTables],
+                max_positions: int | None) -> TextTables:
         node = rotation.node
         key = tuple(id(v) for v in node.inputs[1:4]) + (float(attr(node, "scale", 1.0) or 1.0),)
         if key not in cache:
@@ -251,29 +177,35 @@ class FoldTextMRoPEPass(RopePass):
         return cache[key]
 
     @staticmethod
-    def _check(gqa, q: Rotation, k: Rotation, qt: TextTables, kt: TextTables) -> str | None:
+    def _check(gqa: ir.Node, q: Rotation, k: Rotation, qt: TextTables, kt: TextTables) -> None:
+        """The conditions of the fold's exactness (and of GQA's fused rotary); MatchFailure.refuse naming the
+        GQA when one fails."""
+        def refuse(reason: str) -> MatchFailure:
+            return MatchFailure.refuse(reason, gqa.name)
+
         if q.interleaved != k.interleaved or q.rotary_dim != k.rotary_dim:
-            return (
+            raise refuse(
                 f"q and k are rotated differently (interleaved {q.interleaved}/{k.interleaved}, "
                 f"dim {q.rotary_dim}/{k.rotary_dim})"
             )
         if not (np.array_equal(qt.cos, kt.cos) and np.array_equal(qt.sin, kt.sin)):
-            return "q and k use different cos/sin tables"
+            raise refuse("q and k use different cos/sin tables")
         if qt.positions.graph_input is not kt.positions.graph_input:
-            return "q and k read different position inputs"
+            raise refuse("q and k read different position inputs")
         half = qt.cos.shape[1]
         if 2 * half != q.rotary_dim:
-            return f"cos/sin tables have {half} columns but the rotation covers {q.rotary_dim} dims"
+            raise refuse(f"cos/sin tables have {half} columns but the rotation covers {q.rotary_dim} dims")
         if half % 8:
-            return f"rotary_dim/2 = {half} is not a multiple of 8 (GroupQueryAttention's fused rotary needs that)"
+            raise refuse(f"rotary_dim/2 = {half} is not a multiple of 8 "
+                         "(GroupQueryAttention's fused rotary needs that)")
         if q.rotary_dim > q.head_size:
-            return f"rotary_dim {q.rotary_dim} exceeds head_size {q.head_size}"
+            raise refuse(f"rotary_dim {q.rotary_dim} exceeds head_size {q.head_size}")
         if _query_dtype(gqa) not in _NP_DTYPES:
-            return f"query dtype {_query_dtype(gqa)} is not float or float16"
-        return None
+            raise refuse(f"query dtype {_query_dtype(gqa)} is not float or float16")
 
     # -- rewriting --------------------------------------------------------------------------------------------
-    def _rewrite(self, graph: ir.Graph, site: _Site, cache_values) -> list[ir.Value]:
+    def _rewrite(self, graph: ir.Graph, site: _Site,
+                 cache_values: dict[tuple, tuple[ir.Value, ir.Value]]) -> list[ir.Value]:
         gqa = site.gqa
         np_dtype = _NP_DTYPES[_query_dtype(gqa)]
         cos = site.tables.cos.astype(np_dtype)
@@ -288,16 +220,12 @@ class FoldTextMRoPEPass(RopePass):
         old = [gqa.inputs[0], gqa.inputs[1]]
         if site.packed is not None:
             concat = site.packed
-            new_concat = ir.node(
-                "Concat",
-                [site.q.pre, site.k.pre, concat.inputs[2]],
-                {"axis": int(attr(concat, "axis", -1))},
-                name=f"{concat.name}/unrotated",
-            )
-            new_concat.outputs[0].dtype = concat.outputs[0].dtype
-            new_concat.outputs[0].shape = concat.outputs[0].shape
-            graph.insert_before(gqa, new_concat)
-            gqa.replace_input_with(0, new_concat.outputs[0])
+            tape = NodeTape()
+            unrotated = tape.op("Concat", [site.q.pre, site.k.pre, concat.inputs[2]],
+                                {"axis": int(attr(concat, "axis", -1))}, name=f"{concat.name}/unrotated")
+            unrotated.dtype, unrotated.shape = concat.outputs[0].dtype, concat.outputs[0].shape
+            tape.insert_before(graph, gqa)
+            gqa.replace_input_with(0, unrotated)
         else:
             gqa.replace_input_with(0, site.q.pre)
             gqa.replace_input_with(1, site.k.pre)

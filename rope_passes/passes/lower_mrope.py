@@ -32,8 +32,8 @@ import onnx_ir as ir
 
 from rope_passes.analysis.graph import MS_DOMAIN, attr, nodes_of
 from rope_passes.analysis.mrope import axis_of_columns
+from rope_passes.passes._rewrite import NodeTape, add_initializer, remove_dead
 from rope_passes.passes.base import RopePass
-from rope_passes.passes.fold_text_mrope import add_initializer, remove_dead
 from rope_passes.report import MatchFailure, PassReport
 
 
@@ -45,8 +45,7 @@ class LowerMRoPEPass(RopePass):
         graph = model.graph
         nodes = nodes_of(graph, "MRotaryEmbedding", MS_DOMAIN)
         if not nodes:
-            report.not_matched("<model>", "no com.microsoft::MRotaryEmbedding node")
-            return
+            raise MatchFailure.absent("no com.microsoft::MRotaryEmbedding node")
         shared: dict[tuple, tuple[ir.Value, ir.Value, ir.Value]] = {}
         old: list[ir.Value] = []
         for node in nodes:
@@ -66,21 +65,12 @@ class LowerMRoPEPass(RopePass):
                 attrs["num_heads"] = int(attr(node, "num_heads"))
             if attr(node, "rotary_embedding_dim"):
                 attrs["rotary_embedding_dim"] = int(attr(node, "rotary_embedding_dim"))
-            rope = ir.node(
-                "RotaryEmbedding",
-                [node.inputs[0], token_index, cos_tok, sin_tok],
-                attrs,
-                domain=MS_DOMAIN,
-                name=f"{node.name}/lowered/RotaryEmbedding",
-            )
-            out = rope.outputs[0]
-            out.name = f"{node.outputs[0].name}/lowered"
-            dtype = node.outputs[0].dtype or node.inputs[0].dtype
-            if dtype is not None:
-                out.dtype = dtype
-            if node.outputs[0].shape is not None:
-                out.shape = node.outputs[0].shape
-            graph.insert_before(node, rope)
+            tape = NodeTape()
+            out = tape.op("RotaryEmbedding", [node.inputs[0], token_index, cos_tok, sin_tok], attrs,
+                          domain=MS_DOMAIN, name=f"{node.name}/lowered/RotaryEmbedding",
+                          output=f"{node.outputs[0].name}/lowered",
+                          dtype=node.outputs[0].dtype or node.inputs[0].dtype, shape=node.outputs[0].shape)
+            tape.insert_before(graph, node)
             was = node.outputs[0]
             if was.is_graph_output():  # keep the graph output's name
                 name = was.name
@@ -107,7 +97,8 @@ class LowerMRoPEPass(RopePass):
                 model.opset_imports[MS_DOMAIN] = 1
 
     @staticmethod
-    def _check(node: ir.Node):
+    def _check(node: ir.Node) -> tuple[tuple, int, list[int], int, float]:
+        """(sharing key, half, sections, layout, scale); MatchFailure.refuse when the lowering would not be exact."""
         if int(attr(node, "is_packed_batching", 0) or 0):
             raise MatchFailure.refuse("is_packed_batching=1 (packed batches) is not supported")
         pos, cos, sin = node.inputs[1], node.inputs[2], node.inputs[3]
@@ -125,24 +116,21 @@ class LowerMRoPEPass(RopePass):
         axis_of_columns(sections, layout, half)
         scale = float(attr(node, "scale", 1.0) or 1.0)
         if scale != 1.0 and (cos.const_value is None or sin.const_value is None):
-            raise MatchFailure.refuse(f"scale={scale} with cos/sin caches that are not constants (cannot pre-scale them)")
+            raise MatchFailure.refuse(f"scale={scale} with cos/sin caches that are not constants "
+                                      "(cannot pre-scale them)")
         return (id(pos), id(cos), id(sin), tuple(sections), layout, scale), half, sections, layout, scale
 
     @staticmethod
-    def _per_token_tables(graph, node, half, sections, layout, scale):
+    def _per_token_tables(graph: ir.Graph, node: ir.Node, half: int, sections: list[int], layout: int,
+                          scale: float) -> tuple[ir.Value, ir.Value, ir.Value]:
+        """(token index, per-token cos, per-token sin) for ``node``'s positions, inserted before ``node``."""
         pos, cos, sin = node.inputs[1], node.inputs[2], node.inputs[3]
         base = f"{node.name}/lowered"
-        nodes: list[ir.Node] = []
+        tape = NodeTape()
 
-        def op(op_type, inputs, attrs=None, name="", dtype=None, shape=None):
-            n = ir.node(op_type, inputs, attrs or {}, name=f"{base}/{name or op_type}")
-            n.outputs[0].name = f"{base}/{name or op_type}/output_0"
-            if dtype is not None:
-                n.outputs[0].dtype = dtype
-            if shape is not None:
-                n.outputs[0].shape = ir.Shape(shape)
-            nodes.append(n)
-            return n.outputs[0]
+        def op(op_type, inputs, attrs=None, name="", dtype=None, shape=None) -> ir.Value:
+            step = f"{base}/{name or op_type}"
+            return tape.op(op_type, inputs, attrs, name=step, output=f"{step}/output_0", dtype=dtype, shape=shape)
 
         if scale != 1.0:
             cos, sin = (_scaled(graph, cache, scale) for cache in (cos, sin))
@@ -167,8 +155,7 @@ class LowerMRoPEPass(RopePass):
         one = add_initializer(graph, f"{base}/one", np.array(1, np.int64))
         rng = op("Range", [zero, total, one], name="token_range", dtype=i64, shape=["tokens"])
         token_index = op("Reshape", [rng, bs], name="token_index", dtype=i64, shape=["batch", "seq"])
-        for n in nodes:
-            graph.insert_before(node, n)
+        tape.insert_before(graph, node)
         return token_index, cos_tok, sin_tok
 
 

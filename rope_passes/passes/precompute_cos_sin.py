@@ -57,9 +57,9 @@ import onnx_ir as ir
 
 from rope_passes.analysis.census import inv_freq_product, longrope_where
 from rope_passes.analysis.graph import ancestors, const_tensor
+from rope_passes.passes._rewrite import NodeTape, add_initializer, remove_dead
 from rope_passes.passes.base import RopePass, option
-from rope_passes.passes.fold_text_mrope import add_initializer, remove_dead
-from rope_passes.report import PassReport
+from rope_passes.report import MatchFailure, PassReport
 from rope_passes.runtime.evaluate import evaluate_subgraph
 
 MAX_POSITIONS_KEY = "rope_passes.cos_sin_max_positions"
@@ -140,9 +140,13 @@ class PrecomputeCosSinPass(RopePass):
         graph = model.graph
         trig = [n for n in graph if n.op_type in ("Cos", "Sin") and n.domain in ("", "ai.onnx")]
         if not trig:
-            report.not_matched("<model>", "no Cos/Sin node in the main graph (nothing computed per call)")
-            return
-        chains = [c for c in (self._match(model, node, report) for node in trig) if c is not None]
+            raise MatchFailure.absent("no Cos/Sin node in the main graph (nothing computed per call)")
+        chains: list[_Chain] = []
+        for node in trig:
+            try:
+                chains.append(self._match(model, node))
+            except MatchFailure as failure:
+                report.record(failure, node.name)
         if not chains:
             return
         max_positions = self._max_positions()
@@ -178,93 +182,64 @@ class PrecomputeCosSinPass(RopePass):
         return self.options.max_positions
 
     # -- matching ---------------------------------------------------------------------------------------------
-    def _match(self, model: ir.Model, trig: ir.Node, report: PassReport) -> _Chain | None:
+    def _match(self, model: ir.Model, trig: ir.Node) -> _Chain:
+        """The per-call chain ending at ``trig``; MatchFailure (absent: not this form; refused: dynamic)."""
         found = inv_freq_product(trig, model)
         if found is None:
-            report.not_matched(trig.name, f"{trig.op_type} does not read positions × an inv_freq vector")
-            return None
+            raise MatchFailure.absent(f"{trig.op_type} does not read positions × an inv_freq vector", trig.name)
         product, inv_freq = found
         end = chain_end(trig.outputs[0])
         if end.is_graph_output():
-            report.not_matched(trig.name, f"the chain's end {end.name!r} is a graph output")
-            return None
+            raise MatchFailure.absent(f"the chain's end {end.name!r} is a graph output", trig.name)
         nodes = ancestors([end])
         inputs = _graph_inputs(nodes, end)
         if len(inputs) != 1:
             names = ", ".join(sorted(repr(v.name) for v in inputs)) or "none"
-            report.not_matched(trig.name, f"{trig.op_type} depends on {len(inputs)} graph inputs ({names}), not on "
-                                          "one position input")
-            return None
+            raise MatchFailure.absent(f"{trig.op_type} depends on {len(inputs)} graph inputs ({names}), not on one "
+                                      "position input", trig.name)
         (positions,) = inputs
         shape = positions.shape
         if positions.dtype not in (ir.DataType.INT64, ir.DataType.INT32) or shape is None or not (
                 len(shape) == 2 or (len(shape) == 3 and shape[0] == 3)):
-            report.not_matched(trig.name, f"position input {positions.name!r} is {positions.dtype} {shape}, not an "
-                                          "integer [batch, seq] or [3, batch, seq] tensor")
-            return None
+            raise MatchFailure.absent(f"position input {positions.name!r} is {positions.dtype} {shape}, not an "
+                                      "integer [batch, seq] or [3, batch, seq] tensor", trig.name)
         chain = _Chain(trig, end, positions, product, inv_freq, nodes)
-        reason = self._dynamic(model, chain)
-        if reason:
-            report.refused(trig.name, reason, inv_freq=inv_freq.name)
-            return None
+        self._check_static(model, chain)
         return chain
 
     @staticmethod
-    def _dynamic(model: ir.Model, chain: _Chain) -> str | None:
-        """Why the chain's rows depend on more than their own position, read from its ops; None if nothing."""
+    def _check_static(model: ir.Model, chain: _Chain) -> None:
+        """MatchFailure.refuse when the chain's ops make a row depend on more than its own position."""
         lr = longrope_where(model)
         if lr is not None and any(n.op_type == "Where" and n.name == lr.switch_node for n in chain.nodes):
-            return (f"LongRoPE chosen per call: {lr.switch} (node {lr.switch_node!r}) picks the long or short "
-                    "inv_freq from the largest position of the call, so a row depends on the other positions "
-                    "(dynamic: no single table)")
+            raise MatchFailure.refuse(
+                f"LongRoPE chosen per call: {lr.switch} (node {lr.switch_node!r}) picks the long or short inv_freq "
+                "from the largest position of the call, so a row depends on the other positions (dynamic: no single "
+                "table)", chain.trig.name, inv_freq=chain.inv_freq.name)
         mixing = [n for n in chain.nodes if n.op_type in _MIXING]
         if mixing:
             first = mixing[0]
             src = ", ".join(i.name or "?" for i in first.inputs if i is not None)
-            return (f"{first.op_type} {first.name!r} ({src}) reads across the positions of the call, so a row "
-                    "depends on more than its own position (dynamic frequencies, e.g. dynamic NTK: no single table)")
-        return None
+            raise MatchFailure.refuse(
+                f"{first.op_type} {first.name!r} ({src}) reads across the positions of the call, so a row depends "
+                "on more than its own position (dynamic frequencies, e.g. dynamic NTK: no single table)",
+                chain.trig.name, inv_freq=chain.inv_freq.name)
 
     # -- evaluating -------------------------------------------------------------------------------------------
     def _tables(self, model: ir.Model, chains: list[_Chain], rows: int, report: PassReport) -> dict[int, np.ndarray]:
-        """Tables ``[rows, D]`` per chain end (``id(end)``), from the graph's own subgraph; refused ones left out."""
-        positions = chains[0].positions
-        three = len(positions.shape) == 3
-        dtype = np.int64 if positions.dtype == ir.DataType.INT64 else np.int32
-        ends = [c.end for c in chains]
-        rng = np.random.RandomState(0)
-        probes = [np.arange(rows)[None, :], rng.permutation(rows)[None, :], rng.randint(0, rows, size=(2, 3))]
-        labels = ["positions 0..max_positions-1", "permuted positions", "positions of another batch and length"]
-        if three:  # [3, B, S]: equal axes first, then different values on each axis
-            probes = [np.stack([p, p, p]) for p in probes[:2]] + [
-                np.stack([rng.permutation(rows)[None, :] for _ in range(3)]), rng.randint(0, rows, size=(3, 2, 3))]
-            labels = [*labels[:2], "different positions on each axis", "another batch and length, axes differing"]
+        """Tables ``[rows, D]`` per chain end (``id(end)``), from the graph's own subgraph; failed ones recorded."""
         try:
-            results = [evaluate_subgraph(model, [positions], ends, [p.astype(dtype)]) for p in probes]
-        except ValueError as exc:  # extract(): the ends are not bounded by the positions
+            probes, labels, results = _evaluate(model, chains[0].positions, [c.end for c in chains], rows)
+        except MatchFailure as failure:
             for c in chains:
-                report.not_matched(c.trig.name, f"the chain is not a function of {positions.name!r} alone ({exc})")
-            return {}
-        except Exception as exc:  # noqa: BLE001 - any onnxruntime failure becomes a reason in the report
-            for c in chains:
-                report.not_matched(c.trig.name, f"cannot evaluate the cos/sin subgraph on onnxruntime CPU "
-                                                f"({type(exc).__name__}: {str(exc).splitlines()[0][:160]})")
+                report.record(failure, c.trig.name)
             return {}
         out: dict[int, np.ndarray] = {}
         for i, c in enumerate(chains):
-            first = results[0][i]
-            if first.ndim != probes[0].ndim + 1 or first.shape[:-1] != probes[0].shape:
-                report.not_matched(c.trig.name, f"{c.end.name!r} has shape {list(first.shape)} for positions of "
-                                                f"shape {list(probes[0].shape)}, not positions.shape + [D]")
-                continue
-            table = first[0] if not three else first[0, 0]
-            bad = next((label for p, r, label in zip(probes, results, labels, strict=True) if not (
-                r[i].shape == p.shape + table.shape[-1:] and np.array_equal(r[i], table[p]))), None)
-            if bad is not None:
-                report.refused(c.trig.name, f"{c.end.name!r}: with {bad} the rows are not the table's rows at those "
-                                            "positions, so a row depends on more than its own position")
-                continue
-            out[id(c.end)] = np.ascontiguousarray(table)
+            try:
+                out[id(c.end)] = _table(c, probes, labels, [r[i] for r in results])
+            except MatchFailure as failure:
+                report.record(failure, c.trig.name)
         return out
 
     # -- rewriting --------------------------------------------------------------------------------------------
@@ -278,14 +253,14 @@ class PrecomputeCosSinPass(RopePass):
             if key not in shared:
                 shared[key] = add_initializer(graph, f"rope_passes.{c.role}_table", table)
             init = shared[key]
-            gather = ir.node("Gather", [init, c.positions], {"axis": 0}, name=f"rope_passes/{c.role}_gather_{n}")
-            gather.outputs[0].name = f"rope_passes.{c.role}_rows_{n}"
-            gather.outputs[0].dtype = ir.DataType.from_numpy(table.dtype)
-            gather.outputs[0].shape = ir.Shape([*c.positions.shape, table.shape[-1]])
+            tape = NodeTape()
+            rows_value = tape.op("Gather", [init, c.positions], {"axis": 0}, name=f"rope_passes/{c.role}_gather_{n}",
+                                 output=f"rope_passes.{c.role}_rows_{n}", dtype=ir.DataType.from_numpy(table.dtype),
+                                 shape=[*c.positions.shape, table.shape[-1]])
             producer = c.end.producer()
             assert producer is not None  # a chain end is computed from the positions
-            graph.insert_after(producer, gather)
-            c.end.replace_all_uses_with(gather.outputs[0])
+            tape.insert_after(graph, producer)
+            c.end.replace_all_uses_with(rows_value)
             old.append(c.end)
             report.rewritten(
                 c.trig.name,
@@ -297,6 +272,44 @@ class PrecomputeCosSinPass(RopePass):
                 exact_when=f"every position in [0, {rows})",
             )
         remove_dead(graph, old)
+
+
+def _evaluate(model: ir.Model, positions: ir.Value, ends: list[ir.Value],
+              rows: int) -> tuple[list[np.ndarray], list[str], list[list[np.ndarray]]]:
+    """(probes, their labels, the ends' values per probe): the subgraph from ``positions`` to ``ends`` run on
+    onnxruntime CPU at positions ``0..rows-1``, permuted, and of another shape; MatchFailure.absent if it cannot be."""
+    three = len(positions.shape) == 3
+    dtype = np.int64 if positions.dtype == ir.DataType.INT64 else np.int32
+    rng = np.random.RandomState(0)
+    probes = [np.arange(rows)[None, :], rng.permutation(rows)[None, :], rng.randint(0, rows, size=(2, 3))]
+    labels = ["positions 0..max_positions-1", "permuted positions", "positions of another batch and length"]
+    if three:  # [3, B, S]: equal axes first, then different values on each axis
+        probes = [np.stack([p, p, p]) for p in probes[:2]] + [
+            np.stack([rng.permutation(rows)[None, :] for _ in range(3)]), rng.randint(0, rows, size=(3, 2, 3))]
+        labels = [*labels[:2], "different positions on each axis", "another batch and length, axes differing"]
+    try:
+        results = [evaluate_subgraph(model, [positions], ends, [p.astype(dtype)]) for p in probes]
+    except ValueError as exc:  # extract(): the ends are not bounded by the positions
+        raise MatchFailure.absent(f"the chain is not a function of {positions.name!r} alone ({exc})") from exc
+    except Exception as exc:  # noqa: BLE001 - any onnxruntime failure becomes a reason in the report
+        raise MatchFailure.absent(f"cannot evaluate the cos/sin subgraph on onnxruntime CPU "
+                                  f"({type(exc).__name__}: {str(exc).splitlines()[0][:160]})") from exc
+    return probes, labels, results
+
+
+def _table(chain: _Chain, probes: list[np.ndarray], labels: list[str], results: list[np.ndarray]) -> np.ndarray:
+    """The chain's ``[rows, D]`` table, proved per position on every probe; MatchFailure otherwise."""
+    first = results[0]
+    if first.ndim != probes[0].ndim + 1 or first.shape[:-1] != probes[0].shape:
+        raise MatchFailure.absent(f"{chain.end.name!r} has shape {list(first.shape)} for positions of shape "
+                                  f"{list(probes[0].shape)}, not positions.shape + [D]", chain.trig.name)
+    table = first[0] if probes[0].ndim == 2 else first[0, 0]
+    bad = next((label for p, r, label in zip(probes, results, labels, strict=True) if not (
+        r.shape == p.shape + table.shape[-1:] and np.array_equal(r, table[p]))), None)
+    if bad is not None:
+        raise MatchFailure.refuse(f"{chain.end.name!r}: with {bad} the rows are not the table's rows at those "
+                                  "positions, so a row depends on more than its own position", chain.trig.name)
+    return np.ascontiguousarray(table)
 
 
 __all__ = ["MAX_POSITIONS_KEY", "PrecomputeCosSinPass", "chain_end"]

@@ -1,0 +1,121 @@
+"""Shared rewrite helpers of the passes: new initializers, new nodes, and removing what a rewrite left dead.
+
+One way each:
+
+* :func:`add_initializer`: a new initializer (``onnx_ir.val`` holding ``onnx_ir.tensor``), its name made unique;
+* :class:`NodeTape`: new nodes recorded on an ``onnx_ir.tape.Tape`` (onnx_ir's own node recorder), each output
+  named and typed at creation, inserted into the graph in one step (before/after a node, or at the end);
+* :func:`remove_dead`: nodes and initializers that became dead, walking up from what the rewrite replaced only;
+* :func:`drop_unused_input`: a graph input nothing reads any more, and its ``genai_config.json`` decoder entry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+from onnx_ir.tape import Tape
+
+from rope_passes.config import GenaiConfig
+
+__all__ = ["NodeTape", "add_initializer", "drop_unused_input", "remove_dead"]
+
+
+def add_initializer(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
+    """A new initializer named ``name`` (``_1``, ``_2``… appended when taken) holding ``array``."""
+    base, n = name, 1
+    while name in graph.initializers:
+        name = f"{base}_{n}"
+        n += 1
+    value = ir.val(name, const_value=ir.tensor(array, name=name))
+    graph.register_initializer(value)
+    return value
+
+
+class NodeTape:
+    """New nodes for one place of a graph, recorded on an ``onnx_ir.tape.Tape`` and inserted together.
+
+    ``op`` names the node and its output and sets the output's dtype/shape (what onnxruntime's shape inference and
+    the placement prediction read); ``insert_before``/``insert_after``/``append`` put the recorded nodes into the
+    graph in recording order.
+    """
+
+    def __init__(self) -> None:
+        self.tape = Tape()
+
+    @property
+    def nodes(self) -> Sequence[ir.Node]:
+        return self.tape.nodes
+
+    def op(
+        self,
+        op_type: str,
+        inputs: Sequence[ir.Value | None],
+        attributes: Mapping[str, Any] | None = None,
+        *,
+        name: str,
+        output: str | None = None,
+        dtype: ir.DataType | None = None,
+        shape: ir.Shape | Sequence[int | str | None] | None = None,
+        domain: str = "",
+    ) -> ir.Value:
+        """Record node ``name``; returns its output (named ``output``, typed ``dtype``/``shape`` when given)."""
+        value = self.tape.op(op_type, inputs, attributes, domain=domain, name=name)
+        if output is not None:
+            value.name = output
+        if dtype is not None:
+            value.dtype = dtype
+        if shape is not None:
+            value.shape = shape if isinstance(shape, ir.Shape) else ir.Shape(shape)
+        return value
+
+    def insert_before(self, graph: ir.Graph, node: ir.Node) -> None:
+        graph.insert_before(node, self.tape.nodes)
+
+    def insert_after(self, graph: ir.Graph, node: ir.Node) -> None:
+        graph.insert_after(node, self.tape.nodes)
+
+    def append(self, graph: ir.Graph) -> None:
+        graph.extend(self.tape.nodes)
+
+
+def remove_dead(graph: ir.Graph, start: Iterable[ir.Value | None]) -> tuple[int, int]:
+    """Remove nodes and initializers that became dead, walking up from ``start`` only.
+
+    Dead code elsewhere in the graph is left alone, so a pass changes only what it rewrote.
+    Returns (nodes removed, initializers removed).
+    """
+    work = [v for v in start if v is not None]
+    nodes_removed = inits_removed = 0
+    while work:
+        value = work.pop()
+        if value.uses() or value.is_graph_output() or value.is_graph_input():
+            continue
+        if value.is_initializer():
+            if graph.initializers.get(value.name) is value:
+                del graph.initializers[value.name]
+                inits_removed += 1
+            continue
+        node = value.producer()
+        if node is None or node.graph is not graph:
+            continue
+        if any(out.uses() or out.is_graph_output() for out in node.outputs):
+            continue
+        inputs = [i for i in node.inputs if i is not None]
+        graph.remove(node, safe=True)
+        nodes_removed += 1
+        work.extend(inputs)
+    return nodes_removed, inits_removed
+
+
+def drop_unused_input(graph: ir.Graph, value: ir.Value, genai_config: GenaiConfig) -> tuple[list[str], list[str]]:
+    """Remove graph input ``value`` when nothing reads it, and its genai_config decoder input entry.
+
+    Returns (graph changes, genai_config changes).
+    """
+    if value.uses() or not value.is_graph_input() or value.is_graph_output():
+        return [], []
+    graph.inputs.remove(value)
+    return [f"removed graph input {value.name!r}"], genai_config.drop_decoder_input(value.name or "")
