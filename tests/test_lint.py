@@ -107,7 +107,7 @@ def test_docs_list_every_rule():
 
 @pytest.mark.parametrize("name", ["legacy/qwen35/cpu_fp32_text", "current/phi3_mini_128k/webgpu_fp32"])
 def test_fix_makes_the_model_lint_clean_and_capture_ready(name, tmp_path):
-    from rope_passes.analysis.placement import probe_placement
+    from rope_passes.runtime.placement_probe import probe_placement
 
     work = tmp_path / "m"
     shutil.copytree(GENAI / name, work)

@@ -13,14 +13,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from conftest import GENAI, UNLOADABLE, genai_models
 
-from rope_passes.analysis.placement import (
-    WEBGPU_KERNELS,
-    Memcpy,
-    Placement,
-    parse_probe_log,
-    predict_placement,
-    probe_placement,
-)
+from rope_passes.analysis.placement import Memcpy, Placement, predict_placement
+from rope_passes.analysis.webgpu_kernels import WEBGPU_KERNELS
+from rope_passes.runtime.placement_probe import parse_probe_log, probe_placement
 
 MODELS = genai_models()
 #: placement differs with capture on/off here (int64 kernels, GQA's CPU-memory total_sequence_length)

@@ -1,121 +1,48 @@
-"""Where onnxruntime-webgpu 1.27 runs each node, which Memcpy nodes it inserts, and whether graph capture can start.
+"""Where onnxruntime-webgpu 1.27 runs each node, which Memcpy nodes it inserts, and whether graph capture can start:
+a static prediction, no session (:func:`predict_placement`).
 
-Two levels, which a test keeps in agreement on the whole genai corpus:
+It replays onnxruntime's own partitioning rules on the measured kernel facts of :mod:`.webgpu_kernels`; the runtime
+truth it is checked against on the whole genai corpus (tests/test_placement.py) is
+:func:`rope_passes.runtime.placement_probe.probe_placement`, a session with verbose logging.
 
-* :func:`predict_placement` — static, no session. It replays onnxruntime's own partitioning rules:
-
-  1. a node gets WebGPU when the WebGPU kernel registry has a kernel for its op and input type
-     (:data:`WEBGPU_KERNELS`, measured, see :func:`derive_kernel_table`); ``Shape`` of an int64 tensor has none, and
-     every ``Shape`` output lives in CPU memory (:data:`CPU_OUTPUTS`), so shape math starts on CPU. With ``enableGraphCapture=1`` the EP also registers its int64 kernels, which changes the table;
-  2. shape math downstream of ``Shape`` lands on CPU because its int64 ops have no WebGPU kernel (without capture,
-     none; with capture, only ``Cast``/``Expand``/``Range``/``Unsqueeze`` have int64 kernels). The 1.27 WebGPU EP does
-     not apply onnxruntime's ``GetCpuPreferredNodes`` heuristic (measured: an int32 ``ReduceSum`` fed only by a CPU
-     ``Cast`` and a small initializer stays on WebGPU, with a Memcpy), so neither does this prediction. Before
-     partitioning onnxruntime merges identical nodes (``CommonSubexpressionElimination``); the prediction does too, and
-     a Memcpy on a merged tensor may carry any of its names (:attr:`Memcpy.aliases`). It also reads
-     ``Shape(Cast(x))``/``Shape(Identity(x))`` as ``Shape(x)`` when the Cast/Identity feeds only Shape nodes
-     (:func:`shape_bypass`);
-  3. Memcpy (``transformer_memcpy``): ``MemcpyFromHost`` after a tensor produced on CPU (or a graph input also read
-     by CPU nodes) that a WebGPU node reads in GPU memory; ``MemcpyToHost`` before a tensor produced on WebGPU that a
-     CPU node reads, or that a WebGPU kernel reads in CPU memory (:data:`CPU_INPUTS`, e.g. ``Reshape``'s shape).
-     Initializers and ``Constant`` outputs never need one (onnxruntime copies them per device);
-  4. graph capture is refused for control flow (``If``/``Loop``/``Scan``) first, then for any Memcpy.
-
-* :func:`probe_placement` — the runtime truth: a session in a subprocess with verbose logging; it reads onnxruntime's
-  ``webgpu kernel not found`` and ``Node placements`` lines, the ``transformer_memcpy`` lines and the session
-  creation error, if any.
+1. a node gets WebGPU when the WebGPU kernel registry has a kernel for its op and input type
+   (:data:`~.webgpu_kernels.WEBGPU_KERNELS`, measured); ``Shape`` of an int64 tensor has none, and every ``Shape``
+   output lives in CPU memory (:data:`~.webgpu_kernels.CPU_OUTPUTS`), so shape math starts on CPU. With
+   ``enableGraphCapture=1`` the EP also registers its int64 kernels, which changes the table;
+2. shape math downstream of ``Shape`` lands on CPU because its int64 ops have no WebGPU kernel (without capture,
+   none; with capture, only ``Cast``/``Expand``/``Range``/``Unsqueeze`` have int64 kernels). The 1.27 WebGPU EP does
+   not apply onnxruntime's ``GetCpuPreferredNodes`` heuristic (measured: an int32 ``ReduceSum`` fed only by a CPU
+   ``Cast`` and a small initializer stays on WebGPU, with a Memcpy), so neither does this prediction. Before
+   partitioning onnxruntime merges identical nodes (``CommonSubexpressionElimination``); the prediction does too, and
+   a Memcpy on a merged tensor may carry any of its names (:attr:`Memcpy.aliases`). It also reads
+   ``Shape(Cast(x))``/``Shape(Identity(x))`` as ``Shape(x)`` when the Cast/Identity feeds only Shape nodes
+   (:func:`shape_bypass`);
+3. Memcpy (``transformer_memcpy``): ``MemcpyFromHost`` after a tensor produced on CPU (or a graph input also read
+   by CPU nodes) that a WebGPU node reads in GPU memory; ``MemcpyToHost`` before a tensor produced on WebGPU that a
+   CPU node reads, or that a WebGPU kernel reads in CPU memory (:data:`~.webgpu_kernels.CPU_INPUTS`, e.g.
+   ``Reshape``'s shape). Initializers and ``Constant`` outputs never need one (onnxruntime copies them per device);
+4. graph capture is refused for control flow (``If``/``Loop``/``Scan``) first, then for any Memcpy.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import re
-import subprocess
-import sys
-import tempfile
-from collections.abc import Iterable, Mapping
-from pathlib import Path
 from typing import Any
 
 import onnx_ir as ir
 
-from rope_passes.analysis.graph import MS_DOMAIN
+from rope_passes.analysis.webgpu_kernels import (
+    CPU_INPUTS,
+    CPU_INPUTS_WITHOUT_CAPTURE,
+    CPU_OUTPUTS,
+    MAX_INPUTS,
+    UNREGISTERED_OPS,
+    WEBGPU_KERNELS,
+    type_key,
+)
 
 CONTROL_FLOW = frozenset({"If", "Loop", "Scan"})
-
-#: Ops whose CPU-memory inputs a WebGPU kernel declares (``InputMemoryType(OrtMemTypeCPU, i)``): a CPU tensor read
-#: there needs no Memcpy, a GPU tensor read there needs a MemcpyToHost. From the 1.27 kernel registrations, checked
-#: against the Memcpy lines of every corpus model (tests/test_placement.py).
-CPU_INPUTS: dict[tuple[str, str], frozenset[int]] = {
-    ("", "Reshape"): frozenset({1}),
-    ("", "Expand"): frozenset({1}),
-    ("", "Slice"): frozenset({1, 2, 3, 4}),
-    ("", "Squeeze"): frozenset({1}),
-    ("", "Unsqueeze"): frozenset({1}),
-    ("", "Split"): frozenset({1}),
-    ("", "Tile"): frozenset({1}),
-    ("", "Range"): frozenset({0, 1, 2}),
-    ("", "ConstantOfShape"): frozenset({0}),
-    ("", "ReduceSum"): frozenset({1}),
-    ("", "ReduceMax"): frozenset({1}),
-    ("", "ReduceMin"): frozenset({1}),
-    ("", "ReduceMean"): frozenset({1}),
-    ("", "ReduceProd"): frozenset({1}),
-    ("", "Pad"): frozenset({1, 2, 3}),
-    ("", "CumSum"): frozenset({1}),
-    ("", "Trilu"): frozenset({1}),
-    ("", "If"): frozenset({0}),
-}
-#: WebGPU kernels whose outputs live in CPU memory (``OutputMemoryType(OrtMemTypeCPU, i)``): Shape's result.
-CPU_OUTPUTS: dict[tuple[str, str], frozenset[int]] = {("", "Shape"): frozenset({0}), ("", "Size"): frozenset({0})}
-#: GroupQueryAttention reads ``total_sequence_length`` (input 6) from CPU memory, except under graph capture, where
-#: it must be a GPU tensor (measured: the builder's ``_graph`` models need a MemcpyToHost for it without capture and
-#: none with capture).
-GQA_TOTAL_SEQ_INPUT = 6
-
-#: ops onnxruntime 1.27 cannot load at all, with its message (measured on the corpus)
-UNREGISTERED_OPS: dict[tuple[str, str], str] = {
-    (MS_DOMAIN, "MRotaryEmbedding"): "com.microsoft:MRotaryEmbedding(-1) is not a registered function/op",
-}
-#: input-count limits of contrib schemas that the corpus exceeds
-MAX_INPUTS: dict[tuple[str, str], int] = {(MS_DOMAIN, "GroupQueryAttention"): 14}
-
-# ----------------------------------------------------------------------------------------------------------------
-# The WebGPU kernel registry of onnxruntime-webgpu 1.27, as measured.
-#
-# onnxruntime has no Python API to list an EP's kernels. This table was produced by `derive_kernel_table()` below:
-# one probe model per (op, type) with every input a graph input, a WebGPU session with capture off and one with
-# capture on (log_severity 0), and the EP's "webgpu kernel not found in registries for Op type: X node name: N"
-# lines. Key: (domain, op, type key) with the type key from `_type_key` (the dtype of the type-constrained input;
-# for Cast "FROM->TO"). Value: the capture modes with a kernel: "off", "on" (capture on registers int64 kernels).
-# Regenerate with:  python -m rope_passes.analysis.placement --derive-kernels
-# ----------------------------------------------------------------------------------------------------------------
-_BOTH = frozenset({"off", "on"})
-_ON = frozenset({"on"})
-_NONE: frozenset[str] = frozenset()
-
-WEBGPU_KERNELS: dict[tuple[str, str, str], frozenset[str]] = {}  # filled from _KERNEL_TABLE below
-
-
-def _type_index(domain: str, op: str) -> int | None:
-    """Which input carries the type that selects the kernel (None: output type, e.g. ConstantOfShape)."""
-    if (domain, op) == ("", "Where"):
-        return 1
-    if (domain, op) in (("", "ConstantOfShape"), ("", "Constant")):
-        return None
-    return 0
-
-
-def _type_key(domain: str, op: str, in_types: list[str | None], out_types: list[str | None],
-              attrs: Mapping[str, Any]) -> str:
-    if (domain, op) == ("", "Cast"):
-        return f"{in_types[0] if in_types else None}->{out_types[0] if out_types else None}"
-    index = _type_index(domain, op)
-    if index is None:
-        return str(out_types[0] if out_types else None)
-    return str(in_types[index] if index < len(in_types) else None)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -231,7 +158,7 @@ def _kernel_modes(node: ir.Node) -> tuple[frozenset[str] | None, str]:
         to = node.attributes.get("to")
         if to is not None:
             outs = [ir.DataType(to.value).name]
-    key = _type_key(domain, node.op_type, ins, outs, node.attributes)
+    key = type_key(domain, node.op_type, ins, outs)
     return WEBGPU_KERNELS.get((domain, node.op_type, key)), key
 
 
@@ -255,9 +182,10 @@ def _is_constant(value: ir.Value) -> bool:
 
 def _cpu_inputs(node: ir.Node, capture: bool) -> frozenset[int]:
     domain = "" if node.domain in ("", "ai.onnx") else node.domain
-    if (domain, node.op_type) == (MS_DOMAIN, "GroupQueryAttention"):
-        return frozenset() if capture else frozenset({GQA_TOTAL_SEQ_INPUT})
-    return CPU_INPUTS.get((domain, node.op_type), frozenset())
+    key = (domain, node.op_type)
+    if capture:
+        return CPU_INPUTS.get(key, frozenset())
+    return CPU_INPUTS.get(key, frozenset()) | CPU_INPUTS_WITHOUT_CAPTURE.get(key, frozenset())
 
 
 def _cpu_output(value: ir.Value) -> bool:
@@ -477,356 +405,3 @@ def _outer_reads(graph: ir.Graph) -> list[ir.Value]:
                 seen.add(id(v))
                 out.append(v)
     return out
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Runtime probe (subprocess)
-# ----------------------------------------------------------------------------------------------------------------
-
-_NOT_FOUND = re.compile(r"webgpu kernel not found in registries for Op type: (\S+) node name: (.*)$")
-_MEMCPY = re.compile(r"transformer_memcpy\.cc:\d+ \w+\] Add (MemcpyFromHost|MemcpyToHost) (?:after|before) (.*) "
-                     r"for WebGpuExecutionProvider")
-_PLACED = re.compile(r"Node\(s\) placed on \[(\w+)\]")
-_PLACED_NODE = re.compile(r"VerifyEachNodeIsAssignedToAnEp\]\s+(\S+) \((.*)\)$")
-
-
-def _probe_child(model_path: str, capture: bool, options: Mapping[str, str]) -> None:
-    """Runs in the subprocess: create the session, print a JSON line with the error; the log goes to stderr."""
-    import onnxruntime as ort
-
-    ort.set_default_logger_severity(0)
-    so = ort.SessionOptions()
-    so.log_severity_level = 0
-    entries = dict(options)
-    if capture:
-        entries["enableGraphCapture"] = "1"
-    for key, value in entries.items():
-        so.add_session_config_entry(f"ep.webgpuexecutionprovider.{key}", str(value))
-    out: dict[str, Any] = {"error": None, "providers": None}
-    try:
-        sess = ort.InferenceSession(model_path, so, providers=["WebGpuExecutionProvider", "CPUExecutionProvider"])
-        out["providers"] = sess.get_providers()
-    except Exception as exc:  # noqa: BLE001 - the message is the result
-        out["error"] = str(exc)
-    sys.stderr.flush()
-    print("ROPE_PASSES_PROBE " + json.dumps(out), flush=True)
-
-
-def probe_placement(model_path: str | os.PathLike, *, graph_capture: bool = True,
-                    webgpu_options: Mapping[str, str] | None = None, timeout: float = 120) -> Placement:
-    """The runtime truth: a WebGPU session in a subprocess with verbose logging (see the module docstring)."""
-    cmd = [sys.executable, "-m", "rope_passes.analysis.placement", "--probe-child", str(model_path),
-           "--capture", "1" if graph_capture else "0", "--options", json.dumps(dict(webgpu_options or {}))]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)  # exit code is data
-    return parse_probe_log(str(model_path), graph_capture, proc.stdout + "\n" + proc.stderr, proc.returncode)
-
-
-def parse_probe_log(model: str, graph_capture: bool, log: str, returncode: int = 0) -> Placement:
-    result = Placement(model, graph_capture, "probe")
-    marker = next((ln for ln in log.splitlines() if ln.startswith("ROPE_PASSES_PROBE ")), None)
-    if marker is None:
-        tail = " ".join(log.strip().splitlines()[-3:])[-300:]
-        result.loads = False
-        result.load_error = f"probe crashed (exit code {returncode}): {tail}"
-        return result
-    info = json.loads(marker.split(" ", 1)[1])
-    error = info["error"]
-    if error and "graph capture" not in error:
-        result.loads = False
-        result.load_error = _strip_ort(error)
-    if info["providers"] is not None and info["providers"][0] != "WebGpuExecutionProvider":
-        result.loads = False
-        result.load_error = "WebGPU session fell back to CPU (no WebGPU adapter?)"
-    placed: str | None = None
-    for line in log.splitlines():
-        m = _NOT_FOUND.search(line)
-        if m:
-            result.cpu_nodes.setdefault(m.group(2).strip(), f"no WebGPU kernel for {m.group(1)} (onnxruntime log)")
-            continue
-        m = _MEMCPY.search(line)
-        if m:
-            result.memcpy.append(Memcpy(m.group(1), m.group(2).strip()))
-            continue
-        m = _PLACED.search(line)
-        if m:
-            placed = m.group(1)
-            continue
-        m = _PLACED_NODE.search(line)
-        if m and placed == "CPUExecutionProvider":
-            result.cpu_nodes.setdefault(m.group(2), "placed on CPU (onnxruntime log)")
-    result.memcpy = sorted(set(result.memcpy))
-    if graph_capture:
-        result.capture_ok = error is None and result.loads
-        result.capture_error = _strip_ort(error) if error else None
-    if not result.loads:
-        result.capture_ok = False if graph_capture else None
-    return result
-
-
-def _strip_ort(message: str) -> str:
-    return re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", message).strip()
-
-
-def annotate(placement: Placement, model: ir.Model) -> Placement:
-    """Fill producer/consumer names of a probe's Memcpy entries from the graph."""
-    values: dict[str, ir.Value] = {}
-    for node in ir.traversal.RecursiveGraphIterator(model.graph):
-        for v in list(node.inputs) + list(node.outputs):
-            if v is not None and v.name:
-                values.setdefault(v.name, v)
-    for v in model.graph.inputs:
-        values.setdefault(v.name or "", v)
-    out = []
-    for m in placement.memcpy:
-        v = values.get(m.tensor)
-        if v is None:
-            out.append(m)
-            continue
-        producer = v.producer()
-        users = tuple(u.name or u.op_type for u, _ in v.uses())
-        out.append(Memcpy(m.kind, m.tensor, (producer.name or producer.op_type) if producer else "graph input", users))
-    placement.memcpy = out
-    return placement
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Kernel registry derivation (how WEBGPU_KERNELS was made)
-# ----------------------------------------------------------------------------------------------------------------
-
-#: (domain, op, attributes, input templates) probed by derive_kernel_table; "T" inputs take the probed dtype.
-_PROBE_DTYPES = ("FLOAT", "FLOAT16", "INT32", "INT64", "UINT32", "BOOL")
-_PROBE_OPS: list[tuple[str, str, dict[str, Any], list[str], int]] = [
-    # (domain, op, attrs, inputs ("T" or a fixed dtype), n_outputs)
-    ("", "Add", {}, ["T", "T"], 1), ("", "Sub", {}, ["T", "T"], 1), ("", "Mul", {}, ["T", "T"], 1),
-    ("", "Div", {}, ["T", "T"], 1), ("", "Equal", {}, ["T", "T"], 1), ("", "Greater", {}, ["T", "T"], 1),
-    ("", "Less", {}, ["T", "T"], 1), ("", "GreaterOrEqual", {}, ["T", "T"], 1), ("", "Max", {}, ["T", "T"], 1),
-    ("", "Min", {}, ["T", "T"], 1), ("", "Neg", {}, ["T"], 1), ("", "Relu", {}, ["T"], 1), ("", "Abs", {}, ["T"], 1), ("", "Cos", {}, ["T"], 1), ("", "Sin", {}, ["T"], 1),
-    ("", "Sigmoid", {}, ["T"], 1), ("", "Identity", {}, ["T"], 1), ("", "Transpose", {"perm": [1, 0]}, ["T"], 1),
-    ("", "Shape", {}, ["T"], 1), ("", "Size", {}, ["T"], 1), ("", "Gather", {"axis": 0}, ["T", "INT64"], 1),
-    ("", "GatherElements", {"axis": 0}, ["T", "INT64"], 1), ("", "Reshape", {}, ["T", "INT64"], 1),
-    ("", "Expand", {}, ["T", "INT64"], 1), ("", "Slice", {}, ["T", "INT64", "INT64", "INT64", "INT64"], 1),
-    ("", "Squeeze", {}, ["T", "INT64"], 1), ("", "Unsqueeze", {}, ["T", "INT64"], 1),
-    ("", "Split", {"axis": 0}, ["T", "INT64"], 2), ("", "Tile", {}, ["T", "INT64"], 1),
-    ("", "Concat", {"axis": 0}, ["T", "T"], 1), ("", "Range", {}, ["T", "T", "T"], 1),
-    ("", "ReduceSum", {"keepdims": 0}, ["T", "INT64"], 1), ("", "ReduceMax", {"keepdims": 0}, ["T", "INT64"], 1),
-    ("", "ReduceMin", {"keepdims": 0}, ["T", "INT64"], 1), ("", "ReduceProd", {"keepdims": 0}, ["T", "INT64"], 1),
-    ("", "Where", {}, ["BOOL", "T", "T"], 1), ("", "MatMul", {}, ["T", "T"], 1), ("", "CumSum", {}, ["T", "INT64"], 1),
-    ("", "Trilu", {}, ["T"], 1), ("", "Softmax", {}, ["T"], 1),
-    ("", "SimplifiedLayerNormalization", {}, ["T", "T"], 1),
-    (MS_DOMAIN, "SkipSimplifiedLayerNormalization", {}, ["T", "T", "T"], 1),
-    (MS_DOMAIN, "RotaryEmbedding", {}, ["T", "INT64", "T", "T"], 1),
-    (MS_DOMAIN, "GroupQueryAttention", {"num_heads": 2, "kv_num_heads": 2},
-     ["T", "T", "T", "T", "T", "INT32", "INT32"], 3),
-    (MS_DOMAIN, "MatMulNBits", {"K": 32, "N": 32, "bits": 4, "block_size": 32}, ["T", "UINT8", "T"], 1),
-]
-
-
-def _probe_nodes() -> list[tuple[tuple[str, str, str], Any]]:
-    from onnx import TensorProto, helper
-
-    out = []
-    for domain, op, attrs, inputs, n_out in _PROBE_OPS:
-        for dtype in _PROBE_DTYPES:
-            out.append(((domain, op, dtype), (domain, op, attrs, [dtype if t == "T" else t for t in inputs], n_out)))
-    for src in _PROBE_DTYPES:
-        for dst in _PROBE_DTYPES:
-            if src != dst:
-                out.append((("", "Cast", f"{src}->{dst}"),
-                            ("", "Cast", {"to": getattr(TensorProto, dst)}, [src], 1)))
-    for dst in _PROBE_DTYPES:
-        out.append((("", "ConstantOfShape", dst),
-                    ("", "ConstantOfShape", {"value": helper.make_tensor("v", getattr(TensorProto, dst), [1], [0])},
-                     ["INT64"], 1)))
-    return out
-
-
-def _probe_model_bytes(entries: list[tuple[tuple[str, str, str], Any]]) -> tuple[bytes, dict[str, tuple]]:
-    from onnx import TensorProto, helper
-
-    nodes, inputs, outputs, names = [], [], [], {}
-    for i, (key, (domain, op, attrs, in_types, n_out)) in enumerate(entries):
-        node_inputs = []
-        for j, t in enumerate(in_types):
-            name = f"n{i}_in{j}"
-            inputs.append(helper.make_tensor_value_info(name, getattr(TensorProto, t), None))
-            node_inputs.append(name)
-        outs = [f"n{i}_out{j}" for j in range(n_out)]
-        outputs.extend(helper.make_empty_tensor_value_info(o) for o in outs)
-        nodes.append(helper.make_node(op, node_inputs, outs, name=f"probe{i}", domain=domain, **attrs))
-        names[f"probe{i}"] = key
-    graph = helper.make_graph(nodes, "kernel_probe", inputs, outputs)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(MS_DOMAIN, 1)])
-    model.ir_version = 10
-    return model.SerializeToString(), names
-
-
-def _well_typed(entry: tuple[tuple[str, str, str], Any]) -> bool:
-    """Whether the ONNX schema accepts this (op, types) at all (contrib ops: float types only)."""
-    import onnx
-
-    (domain, op, dtype) = entry[0]
-    if domain == MS_DOMAIN or not onnx.defs.has(op, domain):
-        return dtype in ("FLOAT", "FLOAT16")
-    data, _ = _probe_model_bytes([entry])
-    try:
-        onnx.shape_inference.infer_shapes(onnx.load_from_string(data), check_type=True, strict_mode=True)
-    except Exception:  # noqa: BLE001 - a type error is the answer
-        return False
-    return True
-
-
-def derive_kernel_table() -> dict[tuple[str, str, str], frozenset[str]]:
-    """Measure the WebGPU kernel registry: returns {(domain, op, type key): modes with a kernel}.
-
-    Only (op, type) pairs the ONNX schema accepts are probed; the others are absent from the result.
-    """
-    entries = [e for e in _probe_nodes() if _well_typed(e)]
-    table: dict[tuple[str, str, str], set[str]] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "probe.onnx"
-        for capture in (False, True):
-            todo = list(entries)
-            while True:
-                data, names = _probe_model_bytes(todo)
-                path.write_bytes(data)
-                placement = probe_placement(path, graph_capture=capture)
-                if placement.loads and (placement.capture_ok is not False or "graph capture" in
-                                        (placement.capture_error or "")):
-                    break
-                # a (op, type) no EP at all can run makes the whole session fail: drop it and retry
-                bad = re.search(r"probe(\d+)", placement.load_error or "")
-                if bad is None:
-                    raise RuntimeError(f"kernel probe model did not load: {placement.load_error}")
-                del todo[int(bad.group(1))]
-            missing = set(placement.cpu_nodes)
-            for node_name, key in names.items():
-                table.setdefault(key, set())
-                if node_name not in missing:
-                    table[key].add("on" if capture else "off")
-    return {k: frozenset(v) for k, v in table.items()}
-
-
-def _format_table(table: Mapping[tuple[str, str, str], frozenset[str]]) -> str:
-    lines = ["_KERNEL_TABLE: dict[tuple[str, str], dict[str, frozenset[str]]] = {"]
-    by_op: dict[tuple[str, str], dict[str, frozenset[str]]] = {}
-    for (domain, op, key), modes in sorted(table.items()):
-        by_op.setdefault((domain, op), {})[key] = modes
-    for (domain, op), keys in by_op.items():
-        parts = []
-        for key, modes in keys.items():
-            name = "_BOTH" if modes == _BOTH else "_ON" if modes == _ON else "_NONE" if not modes else repr(set(modes))
-            if modes:
-                parts.append(f"{key!r}: {name}")
-        lines.append(f"    ({domain!r}, {op!r}): {{{', '.join(parts)}}},")
-    lines.append("}")
-    return "\n".join(lines)
-
-
-# fmt: off
-# Generated by `python -m rope_passes.analysis.placement --derive-kernels` on onnxruntime-webgpu 1.27.0 (lavapipe).
-# Types not listed have no WebGPU kernel in either mode.
-_KERNEL_TABLE: dict[tuple[str, str], dict[str, frozenset[str]]] = {
-    ('', 'Abs'): {'FLOAT': _BOTH, 'FLOAT16': _BOTH},
-    ('', 'Add'): {'FLOAT': _BOTH, 'FLOAT16': _BOTH, 'INT32': _BOTH, 'UINT32': _BOTH},
-    ('', 'Cast'): {'BOOL->FLOAT': _BOTH, 'BOOL->FLOAT16': _BOTH, 'BOOL->INT32': _BOTH, 'BOOL->INT64': _ON, 'BOOL->UINT32': _BOTH, 'FLOAT->BOOL': _BOTH, 'FLOAT->FLOAT16': _BOTH, 'FLOAT->INT32': _BOTH, 'FLOAT->INT64': _ON, 'FLOAT->UINT32': _BOTH, 'FLOAT16->BOOL': _BOTH, 'FLOAT16->FLOAT': _BOTH, 'FLOAT16->INT32': _BOTH, 'FLOAT16->INT64': _ON, 'FLOAT16->UINT32': _BOTH, 'INT32->BOOL': _BOTH, 'INT32->FLOAT': _BOTH, 'INT32->FLOAT16': _BOTH, 'INT32->INT64': _ON, 'INT32->UINT32': _BOTH, 'INT64->BOOL': _ON, 'INT64->FLOAT': _ON, 'INT64->FLOAT16': _ON, 'INT64->INT32': _ON, 'INT64->UINT32': _ON, 'UINT32->BOOL': _BOTH, 'UINT32->FLOAT': _BOTH, 'UINT32->FLOAT16': _BOTH, 'UINT32->INT32': _BOTH, 'UINT32->INT64': _ON},
-    ('', 'Concat'): {'FLOAT': _BOTH, 'FLOAT16': _BOTH, 'INT32': _BOTH, 'UINT32': _BOTH},
-    ('', 'ConstantOfShape'): {},
-    ('', 'Cos'): {'FLOAT': _BOTH, 'FLOAT16': _BOTH},
-    ('', 'CumSum'): {'FLOAT': _BOTH, 'FLOAT16': _BOTH},
-    ('', 'Div'): {'FLOAT': _BOTH, 'FLOAT16': _BOTH, 'INT32': _BOTH, 'UINT32': _BOTH},
-    ('', 'Equal'): {'FLOAT': _BOTH, 'FLOAT16': _BOTH, 'INT32': _BOTH, 'UINT32': _BOTH},
-    ('', 'Expand'): {'BOOL': _BOTH, 'FLOAT': _BOTH, 'FLOAT16': _BOTH, 'INT32': _BOTH, 'INT64': _ON, 'UINT32': _BOTH},
-    ('', 'Gather'): {'BOOL': _BOTH, 'FLOAT': _BOTH, 'FLOAT16': _BOTH, 'INT32': _BOTH, 'UINT32': _BOTH},
-    ('', 'GatherElements'): {'FLOAT': _BOTH, 'FLOAT16': _BOTH},
-    ('', 'Greater'): {'FLOAT': _BOTH, 'FLOAT16': _BOTH, 'INT32': _BOTH, 'UINT32': _BOTH},
-    ('', 'GreaterOrEqual'): {'FLOAT': _BOTH, 'FLOAT16': _BOTH, 'INT32': _BOTH, 'UINT32': _BOTH},
-    ('', 'Identity'): {'FLOAT': _BOTH, 'FLOAT16': _BOTH, 'INT32': _BOTH, 'UINT32': _BOTH},
-    ('', 'Less'): {'FLOAT': _BOTH, 'FLOAT16': _BOTH, 'INT32': _BOTH, 'UINT32': _BOTH},
-    ('', 'MatMul'): {'FLOAT': _BOTH, 'FLOAT16': _BOTH},
-    ('', 'Max'): {},
-    ('', 'Min'): {},
-    ('', 'Mul'): {'FLOAT': _BOTH, 'FLOAT16': _BOTH, 'INT32': _BOTH, 'UINT32': _BOTH},
-    ('', 'Neg'): {'FLOAT': _BOTH, 'FLOAT16': _BOTH},
-    ('', 'Range'): {'FLOAT': _BOTH, 'INT32': _BOTH, 'INT64': _ON},
-    ('', 'ReduceMax'): {'FLOAT': _BOTH, 'FLOAT16': _BOTH, 'INT32': _BOTH, 'UINT32': _BOTH},
-    ('', 'ReduceMin'): {'FLOAT': _BOTH, 'FLOAT16': _BOTH, 'INT32': _BOTH, 'UINT32': _BOTH},
-    ('', 'ReduceProd'): {'FLOAT': _BOTH, 'FLOAT16': _BOTH, 'INT32': _BOTH, 'UINT32': _BOTH},
-    ('', 'ReduceSum'): {'FLOAT': _BOTH, 'FLOAT16': _BOTH, 'INT32': _BOTH, 'UINT32': _BOTH},
-    ('', 'Relu'): {'FLOAT': _BOTH, 'FLOAT16': _BOTH},
-    ('', 'Reshape'): {'FLOAT': _BOTH, 'FLOAT16': _BOTH, 'INT32': _BOTH, 'UINT32': _BOTH},
-    ('', 'Shape'): {'FLOAT': _BOTH, 'FLOAT16': _BOTH, 'INT32': _BOTH, 'UINT32': _BOTH},
-    ('', 'Sigmoid'): {'FLOAT': _BOTH, 'FLOAT16': _BOTH},
-    ('', 'SimplifiedLayerNormalization'): {'FLOAT': _BOTH, 'FLOAT16': _BOTH},
-    ('', 'Sin'): {'FLOAT': _BOTH, 'FLOAT16': _BOTH},
-    ('', 'Size'): {},
-    ('', 'Slice'): {'FLOAT': _BOTH, 'FLOAT16': _BOTH},
-    ('', 'Softmax'): {'FLOAT': _BOTH, 'FLOAT16': _BOTH},
-    ('', 'Split'): {'FLOAT': _BOTH, 'FLOAT16': _BOTH, 'INT32': _BOTH, 'UINT32': _BOTH},
-    ('', 'Squeeze'): {'FLOAT': _BOTH, 'FLOAT16': _BOTH, 'INT32': _BOTH, 'UINT32': _BOTH},
-    ('', 'Sub'): {'FLOAT': _BOTH, 'FLOAT16': _BOTH, 'INT32': _BOTH, 'UINT32': _BOTH},
-    ('', 'Tile'): {'FLOAT': _BOTH, 'FLOAT16': _BOTH},
-    ('', 'Transpose'): {'FLOAT': _BOTH, 'FLOAT16': _BOTH, 'INT32': _BOTH, 'UINT32': _BOTH},
-    ('', 'Trilu'): {},
-    ('', 'Unsqueeze'): {'BOOL': _BOTH, 'FLOAT': _BOTH, 'FLOAT16': _BOTH, 'INT32': _BOTH, 'INT64': _ON, 'UINT32': _BOTH},
-    ('', 'Where'): {'BOOL': _BOTH, 'FLOAT': _BOTH, 'FLOAT16': _BOTH, 'INT32': _BOTH, 'UINT32': _BOTH},
-    ('com.microsoft', 'GroupQueryAttention'): {'FLOAT': _BOTH, 'FLOAT16': _BOTH},
-    ('com.microsoft', 'MatMulNBits'): {'FLOAT': _BOTH, 'FLOAT16': _BOTH},
-    ('com.microsoft', 'RotaryEmbedding'): {'FLOAT': _BOTH, 'FLOAT16': _BOTH},
-    ('com.microsoft', 'SkipSimplifiedLayerNormalization'): {'FLOAT': _BOTH, 'FLOAT16': _BOTH},
-}
-# fmt: on
-
-
-def _load_table() -> None:
-    WEBGPU_KERNELS.clear()
-    # If has a WebGPU kernel (cond read from CPU memory); not probed above (needs subgraphs): measured on the phi3
-    # LongRoPE corpus graphs, where it never appears in the "kernel not found" lines and needs no Memcpy.
-    WEBGPU_KERNELS[("", "If", "BOOL")] = _BOTH
-    for (domain, op), keys in _KERNEL_TABLE.items():
-        for key, modes in keys.items():
-            WEBGPU_KERNELS[(domain, op, key)] = modes
-    for domain, op, _attrs, _inputs, _n in _PROBE_OPS:  # probed types without a kernel: known "no"
-        for dtype in _PROBE_DTYPES:
-            WEBGPU_KERNELS.setdefault((domain, op, dtype), _NONE)
-    for src in _PROBE_DTYPES:
-        for dst in _PROBE_DTYPES:
-            WEBGPU_KERNELS.setdefault(("", "Cast", f"{src}->{dst}"), _NONE)
-
-
-_load_table()
-
-
-def main(argv: Iterable[str] | None = None) -> int:
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m rope_passes.analysis.placement")
-    parser.add_argument("model", nargs="?")
-    parser.add_argument("--probe-child", metavar="MODEL")
-    parser.add_argument("--capture", default="1")
-    parser.add_argument("--options", default="{}")
-    parser.add_argument("--derive-kernels", action="store_true")
-    parser.add_argument("--probe", action="store_true", help="also run the runtime probe")
-    args = parser.parse_args(list(argv) if argv is not None else None)
-    if args.probe_child:
-        _probe_child(args.probe_child, args.capture == "1", json.loads(args.options))
-        return 0
-    if args.derive_kernels:
-        print(_format_table(derive_kernel_table()))
-        return 0
-    if not args.model:
-        parser.error("give a model path")
-    capture = args.capture == "1"
-    static = predict_placement(args.model, graph_capture=capture)
-    print("static:", static.summary())
-    for m in static.memcpy:
-        print("  ", m)
-    if args.probe:
-        probe = annotate(probe_placement(args.model, graph_capture=capture), ir.load(args.model))
-        print("probe: ", probe.summary())
-        for m in probe.memcpy:
-            print("  ", m)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
