@@ -19,8 +19,9 @@ from rope_passes.report import PipelineReport
 #: Target presets. Later entries may rely on what earlier ones established (documented per pass).
 PRESETS: dict[str, list[str]] = {
     "webgpu": ["fold-text-mrope", "lower-mrope", "cleanup"],
+    # narrow-int64 right after total-seq-on-gpu: it reads the placement of the graph the passes before it left
     "webgpu-graph": ["fold-text-mrope", "lower-mrope", "longrope-concat", "annotate-cache-offset",
-                     "total-seq-on-gpu", "cleanup"],
+                     "total-seq-on-gpu", "narrow-int64", "cleanup"],
     # torch/optimum exports that recompute cos/sin on every call; needs a table size (--max-positions or
     # genai_config model.context_length)
     "exporter": ["precompute-cos-sin", "cleanup"],

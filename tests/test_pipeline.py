@@ -61,6 +61,13 @@ def test_presets_are_explicit_registered_and_end_with_cleanup():
         assert len(set(names)) == len(names)
 
 
+def test_narrow_int64_runs_right_after_total_seq_on_gpu():
+    """narrow-int64 reads the placement of the graph total-seq-on-gpu leaves (once one pass, in this order)."""
+    names = PRESETS["webgpu-graph"]
+    assert names[names.index("total-seq-on-gpu") + 1] == "narrow-int64"
+    assert "narrow-int64" not in PRESETS["webgpu"]
+
+
 def test_unknown_target_and_pass_are_usage_errors():
     with pytest.raises(UsageError, match="unknown target 'gpu'"):
         pass_names_for("gpu", None)

@@ -34,7 +34,7 @@ from rope_passes.runtime.sessions import create_session
 
 LOADABLE = [m for m in genai_models() if m not in UNLOADABLE]
 #: 3D position_ids come from outside (vision-language graphs): fold-text-mrope refuses without --text-only and the
-#: manual mRoPE's int64 position math is moved to the GPU in int32 by total-seq-on-gpu's second rule. (Saving these
+#: manual mRoPE's int64 position math is moved to the GPU in int32 by narrow-int64. (Saving these
 #: once failed with onnx_ir's "cannot close exported pointers exist"; io.save_bundle now inlines small tensors itself.)
 VL_3D = ["legacy/qwen25_vl/cpu_fp32", "legacy/qwen25_vl/webgpu_fp16_graph", "legacy/qwen35/cpu_fp32"]
 NOT_CAPTURE_READY: dict[str, str] = {}
@@ -218,8 +218,13 @@ def test_captured_decode_matches_original(optimized, rel):
         assert all(d.max_abs == 0.0 for d in same_ep.diffs) and len(same_ep.diffs) > 0
 
 
-def test_int64_movement_narrowed_on_3d_vl_graph(optimized):
-    model = ir.load(Path(optimized["legacy/qwen35/cpu_fp32"]) / "model.onnx")
+def test_int64_movement_narrowed_on_3d_vl_graph(genai_corpus):
+    bundle = load_bundle(GENAI / "legacy/qwen35/cpu_fp32")
+    report = run_pipeline(bundle, passes=["total-seq-on-gpu", "narrow-int64", "cleanup"])
+    total_seq, narrow = report.passes[:2]
+    assert total_seq.status == "rewritten 1" and narrow.count(Outcome.REWRITTEN) > 0, (total_seq.status, narrow.status)
+    assert all("int32" in f.reason for f in narrow.findings)
+    model = bundle.model
     casts = [n for n in model.graph if (n.name or "").startswith("/rope_passes/int32/")]
     assert casts and all(n.op_type in ("Cast", "Relu") for n in casts)
     gathers = [n for n in model.graph if n.name == "/model/rotary_emb/sin/dim0/pos/Gather"]

@@ -127,9 +127,10 @@ def control_flow(ctx: LintContext) -> Found:
       "onnxruntime will insert Memcpy nodes: WebGPU graph capture refused",
       """Static placement prediction (rope_passes.analysis.placement, checked against onnxruntime's own placement
       log on the corpus) with enableGraphCapture=1: tensors computed on the CPU (Shape math, int64 ops without
-      WebGPU kernels) feed GPU nodes, so onnxruntime inserts Memcpy and refuses capture. `total-seq-on-gpu` moves
-      the attention-mask and position math to the GPU; `fold-text-mrope` removes manual mRoPE shape paths.""",
-      fix="total-seq-on-gpu")
+      WebGPU kernels) feed GPU nodes, so onnxruntime inserts Memcpy and refuses capture. `narrow-int64` moves
+      int64 position movement to the GPU in int32 (`total-seq-on-gpu`, RP201's fix, the attention-mask math);
+      `fold-text-mrope` removes manual mRoPE shape paths.""",
+      fix="narrow-int64")
 def memcpy(ctx: LintContext) -> Found:
     from rope_passes.analysis.placement import predict_placement
 

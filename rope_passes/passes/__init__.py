@@ -12,12 +12,13 @@ from rope_passes.passes.cleanup import CleanupPass
 from rope_passes.passes.fold_text_mrope import FoldTextMRoPEPass
 from rope_passes.passes.longrope_concat import LongRoPEConcatPass
 from rope_passes.passes.lower_mrope import LowerMRoPEPass
+from rope_passes.passes.narrow_int64 import NarrowInt64Pass
 from rope_passes.passes.precompute_cos_sin import PrecomputeCosSinPass
 from rope_passes.passes.total_seq_on_gpu import TotalSeqOnGpuPass
 
 ALL_PASSES: dict[str, type[RopePass]] = {cls.name: cls for cls in (
-    FoldTextMRoPEPass, LowerMRoPEPass, LongRoPEConcatPass, AnnotateCacheOffsetPass, TotalSeqOnGpuPass, PrecomputeCosSinPass,
-    CleanupPass)}
+    FoldTextMRoPEPass, LowerMRoPEPass, LongRoPEConcatPass, AnnotateCacheOffsetPass, TotalSeqOnGpuPass, NarrowInt64Pass,
+    PrecomputeCosSinPass, CleanupPass)}
 
 
 def register(cls: type[RopePass]) -> type[RopePass]:
@@ -26,4 +27,6 @@ def register(cls: type[RopePass]) -> type[RopePass]:
     return cls
 
 
-__all__ = ["ALL_PASSES", "PassContext", "option", "AnnotateCacheOffsetPass", "CleanupPass", "LongRoPEConcatPass", "TotalSeqOnGpuPass", "FoldTextMRoPEPass", "LowerMRoPEPass", "PrecomputeCosSinPass", "RopePass", "RopePassResult", "register"]
+__all__ = ["ALL_PASSES", "AnnotateCacheOffsetPass", "CleanupPass", "FoldTextMRoPEPass", "LongRoPEConcatPass",
+           "LowerMRoPEPass", "NarrowInt64Pass", "PassContext", "PrecomputeCosSinPass", "RopePass", "RopePassResult",
+           "TotalSeqOnGpuPass", "option", "register"]

@@ -1,0 +1,135 @@
+"""The package's layering, read from the source with ``ast`` (every import statement, function-level ones included).
+
+* ``rope_passes.analysis`` is pure graph reasoning: it never imports ``onnxruntime`` nor ``rope_passes.runtime``
+  (the layer that owns every onnxruntime session).
+* The ``rope_passes`` modules import each other without cycles.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "rope_passes"
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _imports(name: str, path: Path) -> list[tuple[str, int]]:
+    """(imported name, line) for every import in the file; ``from m import x`` gives ``m`` and ``m.x`` (x may be a
+    submodule); relative imports are resolved."""
+    is_package = path.name == "__init__.py"
+    out: list[tuple[str, int]] = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            out.extend((alias.name, node.lineno) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = name.split(".")
+                parent = parent if is_package else parent[:-1]
+                parent = parent[: len(parent) - (node.level - 1)]
+                base = ".".join(parent + ([base] if base else []))
+            out.append((base, node.lineno))
+            out.extend((f"{base}.{alias.name}", node.lineno) for alias in node.names if alias.name != "*")
+    return out
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """module -> the rope_passes modules it imports (the longest module prefix of each imported name)."""
+    modules = _modules()
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for name, path in modules.items():
+        for imported, _line in _imports(name, path):
+            parts = imported.split(".")
+            target = next((".".join(parts[:i]) for i in range(len(parts), 0, -1) if ".".join(parts[:i]) in modules),
+                          None)
+            if target is not None and target != name:
+                graph[name].add(target)
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle (a -> ... -> a) per strongly connected component of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[set[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = set()
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.add(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                components.append(component)
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+
+    cycles = []
+    for component in components:
+        start = min(component)
+        # shortest path back to start inside the component (breadth-first)
+        paths = {start: [start]}
+        frontier = [start]
+        cycle = None
+        while frontier and cycle is None:
+            nxt = []
+            for v in frontier:
+                for w in sorted(graph[v] & component):
+                    if w == start:
+                        cycle = paths[v] + [start]
+                        break
+                    if w not in paths:
+                        paths[w] = paths[v] + [w]
+                        nxt.append(w)
+                if cycle:
+                    break
+            frontier = nxt
+        cycles.append(cycle or sorted(component))
+    return cycles
+
+
+def test_analysis_imports_no_onnxruntime_and_no_runtime_layer():
+    offenders = []
+    for name, path in _modules().items():
+        if not (name == "rope_passes.analysis" or name.startswith("rope_passes.analysis.")):
+            continue
+        for imported, line in _imports(name, path):
+            if imported.split(".")[0] == "onnxruntime" or imported.startswith("rope_passes.runtime"):
+                offenders.append(f"{path.relative_to(PACKAGE.parent)}:{line} imports {imported}")
+    assert not offenders, "analysis must stay pure (no sessions):\n" + "\n".join(sorted(set(offenders)))
+
+
+def test_no_import_cycles():
+    cycles = _cycles(_import_graph())
+    assert not cycles, "import cycles among rope_passes modules:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_cycle_finder_finds_a_cycle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert _cycles(graph) == [["a", "b", "c", "a"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
