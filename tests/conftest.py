@@ -11,6 +11,9 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("ROPE_PASSES_SHARED", REPO.parent / "shared"))
 GENAI = SHARED / "corpus" / "genai"
 TORCH = SHARED / "corpus" / "torch"
+#: graphs generated for this project (committed; tests/fixtures/README.md says how): builder 0.18 families and
+#: options beyond the shared corpus, and torch exporters beyond its two
+FIXTURES = REPO / "tests" / "fixtures"
 
 
 def genai_models() -> list[str]:
