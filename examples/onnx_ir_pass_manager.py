@@ -37,8 +37,8 @@ def main() -> None:
         print(f"{p.name}: {p.report.status}")
     bundle.model = result.model
     # save_bundle: IR version <= 13 (onnxruntime 1.27), external data beside the model, the folder copied whole,
-    # genai_config.json written from the context the passes changed
-    save_bundle(bundle, args.out_dir, unchanged=not result.modified and not context.genai_config.changed)
+    # genai_config.json written from the context the passes changed; nothing changed: a byte-for-byte copy
+    save_bundle(bundle, args.out_dir, graph_modified=result.modified)
 
 
 if __name__ == "__main__":

@@ -10,9 +10,10 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from rope_passes import check  # noqa: E402 - a callable module: rope_passes.check(original, rewritten)
+from rope_passes.api import optimize
 from rope_passes.errors import ModelLoadError, ModelSaveError, RopePassesError, UsageError
 from rope_passes.io import ModelBundle, load_bundle, load_model, save_bundle
-from rope_passes.pipeline import PRESETS, optimize, run_pipeline
+from rope_passes.pipeline import PRESETS, run_pipeline
 from rope_passes.report import Finding, Outcome, PassReport, PipelineReport
 
 __all__ = [

@@ -3,6 +3,9 @@
 Order matters and is written down here, not left to rule discovery: each preset is a list, run first to last,
 and ``tests/test_pipeline.py`` pins it. Passes that a preset names but this installation lacks are an error,
 not a silent skip.
+
+This module runs passes on a loaded bundle; loading, linting the result and saving is :func:`rope_passes.api.optimize`
+(a layer above both this module and :mod:`rope_passes.lint`, which runs passes itself in ``fix_bundle``).
 """
 
 from __future__ import annotations
@@ -88,51 +91,3 @@ def run_pipeline(
         result.report.duration_s = time.perf_counter() - start
         report.passes.append(result.report)
     return report
-
-
-def optimize(
-    input_path: str,
-    output_path: str | None,
-    *,
-    target: str | None = "webgpu",
-    passes: Sequence[str] | None = None,
-    options: dict[str, Any] | None = None,
-    dry_run: bool = False,
-    in_place: bool = False,
-    progress: Callable[[str, int, int], None] | None = None,
-) -> PipelineReport:
-    """Load → passes → save. The library form of ``rope-passes optimize``."""
-    from rope_passes.io import MAX_IR_VERSION, load_bundle, save_bundle
-
-    if not dry_run and output_path is None and not in_place:
-        raise UsageError("no output path given (use -o OUT, --in-place, or --dry-run)")
-    bundle = load_bundle(input_path)
-    report = run_pipeline(bundle, target=target, passes=passes, options=options, progress=progress)
-    report.dry_run = dry_run
-    report.remaining = remaining_problems(bundle)
-    if not dry_run:
-        # Nothing changed: copy the input's bytes (an IR version above what onnxruntime reads is still lowered).
-        unchanged = (
-            not report.modified
-            and not bundle.genai_config_changed
-            and (bundle.model.ir_version or 0) <= MAX_IR_VERSION
-        )
-        report.copied_verbatim = unchanged
-        written = save_bundle(bundle, output_path, in_place=in_place, unchanged=unchanged)
-        report.output_path = str(written)
-    return report
-
-
-#: lint findings about the output worth printing after optimize: it will not load / run right, or runs on WebGPU only
-_AFTER_OPTIMIZE = ("RP002", "RP101", "RP203", "RP301", "RP204")
-
-
-def remaining_problems(bundle: ModelBundle) -> list[dict[str, Any]]:
-    """Lint errors (and the WebGPU-only note) the optimized model still has, one entry per code."""
-    from rope_passes.lint import lint_bundle
-
-    seen: dict[str, dict[str, Any]] = {}
-    for d in lint_bundle(bundle, select=_AFTER_OPTIMIZE):
-        entry = seen.setdefault(d.code, {**d.to_dict(), "count": 0})
-        entry["count"] += 1
-    return list(seen.values())

@@ -28,7 +28,8 @@ from rope_passes.passes.longrope_concat import (
     WEBGPU_ONLY_KEY,
     LongRoPEConcatPass,
 )
-from rope_passes.pipeline import optimize, run_pipeline
+from rope_passes.api import optimize
+from rope_passes.pipeline import run_pipeline
 from rope_passes.report import Outcome
 from rope_passes.runtime.sessions import create_session
 

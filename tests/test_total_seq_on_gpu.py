@@ -27,7 +27,8 @@ from rope_passes.check.core import PAST_SWITCH
 from rope_passes.check.decode import DecoderSpec, run_decode, token_ids
 from rope_passes.io import load_bundle, save_bundle
 from rope_passes.passes.total_seq_on_gpu import TotalSeqOnGpuPass
-from rope_passes.pipeline import optimize, run_pipeline
+from rope_passes.api import optimize
+from rope_passes.pipeline import run_pipeline
 from rope_passes.report import Outcome
 from rope_passes.runtime.placement_probe import probe_placement
 from rope_passes.runtime.sessions import create_session

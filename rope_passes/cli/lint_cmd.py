@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from rope_passes.io import discover_models
 from rope_passes.lint import fix_bundle, lint_bundle
 from rope_passes.lint.core import RULES, Severity
 from rope_passes.lint.formats import FORMATS
@@ -44,8 +45,6 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("no model given (rope-passes lint MODEL...)")
     select = args.select.split(",") if args.select else None
     ignore = args.ignore.split(",") if args.ignore else ()
-    from rope_passes.io import discover_models
-
     paths = [str(m) for given in args.models for m in discover_models(given)]
     results = {}
     for path in paths:

@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
+from rope_passes.api import optimize
 from rope_passes.cli import output_console
-from rope_passes.errors import ModelSaveError, RopePassesError, UsageError
-from rope_passes.io import discover_models
-from rope_passes.pipeline import PRESETS, optimize, pass_names_for
+from rope_passes.errors import RopePassesError, UsageError
+from rope_passes.io import ModelJob, check_report_path, plan_outputs, write_report
+from rope_passes.pipeline import PRESETS, pass_names_for
 from rope_passes.report import PipelineReport
 
 
@@ -45,63 +44,47 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--max-positions must be a positive number of rows, got {args.max_positions}")
     pass_names_for(args.target, passes)  # a bad --passes/--target is one error, not one per model
     if args.report:  # an unwritable --report path fails before any work
-        folder = Path(args.report).parent
-        if Path(args.report).is_dir() or not folder.is_dir() or not os.access(folder, os.W_OK):
-            raise ModelSaveError(f"{args.report}: cannot write the report there")
-    models = discover_models(args.input)
-    if models == [Path(args.input)]:
-        return _run_one(args, passes)
-    return _run_tree(args, passes, models)
+        check_report_path(args.report)
+    jobs = plan_outputs(args.input, args.output, in_place=args.in_place, dry_run=args.dry_run)
+    if len(jobs) == 1 and jobs[0].relative is None:
+        return _run_one(args, passes, jobs[0])
+    return _run_tree(args, passes, jobs)
 
 
-def _run_tree(args: argparse.Namespace, passes: list[str] | None, models: list[Path]) -> int:
-    """A folder of model folders: each optimized to the same relative path under -o; one line each, then a tally."""
-    root = Path(args.input)
-    if args.output is None and not (args.in_place or args.dry_run):
-        raise UsageError("no output path given (use -o OUT_DIR, --in-place, or --dry-run)")
-    if args.output is not None:
-        out_root = Path(args.output)
-        if out_root.resolve() == root.resolve() or out_root.resolve().is_relative_to(root.resolve()):
-            raise UsageError(f"{out_root}: is inside the input tree {root}; choose an output outside it")
-    reports, failed = [], []
+def _optimize(args: argparse.Namespace, passes: list[str] | None, job: ModelJob, progress=None) -> PipelineReport:
+    return optimize(job.input, job.output, target=args.target, passes=passes, options=_options(args),
+                    dry_run=args.dry_run, in_place=args.in_place, progress=progress)
+
+
+def _run_tree(args: argparse.Namespace, passes: list[str] | None, jobs: list[ModelJob]) -> int:
+    """A folder of model folders: one line per model, then a tally; a broken model is reported, the others written."""
+    reports: list[dict] = []
     tally = {"rewritten": 0, "unchanged": 0, "failed": 0}
-    for i, model in enumerate(models, 1):
-        rel = model.relative_to(root)
-        dest = None if args.output is None else str(Path(args.output) / rel)
+    for i, job in enumerate(jobs, 1):
         try:
-            report = optimize(str(model), dest, target=args.target, passes=passes, options=_options(args),
-                              dry_run=args.dry_run, in_place=args.in_place)
+            report = _optimize(args, passes, job)
         except RopePassesError as exc:
-            failed.append(str(rel))
             tally["failed"] += 1
-            _say(f"[{i}/{len(models)}] {rel}: error: {exc}")
-            reports.append({"input": str(model), "error": str(exc)})
+            _say(f"[{i}/{len(jobs)}] {job.relative}: error: {exc}")
+            reports.append({"input": str(job.input), "error": str(exc)})
             continue
         state = "rewritten" if report.modified else "unchanged"
         tally[state] += 1
         refused = sum(p.to_dict()["refused"] for p in report.passes)
         remaining = ", ".join(r["code"] for r in report.remaining)
-        _say(f"[{i}/{len(models)}] {rel}: {state}"
+        _say(f"[{i}/{len(jobs)}] {job.relative}: {state}"
              + (f"; refused {refused} (see --report)" if refused else "")
              + (f"; output still has {remaining}" if remaining else ""))
         reports.append(report.to_dict())
         if args.explain:
             explain(report, output_console(), indent="    ")
     if args.report:
-        _write_report(args.report, reports)
+        write_report(args.report, json.dumps(reports, indent=2))
     if args.json:
         print(json.dumps(reports, indent=2))
-    _say(f"{len(models)} models: {tally['rewritten']} rewritten, {tally['unchanged']} unchanged, "
+    _say(f"{len(jobs)} models: {tally['rewritten']} rewritten, {tally['unchanged']} unchanged, "
          f"{tally['failed']} failed" + (" (dry run: nothing written)" if args.dry_run else ""))
-    return 2 if failed else 0
-
-
-def _write_report(path: str, data) -> None:
-    try:
-        with open(path, "w") as f:
-            json.dump(data, f, indent=2)
-    except OSError as exc:
-        raise ModelSaveError(f"{path}: cannot write the report ({exc.strerror or exc})") from None
+    return 2 if tally["failed"] else 0
 
 
 def _say(line: str) -> None:
@@ -115,7 +98,7 @@ def _options(args: argparse.Namespace) -> dict:
     return options
 
 
-def _run_one(args: argparse.Namespace, passes: list[str] | None) -> int:
+def _run_one(args: argparse.Namespace, passes: list[str] | None, job: ModelJob) -> int:
     console = Console(stderr=True)
     status = console.status("loading", spinner="dots") if console.is_terminal else None
 
@@ -126,21 +109,12 @@ def _run_one(args: argparse.Namespace, passes: list[str] | None) -> int:
     if status is not None:
         status.start()
     try:
-        report = optimize(
-            args.input,
-            args.output,
-            target=args.target,
-            passes=passes,
-            options=_options(args),
-            dry_run=args.dry_run,
-            in_place=args.in_place,
-            progress=progress,
-        )
+        report = _optimize(args, passes, job, progress)
     finally:
         if status is not None:
             status.stop()
     if args.report:
-        _write_report(args.report, report.to_dict())
+        write_report(args.report, json.dumps(report.to_dict(), indent=2))
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:

@@ -3,6 +3,9 @@
     from rope_passes.lint import lint_bundle
     for d in lint_bundle("model_dir"):
         print(d.code, d.message)
+
+Layering: lint sits above :mod:`rope_passes.pipeline` (``fix_bundle`` runs the fixing passes) and below
+:mod:`rope_passes.api` (``optimize`` reports :func:`remaining_problems` of its output).
 """
 
 from __future__ import annotations
@@ -10,31 +13,41 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from rope_passes.analysis.census import census
+from rope_passes.io import ModelBundle, load_bundle, save_bundle
+from rope_passes.lint import rules as _rules  # noqa: F401  (registers the rules)
 from rope_passes.lint.core import RULES, Diagnostic, LintContext, Rule, Severity, run_rules
+from rope_passes.passes import ALL_PASSES
+from rope_passes.pipeline import PRESETS, run_pipeline
 
 
-def _context(bundle) -> LintContext:
-    from rope_passes.analysis.census import census
-    from rope_passes.lint import rules as _rules  # noqa: F401  (registers the rules)
-
+def _context(bundle: ModelBundle) -> LintContext:
     facts = census(bundle.model, bundle.genai_config)
     return LintContext(bundle.model, bundle.genai_config, facts, str(bundle.model_path))
 
 
 def lint_bundle(path_or_bundle: Any, select: Iterable[str] | None = None, ignore: Iterable[str] = ()) -> list[Diagnostic]:
     """Lint a model file/folder (or a loaded ModelBundle)."""
-    from rope_passes.io import ModelBundle, load_bundle
-
     bundle = path_or_bundle if isinstance(path_or_bundle, ModelBundle) else load_bundle(path_or_bundle)
     return run_rules(_context(bundle), select, ignore)
+
+
+#: lint findings about the output worth printing after optimize: it will not load / run right, or runs on WebGPU only
+AFTER_OPTIMIZE = ("RP002", "RP101", "RP203", "RP301", "RP204")
+
+
+def remaining_problems(bundle: ModelBundle) -> list[dict[str, Any]]:
+    """Lint errors (and the WebGPU-only note) the optimized model still has, one entry per code."""
+    seen: dict[str, dict[str, Any]] = {}
+    for d in lint_bundle(bundle, select=AFTER_OPTIMIZE):
+        entry = seen.setdefault(d.code, {**d.to_dict(), "count": 0})
+        entry["count"] += 1
+    return list(seen.values())
 
 
 def fix_bundle(path: str, *, options: dict | None = None, select: Iterable[str] | None = None,
                ignore: Iterable[str] = (), log: Callable[[str], None] = print) -> list[str]:
     """Rewrite ``path`` in place with the passes that fix its diagnostics (in pipeline order); returns them."""
-    from rope_passes.io import load_bundle, save_bundle
-    from rope_passes.pipeline import PRESETS, run_pipeline
-
     bundle = load_bundle(path)
     found = run_rules(_context(bundle), select, ignore)
     wanted = {d.fix for d in found if d.fix}
@@ -44,8 +57,6 @@ def fix_bundle(path: str, *, options: dict | None = None, select: Iterable[str] 
     if "cleanup" not in order:
         order.append("cleanup")
     # the options that the fixing passes take (``text_only`` means nothing to cleanup alone)
-    from rope_passes.passes import ALL_PASSES
-
     taken = set().union(*(ALL_PASSES[n].option_names() for n in order))
     report = run_pipeline(bundle, passes=order, options={k: v for k, v in (options or {}).items() if k in taken})
     for p in report.passes:
@@ -55,4 +66,5 @@ def fix_bundle(path: str, *, options: dict | None = None, select: Iterable[str] 
     return order
 
 
-__all__ = ["RULES", "Diagnostic", "LintContext", "Rule", "Severity", "fix_bundle", "lint_bundle", "run_rules"]
+__all__ = ["AFTER_OPTIMIZE", "RULES", "Diagnostic", "LintContext", "Rule", "Severity", "fix_bundle", "lint_bundle",
+           "remaining_problems", "run_rules"]

@@ -1,0 +1,48 @@
+"""The library form of ``rope-passes optimize``: load → passes → lint the result → save, one model per call.
+
+Layering (each imports only those below it): :mod:`rope_passes.io` (load, save, output paths) ←
+:mod:`rope_passes.pipeline` (passes in order) ← :mod:`rope_passes.lint` (rules; ``fix_bundle`` runs passes) ←
+this module ← :mod:`rope_passes.cli` (argparse and rendering only).
+
+    for job in plan_outputs("builds/", "out/"):        # a model, or a folder of model folders
+        report = optimize(job.input, job.output, target="webgpu-graph")
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from rope_passes.io import check_output, check_output_given, load_bundle, plan_outputs, write_bundle
+from rope_passes.lint import remaining_problems
+from rope_passes.pipeline import run_pipeline
+from rope_passes.report import PipelineReport
+
+__all__ = ["optimize", "plan_outputs"]
+
+
+def optimize(
+    input_path: str | os.PathLike,
+    output_path: str | os.PathLike | None,
+    *,
+    target: str | None = "webgpu",
+    passes: Sequence[str] | None = None,
+    options: dict[str, Any] | None = None,
+    dry_run: bool = False,
+    in_place: bool = False,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> PipelineReport:
+    """Load → passes → save one model (file or model folder); the output path is checked before the passes run."""
+    check_output_given(output_path, in_place=in_place, dry_run=dry_run)
+    if not dry_run:
+        check_output(input_path, output_path, in_place=in_place)
+    bundle = load_bundle(input_path)
+    report = run_pipeline(bundle, target=target, passes=passes, options=options, progress=progress)
+    report.dry_run = dry_run
+    report.remaining = remaining_problems(bundle)
+    if not dry_run:
+        saved = write_bundle(bundle, output_path, in_place=in_place, graph_modified=report.modified)
+        report.copied_verbatim = saved.verbatim
+        report.output_path = str(saved.path)
+    return report

@@ -1,0 +1,147 @@
+"""Reading models: a ``.onnx`` file, a genai model folder, or a tree of model folders.
+
+Weights stay on disk: external tensors are lazy (memory-mapped only when a pass reads them), but every external-data
+reference is checked up front (file present, range inside it), so a missing or truncated ``.onnx.data`` is a
+one-line error at load time, not a crash later.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import onnx_ir as ir
+
+from rope_passes.config import GENAI_CONFIG, GenaiConfig
+from rope_passes.errors import ModelLoadError
+
+#: onnxruntime 1.27 accepts IR versions up to 13; onnx 1.23 would save 14.
+MAX_IR_VERSION = 13
+
+
+@dataclasses.dataclass
+class ModelBundle:
+    """A model plus what travels with it."""
+
+    model: ir.Model
+    model_path: Path  # the .onnx file it was read from
+    folder: Path | None = None  # the model folder, when the input was a folder
+    genai_config: GenaiConfig = dataclasses.field(default_factory=GenaiConfig)  # genai_config.json beside it
+
+    @property
+    def external_data_files(self) -> list[str]:
+        return sorted({str(t.location) for t in external_tensors(self.model)})
+
+    @property
+    def genai_config_changed(self) -> bool:
+        return self.genai_config.changed
+
+
+def external_tensors(model: ir.Model) -> Iterator[ir.ExternalTensor]:
+    """Every tensor of the model whose bytes live in an external data file (initializers and attributes)."""
+    for graph in model.graphs():
+        for value in graph.initializers.values():
+            tensor = value.const_value
+            if isinstance(tensor, ir.ExternalTensor):
+                yield tensor
+    for node in ir.traversal.RecursiveGraphIterator(model.graph):
+        for attr in node.attributes.values():
+            if attr.type == ir.AttributeType.TENSOR and isinstance(attr.value, ir.ExternalTensor):
+                yield attr.value
+
+
+def find_model_file(folder: Path) -> Path:
+    """The decoder model of a genai folder: ``genai_config.json``'s ``model.decoder.filename``, else the only .onnx."""
+    try:
+        name = GenaiConfig.load(folder).decoder.get("filename")
+    except ModelLoadError:
+        name = None  # an unreadable config is reported when the bundle loads it
+    if isinstance(name, str) and name and (folder / name).is_file():
+        return folder / name
+    candidates = sorted(folder.glob("*.onnx"))
+    if not candidates:
+        raise ModelLoadError(f"{folder}: no .onnx model in this folder")
+    if len(candidates) > 1:
+        names = ", ".join(c.name for c in candidates)
+        raise ModelLoadError(f"{folder}: several models ({names}) and no genai_config.json naming the decoder")
+    return candidates[0]
+
+
+def _holds_model(folder: Path) -> bool:
+    return (folder / GENAI_CONFIG).is_file() or any(p.is_file() for p in folder.glob("*.onnx"))
+
+
+def discover_models(path: str | os.PathLike) -> list[Path]:
+    """The models a user path stands for: a model file or model folder is itself; a folder holding no model directly
+    stands for every model folder below it (sorted, hidden folders skipped), e.g. a tree of genai builds."""
+    p = Path(path)
+    if not p.exists():
+        raise ModelLoadError(f"{p}: no such file or directory")
+    if p.is_file() or _holds_model(p):
+        return [p]
+    found = []
+    for root, dirs, _files in os.walk(p, followlinks=False):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        folder = Path(root)
+        if folder != p and _holds_model(folder):
+            found.append(folder)
+            dirs[:] = []  # a model folder's subfolders belong to it (tokenizer, processor files)
+    if not found:
+        raise ModelLoadError(f"{p}: no .onnx model in this folder or below it")
+    return found
+
+
+def resolve_model_path(path: str | os.PathLike) -> tuple[Path, Path | None]:
+    """(model file, folder or None) for a user-given file or folder path."""
+    p = Path(path)
+    if not p.exists():
+        raise ModelLoadError(f"{p}: no such file or directory")
+    if p.is_dir():
+        return find_model_file(p), p
+    return p, None
+
+
+def _check_external_data(model: ir.Model, model_path: Path) -> None:
+    sizes: dict[Path, int] = {}
+    for tensor in external_tensors(model):
+        data_path = Path(tensor.base_dir or model_path.parent) / tensor.location
+        if data_path not in sizes:
+            if not data_path.is_file():
+                raise ModelLoadError(
+                    f"{model_path}: external data file {str(tensor.location)!r} is missing (expected at {data_path})"
+                )
+            sizes[data_path] = data_path.stat().st_size
+        end = (tensor.offset or 0) + (tensor.length or 0)
+        if tensor.length is not None and end > sizes[data_path]:
+            raise ModelLoadError(
+                f"{model_path}: external data file {str(tensor.location)!r} is truncated "
+                f"(tensor {tensor.name!r} needs bytes up to {end}, file has {sizes[data_path]})"
+            )
+
+
+def load_model(path: str | os.PathLike) -> ir.Model:
+    """Load one ``.onnx`` file with lazy external data; raises ModelLoadError with a one-line reason."""
+    model_path = Path(path)
+    if not model_path.is_file():
+        raise ModelLoadError(f"{model_path}: no such file")
+    if model_path.stat().st_size == 0:
+        raise ModelLoadError(f"{model_path}: file is empty, not an ONNX model")
+    try:
+        model = ir.load(model_path)
+    except Exception as exc:  # protobuf DecodeError and friends carry multi-line messages
+        raise ModelLoadError(
+            f"{model_path}: not a readable ONNX model (truncated or not ONNX: {type(exc).__name__})"
+        ) from None
+    if not model.graph.outputs and not len(model.graph):
+        raise ModelLoadError(f"{model_path}: not an ONNX model (empty graph)")
+    _check_external_data(model, model_path)
+    return model
+
+
+def load_bundle(path: str | os.PathLike) -> ModelBundle:
+    """Load a model file or a genai model folder."""
+    model_path, folder = resolve_model_path(path)
+    model = load_model(model_path)
+    return ModelBundle(model, model_path, folder, GenaiConfig.load(model_path.parent))

@@ -1,0 +1,130 @@
+"""Where outputs go, and every check on an output path: one place for the CLI, the API and ``save_bundle``.
+
+* :func:`plan_outputs`: the (input, output) pairs a user path stands for; a folder of model folders maps each model
+  to the same relative path under the output root.
+* :func:`output_target`: the file and folder one model is written to, after the checks (an output is given, it is
+  not the input unless ``in_place``, it is not inside the input folder).
+* :func:`check_report_path` / :func:`write_report`: a report file (``optimize --report``, ``lint -o``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+from rope_passes.errors import ModelSaveError, UsageError
+from rope_passes.io.load import discover_models, resolve_model_path
+
+
+def same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve()
+    except OSError:
+        return False
+
+
+def inside(child: Path, parent: Path) -> bool:
+    try:
+        child.resolve().relative_to(parent.resolve())
+        return True
+    except (OSError, ValueError):
+        return False
+
+
+def check_output_given(output: str | os.PathLike | None, *, in_place: bool, dry_run: bool = False) -> None:
+    if output is None and not (in_place or dry_run):
+        raise UsageError("no output path given (use -o OUT, --in-place, or --dry-run)")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelJob:
+    """One model of a run: where it is read from and written to (``output`` None: in place or dry run)."""
+
+    input: Path
+    output: Path | None
+    #: its path below the input root, for a folder of model folders; None for a single model
+    relative: Path | None = None
+
+
+def plan_outputs(path: str | os.PathLike, output: str | os.PathLike | None, *, in_place: bool = False,
+                 dry_run: bool = False) -> list[ModelJob]:
+    """The models ``path`` stands for (see :func:`discover_models`), each with its output path.
+
+    A model file or folder is one job, written to ``output``; a folder of model folders gives a job per model, written
+    to the same relative path under ``output`` (which must not be inside the input tree).
+    """
+    check_output_given(output, in_place=in_place, dry_run=dry_run)
+    root = Path(path)
+    models = discover_models(root)
+    if models == [root]:
+        return [ModelJob(root, None if output is None else Path(output))]
+    out_root = None if output is None else Path(output)
+    if out_root is not None and (same_file(out_root, root) or inside(out_root, root)):
+        raise UsageError(f"{out_root}: is inside the input tree {root}; choose an output outside it")
+    return [ModelJob(m, None if out_root is None else out_root / m.relative_to(root), m.relative_to(root))
+            for m in models]
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputTarget:
+    """Where one model is written."""
+
+    model_out: Path  # the .onnx file written
+    folder_out: Path | None  # the folder written, when the output is a model folder (a folder input gives one)
+    onto_input: bool  # the output is the input (``in_place``)
+
+    @property
+    def target_dir(self) -> Path:
+        return self.model_out.parent
+
+
+def output_target(model_path: Path, folder: Path | None, output: str | os.PathLike | None, *,
+                  in_place: bool = False) -> OutputTarget:
+    """The checked output of the model read from ``model_path`` (``folder``: its folder, for a folder input).
+
+    ``output=None`` with ``in_place`` is the input itself. Writing onto the input without ``in_place`` is refused, and
+    so is an output folder inside the input folder (the copy would contain itself).
+    """
+    check_output_given(output, in_place=in_place)
+    if output is None:
+        output = folder if folder is not None else model_path
+    output = Path(output)
+    if folder is not None or output.is_dir() or output.suffix != ".onnx":
+        model_out, folder_out = output / model_path.name, output
+    else:
+        model_out, folder_out = output, None
+    onto_input = same_file(model_out, model_path) or (
+        folder_out is not None and same_file(folder_out, model_path.parent)
+    )
+    if not in_place and onto_input:
+        raise ModelSaveError(f"{output}: is the input; refusing to overwrite it without --in-place")
+    if folder is not None and folder_out is not None and not onto_input and inside(folder_out, folder):
+        raise ModelSaveError(
+            f"{output}: is inside the input folder {folder}; choose an output outside it (or --in-place)"
+        )
+    return OutputTarget(model_out, folder_out, onto_input)
+
+
+def check_output(input_path: str | os.PathLike, output: str | os.PathLike | None, *,
+                 in_place: bool = False) -> OutputTarget:
+    """:func:`output_target` for a user-given input path, before anything is loaded (fail before the work)."""
+    model_path, folder = resolve_model_path(input_path)
+    return output_target(model_path, folder, output, in_place=in_place)
+
+
+def check_report_path(path: str | os.PathLike) -> None:
+    """A report file can be written at ``path`` (checked before any work): not a folder, its folder writable."""
+    p = Path(path)
+    folder = p.parent
+    if p.is_dir() or not folder.is_dir() or not os.access(folder, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise ModelSaveError(f"{path}: cannot write the report there")
+
+
+def write_report(path: str | os.PathLike, text: str) -> None:
+    """Write a report file; a failure is a one-line ModelSaveError."""
+    try:
+        with open(path, "w") as f:
+            f.write(text)
+    except OSError as exc:
+        raise ModelSaveError(f"{path}: cannot write the report ({exc.strerror or exc})") from None
