@@ -17,8 +17,9 @@ import pytest
 from conftest import GENAI, TORCH, genai_models
 from rich.console import Console
 
-from rope_passes.analysis.census import SMALL_TENSOR, census, render
+from rope_passes.analysis.census import SMALL_TENSOR, census
 from rope_passes.cli import main
+from rope_passes.cli.inspect_cmd import render
 from rope_passes.config import GenaiConfig
 from rope_passes.io import load_bundle
 

@@ -1,6 +1,6 @@
 """``lower-mrope``: MRotaryEmbedding → per-token cos/sin gathers + RotaryEmbedding, exact for any t/h/w positions.
 
-Reference: :func:`rope_passes.analysis.mrope.mrope_reference` (NumPy, float64 math) with *distinct* t/h/w positions.
+Reference: :func:`oracles.mrope_reference` (NumPy, float64 math) with *distinct* t/h/w positions.
 Tolerances: fp32 1e-5 (observed ~2.4e-7: one float32 rounding of x*cos ± y*sin); fp16 2e-3 (outputs are |y| < 4,
 fp16 spacing there is 2e-3, one rounding).
 """
@@ -12,9 +12,9 @@ import onnx_ir as ir
 import pytest
 from conftest import GENAI
 from mrope_graphs import mrotary_graph, to_bytes
+from oracles import mrope_reference
 
 from rope_passes.analysis.graph import attr, nodes_of
-from rope_passes.analysis.mrope import mrope_reference
 from rope_passes.check.decode import DecoderSpec, run_decode, step_feeds, token_ids
 from rope_passes.io import load_bundle, save_bundle
 from rope_passes.passes import LowerMRoPEPass, PassContext

@@ -2,12 +2,30 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Protocol
 
 import numpy as np
 import onnx_ir as ir
 
 MS_DOMAIN = "com.microsoft"
+
+#: Constants read for their values (section sizes, masks, thresholds) have at most this many elements.
+SMALL_TENSOR = 256
+
+#: Ops that pass a value through unchanged for the purpose of tracing a cache or a hidden size.
+PASS_THROUGH = ("Cast", "Identity", "CastLike")
+
+
+class Evaluate(Protocol):
+    """Runs the subgraph of ``model`` between ``inputs`` and ``outputs`` on ``feeds`` and returns the outputs.
+
+    Analysis never opens a runtime session itself: numeric proofs take one of these, and the passes hand in
+    :func:`rope_passes.runtime.evaluate.evaluate_subgraph` (onnxruntime CPU).
+    """
+
+    def __call__(self, model: ir.Model, inputs: Sequence[ir.Value], outputs: Sequence[ir.Value],
+                 feeds: list[np.ndarray]) -> list[np.ndarray]: ...
 
 
 def iter_nodes(model_or_graph: ir.Model | ir.Graph) -> Iterator[ir.Node]:
@@ -25,6 +43,11 @@ def nodes_of(model: ir.Model | ir.Graph, op_type: str, domain: str | None = None
 
 def _domain_aliases(domain: str) -> set[str]:
     return {"", "ai.onnx"} if domain in ("", "ai.onnx") else {domain}
+
+
+def op_domain(node: ir.Node) -> str:
+    """The node's domain with ``ai.onnx`` spelled ``""``."""
+    return "" if node.domain in ("", "ai.onnx") else node.domain
 
 
 def attr(node: ir.Node, name: str, default=None):
@@ -88,3 +111,46 @@ def ancestors(values: Iterable[ir.Value | None], stop: Iterable[str] = ()) -> li
 
 def consumers(value: ir.Value) -> list[ir.Node]:
     return [user for user, _ in value.uses()]
+
+
+def small_const(value: ir.Value | None) -> np.ndarray | None:
+    """The values of a small constant (at most :data:`SMALL_TENSOR` elements); None for anything else or large."""
+    return const_array(value, max_size=SMALL_TENSOR)
+
+
+def ints(array: np.ndarray | None) -> list[int] | None:
+    """The elements of ``array`` as a flat list of ints (None stays None)."""
+    return None if array is None else [int(x) for x in np.asarray(array).reshape(-1)]
+
+
+def through(value: ir.Value | None, ops: tuple[str, ...] = PASS_THROUGH) -> ir.Value | None:
+    """Follow ``value`` up through pass-through ops (Cast, Identity)."""
+    while value is not None:
+        producer = value.producer()
+        if producer is None or producer.op_type not in ops or not producer.inputs:
+            return value
+        value = producer.inputs[0]
+    return value
+
+
+def graph_inputs_of(nodes: Iterable[ir.Node], model: ir.Model) -> list[str]:
+    """Names of the main graph's inputs that ``nodes`` read, in order of first use."""
+    graph_inputs = {id(v): v.name for v in model.graph.inputs}
+    out = []
+    for node in nodes:
+        for inp in node.inputs:
+            if inp is not None and id(inp) in graph_inputs and graph_inputs[id(inp)] not in out:
+                out.append(graph_inputs[id(inp)])
+    return out
+
+
+def is_vector(shape: ir.Shape) -> bool:
+    """One axis longer than 1, the others 1: ``[16]``, or ``[1, 16, 1]`` (torch exporters fold
+    ``inv_freq[None, :, None]`` into a constant)."""
+    dims = [d for d in shape if d != 1]
+    return len(dims) == 1 and isinstance(dims[0], int)
+
+
+def table_like(tensor: ir.TensorProtocol | None) -> bool:
+    """A 2D floating-point tensor: the shape of a cos/sin table."""
+    return tensor is not None and len(tensor.shape) == 2 and tensor.dtype.is_floating_point()

@@ -24,13 +24,18 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import onnx_ir as ir
 
-from rope_passes.analysis.graph import MS_DOMAIN, ancestors, attr, const_array
+from rope_passes.analysis.graph import MS_DOMAIN, Evaluate, ancestors, attr, const_array
+from rope_passes.analysis.ops import ROTARY_OPS
+from rope_passes.analysis.positions import PositionSource, position_source
 from rope_passes.report import MatchFailure
-from rope_passes.runtime.evaluate import evaluate_subgraph
+
+__all__ = [
+    "ADAPTER_OPS", "PositionSource", "Rotation", "TextTables", "axis_of_columns", "mrotary_tables", "per_token_tables",
+    "position_source", "text_tables", "trace_rotation",
+]
 
 #: Ops that only move or re-type q/k around a rotation (and are undone after it).
 ADAPTER_OPS = ("Cast", "Reshape", "Transpose")
-ROTARY_OPS = ("MRotaryEmbedding", "RotaryEmbedding")
 
 
 def axis_of_columns(sections: Sequence[int], layout: int, half: int) -> np.ndarray:
@@ -50,40 +55,6 @@ def axis_of_columns(sections: Sequence[int], layout: int, half: int) -> np.ndarr
     else:
         raise MatchFailure.absent(f"mrope_layout={layout} is neither 0 (sectioned) nor 1 (interleaved)")
     return out
-
-
-def mrope_reference(
-    x: np.ndarray,
-    positions: np.ndarray,
-    cos_cache: np.ndarray,
-    sin_cache: np.ndarray,
-    *,
-    sections: Sequence[int],
-    layout: int,
-    num_heads: int,
-    interleaved: bool = False,
-    rotary_dim: int | None = None,
-) -> np.ndarray:
-    """NumPy mRoPE of ``x`` [B, S, heads*head] with ``positions`` [3, B, S] (the MRotaryEmbedding contract)."""
-    b, s, hidden = x.shape
-    head = hidden // num_heads
-    half = cos_cache.shape[1]
-    rot = rotary_dim or 2 * half
-    axis = axis_of_columns(sections, layout, half)
-    cols = np.arange(half)[:, None, None]
-    cos = cos_cache[positions[axis], cols].transpose(1, 2, 0)[:, :, None, :].astype(np.float64)  # [B,S,1,half]
-    sin = sin_cache[positions[axis], cols].transpose(1, 2, 0)[:, :, None, :].astype(np.float64)
-    xh = x.reshape(b, s, num_heads, head).astype(np.float64)
-    out = xh.copy()
-    if interleaved:
-        x1, x2 = xh[..., 0:rot:2], xh[..., 1:rot:2]
-        out[..., 0:rot:2] = x1 * cos - x2 * sin
-        out[..., 1:rot:2] = x2 * cos + x1 * sin
-    else:
-        x1, x2 = xh[..., :half], xh[..., half:rot]
-        out[..., :half] = x1 * cos - x2 * sin
-        out[..., half:rot] = x2 * cos + x1 * sin
-    return out.reshape(b, s, hidden).astype(x.dtype)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -226,99 +197,6 @@ def trace_rotation(value: ir.Value, heads: int, head_size_hint: int | None = Non
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Where positions come from
-# --------------------------------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class PositionSource:
-    """The 3-axis position tensor a rotation reads, and how the graph obtains it."""
-
-    graph_input: ir.Value  # the position_ids graph input
-    three_axis: ir.Value  # the [3, B, S] value (the input itself, or the in-graph tile of a 2D input)
-    text_only: bool  # True when the graph itself makes the three axes identical (2D input tiled to 3)
-    how: str  # one line for reports
-
-
-def _is_tile_of_2d(value: ir.Value) -> ir.Value | None:
-    """The 2D graph input ``p`` when ``value`` is Tile/Expand(Unsqueeze(p, [0]), [3,...]) or Concat([u,u,u])."""
-    node = value.producer()
-    if node is None:
-        return None
-    if node.op_type == "Concat" and len(node.inputs) == 3 and attr(node, "axis") == 0:
-        if len({id(i) for i in node.inputs}) != 1:
-            return None
-        unsq = node.inputs[0]
-    elif node.op_type in ("Tile", "Expand"):
-        reps = const_array(node.inputs[1])
-        if reps is None or len(reps) != 3 or int(reps[0]) != 3 or any(int(r) != 1 for r in reps[1:]):
-            return None
-        unsq = node.inputs[0]
-    else:
-        return None
-    u = unsq.producer() if unsq is not None else None
-    if u is None or u.op_type != "Unsqueeze":
-        return None
-    axes = const_array(u.inputs[1]) if len(u.inputs) > 1 else np.array(attr(u, "axes") or [])
-    if axes is None or [int(a) for a in np.atleast_1d(axes)] != [0]:
-        return None
-    src = u.inputs[0]
-    if not src.is_graph_input() or src.shape is None or len(src.shape) != 2:
-        return None
-    return src
-
-
-def position_source(values: Iterable[ir.Value]) -> PositionSource:
-    """Trace the positions ``values`` (cos/sin tables or a position input) depend on, or raise MatchFailure."""
-    values = [v for v in values if v is not None]
-    graph_inputs: dict[int, ir.Value] = {}
-    for v in values:
-        if v.is_graph_input():
-            graph_inputs[id(v)] = v
-    nodes = ancestors(values)
-    for node in nodes:
-        for inp in node.inputs:
-            if inp is not None and inp.is_graph_input():
-                graph_inputs[id(inp)] = inp
-    if len(graph_inputs) != 1:
-        names = sorted(v.name for v in graph_inputs.values())
-        raise MatchFailure.absent(f"positions depend on {len(graph_inputs)} graph inputs ({', '.join(names) or 'none'}), not 1")
-    (pos,) = graph_inputs.values()
-    if pos.dtype not in (ir.DataType.INT64, ir.DataType.INT32):
-        raise MatchFailure.absent(f"position input {pos.name!r} is {pos.dtype}, not an integer tensor")
-    rank = len(pos.shape) if pos.shape is not None else None
-    if rank == 3 and pos.shape[0] == 3:
-        how = f"{pos.name!r} is a [3, batch, seq] graph input (positions set by the caller)"
-        return PositionSource(pos, pos, False, how)
-    if rank == 2:
-        # Every use of the 2D input on the way to the tables must go through one Tile/Expand to 3 identical axes.
-        node_ids = {id(n) for n in nodes}
-        tiles = []
-        for user, _ in pos.uses():
-            if id(user) not in node_ids:
-                continue
-            unsq_out = user.outputs[0]
-            readers = [u for u, _ in unsq_out.uses() if id(u) in node_ids]
-            if user.op_type != "Unsqueeze" or not readers:
-                raise MatchFailure.absent(
-                    f"2D {pos.name!r} reaches the rotary tables through {user.op_type} {user.name!r}, "
-                    "not a tile to 3 axes"
-                )
-            for reader in readers:
-                if _is_tile_of_2d(reader.outputs[0]) is not pos:
-                    raise MatchFailure.absent(
-                        f"2D {pos.name!r} is unsqueezed into {reader.op_type} {reader.name!r}, "
-                        "not a tile to 3 identical axes"
-                    )
-                tiles.append(reader.outputs[0])
-        if len({id(t) for t in tiles}) != 1:
-            raise MatchFailure.absent(f"2D {pos.name!r} is tiled to 3 axes in {len(tiles)} places")
-        how = f"2D {pos.name!r} is tiled to 3 identical axes in the graph (text only)"
-        return PositionSource(pos, tiles[0], True, how)
-    raise MatchFailure.absent(f"position input {pos.name!r} has shape {pos.shape}, neither [3, batch, seq] nor [batch, seq]")
-
-
-# --------------------------------------------------------------------------------------------------------------
 # The 1D text table a rotation reduces to
 # --------------------------------------------------------------------------------------------------------------
 
@@ -379,10 +257,11 @@ def _gathered_rows(nodes: Iterable[ir.Node]) -> int | None:
     return min(rows) if rows else None
 
 
-def per_token_tables(model: ir.Model, node: ir.Node, max_positions: int | None) -> TextTables:
+def per_token_tables(model: ir.Model, node: ir.Node, max_positions: int | None, evaluate: Evaluate) -> TextTables:
     """RotaryEmbedding(x, token_index, cos_per_token, sin_per_token): evaluate the graph's own cos/sin subgraph.
 
-    The tables are computed by running the graph's cos/sin subgraph on onnxruntime CPU with the three axes set to
+    The tables are computed by running the graph's cos/sin subgraph with ``evaluate`` (the passes hand in
+    onnxruntime CPU, :func:`rope_passes.runtime.evaluate.evaluate_subgraph`) with the three axes set to
     ``0..max_pos-1``; a second run with permuted positions must permute the rows, which proves row i depends only
     on token i's position.
     """
@@ -407,9 +286,9 @@ def per_token_tables(model: ir.Model, node: ir.Node, max_positions: int | None) 
     pos = np.arange(max_pos, dtype=np.int64)
     dtype = np.int64 if cut.dtype == ir.DataType.INT64 else np.int32
     try:
-        cos, sin = evaluate_subgraph(model, [cut], [cos_v, sin_v], [np.tile(pos, (3, 1, 1)).astype(dtype)])
+        cos, sin = evaluate(model, [cut], [cos_v, sin_v], [np.tile(pos, (3, 1, 1)).astype(dtype)])
         perm = np.random.RandomState(0).permutation(max_pos)
-        cos_p, sin_p = evaluate_subgraph(model, [cut], [cos_v, sin_v], [np.tile(pos[perm], (3, 1, 1)).astype(dtype)])
+        cos_p, sin_p = evaluate(model, [cut], [cos_v, sin_v], [np.tile(pos[perm], (3, 1, 1)).astype(dtype)])
     except ValueError as exc:  # extract(): not bounded by the positions
         raise MatchFailure.absent(f"{node.name!r}: cos/sin subgraph is not a function of the positions alone ({exc})") from None
     except Exception as exc:  # onnxruntime failures
@@ -424,7 +303,9 @@ def per_token_tables(model: ir.Model, node: ir.Node, max_positions: int | None) 
     return TextTables(cos.astype(np.float32), sin.astype(np.float32), source, positions)
 
 
-def text_tables(model: ir.Model, rotation: Rotation, max_positions: int | None) -> TextTables:
+def text_tables(model: ir.Model, rotation: Rotation, max_positions: int | None, evaluate: Evaluate) -> TextTables:
+    """The 1D cos/sin tables ``rotation`` reduces to when its three position axes are equal (``evaluate`` runs a
+    subgraph for the manual form, see :func:`per_token_tables`)."""
     if rotation.kind == "MRotaryEmbedding":
         return mrotary_tables(rotation.node)
-    return per_token_tables(model, rotation.node, max_positions)
+    return per_token_tables(model, rotation.node, max_positions, evaluate)

@@ -1,4 +1,8 @@
-"""``rope-passes inspect MODEL [MODEL ...] [--json]``: the RoPE census of each model (file or genai folder)."""
+"""``rope-passes inspect MODEL [MODEL ...] [--json]``: the RoPE census of each model (file or genai folder).
+
+The census itself is :func:`rope_passes.analysis.census.census`; this module parses the arguments and prints it:
+JSON, or :func:`render` (one compact rich table per model).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,7 @@ import json
 import os
 import sys
 
-from rope_passes.analysis.census import census, render
+from rope_passes.analysis.census import DynamicNode, GraphInput, RopeCensus, census
 from rope_passes.cli import output_console
 from rope_passes.io import load_bundle
 
@@ -40,3 +44,105 @@ def run(args: argparse.Namespace) -> int:
     except BrokenPipeError:  # `rope-passes inspect ... | head`: the reader left, which is fine
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Rendering
+# ------------------------------------------------------------------------------------------------------------
+
+
+def _fmt_shape(shape: list | None) -> str:
+    return "?" if shape is None else "[" + ",".join(str(d) for d in shape) + "]"
+
+
+def _inputs_line(inputs: list[GraphInput]) -> str:
+    past = [i for i in inputs if i.name.startswith(("past_key_values", "past_"))]
+    rest = [f"{i.name}{_fmt_shape(i.shape)}" for i in inputs if i not in past]
+    if past:
+        rest.append(f"past ×{len(past)}")
+    return ", ".join(rest)
+
+
+def render(c: RopeCensus, console) -> None:
+    """Print the census as one compact table (rich ``Console``)."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    opsets = " ".join(f"{k} {v}" for k, v in c.opsets.items())
+    sub = f" (+{c.subgraph_node_count} in subgraphs)" if c.subgraph_node_count else ""
+    title = f"{c.source or 'model'}  ·  ir {c.ir_version}  ·  opsets {opsets}  ·  {c.node_count} nodes{sub}"
+    table = Table(title=title, title_justify="left", show_header=False, box=None, padding=(0, 1))
+    table.add_column(style="bold cyan", no_wrap=True)
+    table.add_column(overflow="fold")
+    add_row = table.add_row
+    table.add_row = lambda key, value: add_row(key, escape(value))  # type: ignore[method-assign]
+
+    table.add_row("rope", ", ".join(c.flavours) or "none found")
+    if not c.attention:
+        table.add_row("attention", "none")
+    for g in c.attention:
+        bits = [f"{g.op_type} ×{g.count}", f"heads {g.num_heads}/{g.kv_num_heads}",
+                f"head_size {g.head_size}" + (" (genai_config)" if g.head_size_source == "genai_config" else "")]
+        if g.do_rotary is not None:
+            bits.append(f"do_rotary={g.do_rotary}")
+        if g.rotary_interleaved is not None:
+            bits.append(f"rotary_interleaved={g.rotary_interleaved}")
+        bits.append("packed QKV" if g.packed_qkv else "separate Q/K/V")
+        bits.append(f"{g.num_inputs} inputs")
+        table.add_row("attention", ", ".join(bits))
+        if g.total_sequence_length:
+            table.add_row("  total_seq", g.total_sequence_length)
+    for r in c.rotary:
+        bits = [f"{r.op_type} ×{r.count}", f"interleaved={r.interleaved}",
+                f"rotary_dim={r.rotary_embedding_dim}", f"num_heads {r.num_heads}"]
+        if r.mrope_section is not None:
+            bits.append(f"mrope_section {r.mrope_section}")
+        if r.mrope_layout is not None:
+            bits.append(f"mrope_layout={r.mrope_layout} ({'interleaved' if r.mrope_layout == 1 else 'sectioned'})")
+        table.add_row("rotary", ", ".join(bits))
+        if r.position_source:
+            table.add_row("  positions", r.position_source)
+    for m in c.manual_mrope:
+        layout = {0: "sectioned", 1: "interleaved"}.get(m.layout, "?")
+        table.add_row("manual mRoPE", f"{m.variant}, sections {m.sections}, layout {m.layout} ({layout}), "
+                                      f"from {m.table_source}, feeds {len(m.feeds)} nodes")
+    for f in c.inv_freq:
+        table.add_row("inv_freq", f"{f.inv_freq}{_fmt_shape(f.inv_freq_shape)} → {len(f.matmuls)} MatMul → "
+                                  f"Cos ×{f.cos_nodes} / Sin ×{f.sin_nodes}; positions from "
+                                  f"{', '.join(f.positions_from) or '?'}")
+    ctx = f"context_length {c.context_length}" if c.context_length is not None else "context_length unknown"
+    if not c.caches:
+        table.add_row("caches", f"none ({ctx})")
+    for k in c.caches:
+        extra = f" {k.variant}" if k.variant else ""
+        versus = f", {k.rows_vs_context}" if k.rows_vs_context else ""
+        table.add_row("cache", f"{k.role}{extra}: {k.name} {_fmt_shape(k.shape)} {k.dtype} "
+                               f"({k.source}, read by {', '.join(k.read_by) or '-'}{versus})")
+    if c.caches:
+        table.add_row("  context", ctx + (f" from {c.context_length_source}" if c.context_length_source else ""))
+    if c.longrope is not None:
+        lr = c.longrope
+        how = f"offset {lr.concat_offset} (genai_config)" if lr.kind == "concat" else lr.switch
+        rows = f"short {lr.short_rows} rows, long {lr.long_rows} rows, " if lr.short_rows is not None else ""
+        table.add_row("LongRoPE", f"{lr.kind}: {rows}original {lr.original_max_position}; {how}")
+    if not c.positions:
+        table.add_row("positions", "no position input")
+    for p in c.positions:
+        tiled = f", tiled to 3 axes in-graph ({p.tile_node})" if p.tiled_to_3d else ""
+        table.add_row("positions", f"{p.name} {_fmt_shape(p.shape)} {p.layout}{tiled}")
+    counts = ", ".join(f"{op} {n}" for op, n in c.dynamic_counts.items())
+    table.add_row("dynamic", counts)
+    for op, nodes in c.dynamic_nodes.items():
+        # one row per distinct target set, so a 40-layer graph stays as short as a 2-layer one
+        by_feeds: dict[tuple[str, ...], list[DynamicNode]] = {}
+        for n in nodes:
+            by_feeds.setdefault(tuple(n.feeds), []).append(n)
+        for feeds, group in by_feeds.items():
+            first = group[0]
+            more = f" and {len(group) - 1} more" if len(group) > 1 else ""
+            table.add_row(f"  {op} ×{len(group)}", f"→ {', '.join(feeds) or '-'}: "
+                                                  f"{first.name}({', '.join(i for i in first.inputs if i)}){more}")
+    table.add_row("inputs", _inputs_line(c.inputs))
+    for note in c.notes:
+        table.add_row("note", note)
+    console.print(table)

@@ -46,6 +46,7 @@ from rope_passes.analysis.mrope import PositionSource, Rotation, TextTables, tex
 from rope_passes.passes._rewrite import NodeTape, add_initializer, drop_unused_input, remove_dead
 from rope_passes.passes.base import RopePass, option
 from rope_passes.report import MatchFailure, PassReport
+from rope_passes.runtime.evaluate import evaluate_subgraph
 
 TEXT_ONLY_KEY = "rope_passes.text_only"
 _NP_DTYPES = {ir.DataType.FLOAT: np.float32, ir.DataType.FLOAT16: np.float16}
@@ -173,7 +174,7 @@ class FoldTextMRoPEPass(RopePass):
         node = rotation.node
         key = tuple(id(v) for v in node.inputs[1:4]) + (float(attr(node, "scale", 1.0) or 1.0),)
         if key not in cache:
-            cache[key] = text_tables(model, rotation, max_positions)
+            cache[key] = text_tables(model, rotation, max_positions, evaluate_subgraph)
         return cache[key]
 
     @staticmethod

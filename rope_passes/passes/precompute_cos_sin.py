@@ -55,8 +55,9 @@ import dataclasses
 import numpy as np
 import onnx_ir as ir
 
-from rope_passes.analysis.census import inv_freq_product, longrope_where
 from rope_passes.analysis.graph import ancestors, const_tensor
+from rope_passes.analysis.inv_freq import inv_freq_product
+from rope_passes.analysis.longrope import longrope_where
 from rope_passes.passes._rewrite import NodeTape, add_initializer, remove_dead
 from rope_passes.passes.base import RopePass, option
 from rope_passes.report import MatchFailure, PassReport

@@ -1,0 +1,98 @@
+"""The constant cos/sin tables a rotation reads: found from the cos/sin inputs of attention and rotary ops.
+
+Only tensor metadata is read (shape, dtype): the tables' values never are.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+import onnx_ir as ir
+
+from rope_passes.analysis.graph import ancestors, attr, const_tensor, table_like
+from rope_passes.analysis.ops import rope_sinks
+from rope_passes.analysis.schema import CosSinCache, dtype_name, shape_list
+
+if TYPE_CHECKING:
+    from rope_passes.analysis.longrope import LongRoPE
+
+
+@dataclasses.dataclass
+class FoundCache:
+    """A constant 2D float table reached from a cos/sin input."""
+
+    value: ir.Value
+    role: str  # "cos" or "sin"
+    source: str  # "initializer", "Constant", "If.then_branch", "If.else_branch"
+    tensor: ir.TensorProtocol  # metadata only: shape and dtype
+    if_node: ir.Node | None  # the If whose branch returns it
+
+
+def _on_path(value: ir.Value) -> set[int]:
+    """ids of ``value`` and of every value its ancestors read: the values ``value`` is computed from."""
+    out = {id(value)}
+    for node in ancestors([value]):
+        out.update(id(v) for v in node.inputs if v is not None)
+    return out
+
+
+def find_caches(model: ir.Model) -> tuple[list[FoundCache], list[ir.Node]]:
+    """Constant 2D float tables reached from cos/sin inputs, and the If nodes choosing between tables."""
+    found: dict[int, FoundCache] = {}
+    if_nodes: dict[int, ir.Node] = {}
+
+    def add(value: ir.Value, role: str, source: str, if_node: ir.Node | None = None) -> None:
+        tensor = const_tensor(value)
+        if table_like(tensor) and id(value) not in found:
+            found[id(value)] = FoundCache(value, role, source, tensor, if_node)
+
+    for _node, role, value in rope_sinks(model):
+        if role == "position_ids":
+            continue
+        candidates = [value]
+        for anc in ancestors([value]):
+            candidates.extend(v for v in anc.inputs if v is not None)
+            if anc.op_type == "If":
+                if_nodes[id(anc)] = anc
+                on_path = _on_path(value)
+                index = next((i for i, o in enumerate(anc.outputs) if id(o) in on_path), None)
+                for branch in ("then_branch", "else_branch"):
+                    g = attr(anc, branch)
+                    if g is None:
+                        continue
+                    outs = list(g.outputs) if index is None else [g.outputs[index]]
+                    for out in outs:
+                        add(out, role, f"If.{branch}", anc)
+        for cand in candidates:
+            src = "initializer" if cand.const_value is not None else "Constant"
+            add(cand, role, src)
+    return list(found.values()), list(if_nodes.values())
+
+
+def cache_records(
+    caches: list[FoundCache], longrope: LongRoPE | None, context_length: int | None,
+) -> list[CosSinCache]:
+    """The census records of ``caches``: rows against the context length, and each one's part in ``longrope``."""
+    offset = longrope.original if longrope is not None and longrope.kind == "concat" else None
+    records = []
+    for cache in caches:
+        value, tensor, source = cache.value, cache.tensor, cache.source
+        rows = tensor.shape[0] if isinstance(tensor.shape[0], int) else None
+        cols = tensor.shape[1] if isinstance(tensor.shape[1], int) else None
+        variant = longrope.variant(value) if longrope is not None else None
+        effective = rows
+        if variant == "concat (short+long)" and rows is not None and offset is not None:
+            effective = rows - offset  # the long part is what covers the context
+        versus = None
+        if context_length is not None and effective is not None:
+            versus = ("=" if effective == context_length else "<" if effective < context_length else ">")
+            versus += " context_length" if effective == rows else f" context_length + offset {offset}"
+        read_by = sorted({u.op_type for u, _ in value.uses()} | ({"If"} if source.startswith("If.") else set()))
+        records.append(CosSinCache(
+            name=value.name or "", role=cache.role, shape=shape_list(tensor.shape) or [],
+            dtype=dtype_name(tensor.dtype) or "?", rows=rows, columns=cols, source=source, variant=variant,
+            read_by=read_by, rows_vs_context=versus,
+        ))
+    records.sort(key=lambda c: (c.variant or "", c.role, c.name))
+    return records

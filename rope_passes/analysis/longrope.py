@@ -1,0 +1,239 @@
+"""LongRoPE: the one detector of its three forms (the census, lint, check and the passes all read it here).
+
+LongRoPE (Phi-3/Phi-4 long-context) rotates positions below the original context with *short* factors and the
+rest with *long* ones. Graphs spell the choice three ways:
+
+* ``if``: ``If(Greater(total_length, original))`` whose branches return the long (then) or short (else) constant
+  cos/sin tables (onnxruntime-genai's builder);
+* ``concat``: one table ``[short[:original]; long]`` that GroupQueryAttention reads at an offset (WebGPU's
+  ``multiRotaryCacheConcatOffset``; the builder's ``enable_webgpu_graph`` variant, or ``longrope-concat``'s output);
+* ``where``: ``Where(Greater(max_position + 1, original), long_inv_freq, short_inv_freq)`` before an inv_freq
+  product (transformers 5 exports): chosen per call from the largest position.
+
+The condition is matched with :class:`~rope_passes.analysis.patterns.LongRoPESwitchCondition`. Only tensor metadata
+and the threshold constant are read: the tables' values are left to the passes that rewrite them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import onnx_ir as ir
+
+from rope_passes.analysis.attention import total_seq_description
+from rope_passes.analysis.caches import FoundCache, find_caches
+from rope_passes.analysis.graph import (
+    MS_DOMAIN,
+    ancestors,
+    attr,
+    const_array,
+    const_tensor,
+    is_vector,
+    iter_nodes,
+    nodes_of,
+    table_like,
+)
+from rope_passes.analysis.patterns import LongRoPESwitchCondition, ValueMatch
+from rope_passes.report import MatchFailure
+
+_GREATER = LongRoPESwitchCondition()
+
+
+@dataclasses.dataclass
+class SwitchCondition:
+    """The condition of an If/Where LongRoPE switch."""
+
+    match: ValueMatch | None  # LongRoPESwitchCondition on the condition; None when the node has no condition
+    threshold: int | None  # Greater's constant (the original context) when the pattern matched
+    description: str  # "If(Greater(total_sequence_length, 32))"
+
+
+@dataclasses.dataclass
+class ConcatCache:
+    """A ``[short; long]`` cos/sin table pair GroupQueryAttention reads at an offset."""
+
+    gqa: ir.Node  # the first GroupQueryAttention (do_rotary=1) reading it
+    cos: ir.Value
+    sin: ir.Value
+    rows: int
+    offset: int  # rows of the short part: where the long table starts
+    context_length: int | None
+
+
+@dataclasses.dataclass
+class LongRoPE:
+    """LongRoPE as found in a graph."""
+
+    kind: str  # "if", "concat" or "where"
+    original: int | None  # the switch point: the condition's threshold, or the concat offset
+    node: ir.Node | None = None  # the If or Where switch (None for concat)
+    condition: SwitchCondition | None = None
+    then_tables: list[ir.Value] = dataclasses.field(default_factory=list)  # if: the branches' outputs, in order
+    else_tables: list[ir.Value] = dataclasses.field(default_factory=list)
+    short: list[ir.Value] = dataclasses.field(default_factory=list)  # if: short branch; where: short inv_freq
+    long: list[ir.Value] = dataclasses.field(default_factory=list)
+    short_rows: int | None = None
+    long_rows: int | None = None
+    concat: ConcatCache | None = None
+
+    @property
+    def switch(self) -> str | None:
+        """The condition in one line, e.g. ``If(Greater(total_sequence_length, 32))``; None for concat."""
+        return self.condition.description if self.condition is not None else None
+
+    @property
+    def switch_node(self) -> str | None:
+        return self.node.name if self.node is not None else None
+
+    @property
+    def threshold(self) -> int | None:
+        return self.condition.threshold if self.condition is not None else None
+
+    def variant(self, table: ir.Value) -> str | None:
+        """``"short"``, ``"long"`` or ``"concat (short+long)"`` for a table of this LongRoPE; None for others."""
+        if self.concat is not None and any(table is t for t in (self.concat.cos, self.concat.sin)):
+            return "concat (short+long)"
+        if any(table is t for t in self.long):
+            return "long"
+        if self.kind == "if" and any(table is t for t in self.short):
+            return "short"
+        return None
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The switch: If or Where on Greater(length, original)
+# ------------------------------------------------------------------------------------------------------------
+
+
+def switch_condition(node: ir.Node, model: ir.Model) -> SwitchCondition:
+    """The condition of the If/Where ``node``: matched against ``Greater(length, constant)`` and described."""
+    cond = node.inputs[0] if node.inputs else None
+    producer = cond.producer() if cond is not None else None
+    match = _GREATER.match_value(model, cond, f"the {node.op_type} condition") if cond is not None else None
+    threshold = None
+    if match is not None and match.ok:
+        threshold = int(const_array(match.bindings["original"]).reshape(-1)[0])
+    if producer is None or len(producer.inputs) != 2:
+        return SwitchCondition(match, threshold, f"{node.op_type}({cond.name if cond is not None else '?'})")
+    a, b = producer.inputs
+    lhs = a.name or "?"
+    desc, from_shape = total_seq_description(a, model)
+    if from_shape or (desc and "attention_mask" in desc):
+        lhs = "total_sequence_length"
+    elif desc:
+        lhs = desc
+    rhs = str(threshold) if threshold is not None else (b.name or "?")
+    return SwitchCondition(match, threshold, f"{node.op_type}({producer.op_type}({lhs}, {rhs}))")
+
+
+def _rows(tables: list[ir.Value]) -> int | None:
+    """The row count the constant tables ``tables`` share (None when none is a table, or they differ)."""
+    rows = {t.shape[0] for v in tables if table_like(t := const_tensor(v)) and isinstance(t.shape[0], int)}
+    return rows.pop() if len(rows) == 1 else None
+
+
+def if_switch(model: ir.Model, node: ir.Node) -> LongRoPE:
+    """The If ``node`` read as a LongRoPE switch: its condition and each branch's outputs.
+
+    ``short``/``long`` (and their rows) are filled when both branches return constant tables of different lengths.
+    """
+    found = LongRoPE("if", None, node=node, condition=switch_condition(node, model))
+    for branch, tables in (("then_branch", found.then_tables), ("else_branch", found.else_tables)):
+        graph = attr(node, branch)
+        if graph is not None:
+            tables.extend(graph.outputs)
+    then_rows, else_rows = _rows(found.then_tables), _rows(found.else_tables)
+    if then_rows is not None and else_rows is not None and then_rows != else_rows:
+        then_long = then_rows > else_rows
+        found.long, found.short = ((found.then_tables, found.else_tables) if then_long
+                                   else (found.else_tables, found.then_tables))
+        found.short_rows, found.long_rows = min(then_rows, else_rows), max(then_rows, else_rows)
+    found.original = found.threshold if found.threshold is not None else found.short_rows
+    return found
+
+
+def longrope_where(model: ir.Model) -> LongRoPE | None:
+    """``Where(cond, long_inv_freq, short_inv_freq)`` feeding a Cos: LongRoPE chosen per call on the frequencies."""
+    for cos in iter_nodes(model):
+        if cos.op_type != "Cos":
+            continue
+        for node in ancestors(cos.inputs):
+            if node.op_type != "Where" or len(node.inputs) != 3:
+                continue
+            a, b = (const_tensor(v) for v in node.inputs[1:])
+            if a is None or b is None or a.shape != b.shape or not a.dtype.is_floating_point() or not is_vector(
+                    a.shape):
+                continue
+            condition = switch_condition(node, model)
+            return LongRoPE("where", condition.threshold, node=node, condition=condition, long=[node.inputs[1]],
+                            short=[node.inputs[2]])
+    return None
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The concatenated table
+# ------------------------------------------------------------------------------------------------------------
+
+
+def concat_cache(model: ir.Model, *, context_length: int | None, offset: int | None = None) -> ConcatCache:
+    """The ``[short; long]`` cos/sin tables GroupQueryAttention reads, of ``offset + context_length`` rows.
+
+    ``offset`` is the short part's length where it is known (configured, or LongRoPE's original context); without
+    it, a table longer than ``context_length`` is read as the concatenation and the offset is what is left over.
+    Raises ``MatchFailure.absent`` when no such table is there (``refuse`` when neither length is known).
+    """
+    gqas = [n for n in nodes_of(model, "GroupQueryAttention", MS_DOMAIN)
+            if attr(n, "do_rotary", 0) and len(n.inputs) > 8 and n.inputs[7] is not None]
+    if not gqas:
+        raise MatchFailure.absent("no GroupQueryAttention with do_rotary=1 and a cos_cache")
+    gqa = gqas[0]
+    cos, sin = gqa.inputs[7], gqa.inputs[8]
+    name = cos.name or "cos_cache"
+    cos_t = const_tensor(cos)
+    if not table_like(cos_t) or not isinstance(cos_t.shape[0], int):
+        raise MatchFailure.absent("cos_cache is not a constant table", name)
+    if context_length is None and offset is None:
+        raise MatchFailure.refuse("no context_length in genai_config.json to split the cache by")
+    rows = cos_t.shape[0]
+    original = offset if offset is not None else rows - context_length
+    if rows <= original or original <= 1 or (context_length is not None and rows != original + context_length):
+        raise MatchFailure.absent(f"cos_cache has {rows} rows, not original + context {context_length} (not a "
+                                  "concatenated cache)", name)
+    sin_t = const_tensor(sin)
+    if sin_t is None or sin_t.shape != cos_t.shape:
+        raise MatchFailure.absent("sin_cache is not a constant table shaped like cos_cache", name)
+    return ConcatCache(gqa, cos, sin, rows, original, context_length)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The detector
+# ------------------------------------------------------------------------------------------------------------
+
+
+def find_longrope(
+    model: ir.Model,
+    *,
+    context_length: int | None = None,
+    concat_offset: int | None = None,
+    caches: tuple[list[FoundCache], list[ir.Node]] | None = None,
+) -> LongRoPE | None:
+    """The graph's LongRoPE, if any: an If between tables of different lengths (the first If a cos/sin input is
+    computed through), else the concatenated table read at ``concat_offset`` (the configured
+    ``multiRotaryCacheConcatOffset``: without one there is no offset to read it at), else a Where on inv_freq.
+
+    ``caches``: :func:`~rope_passes.analysis.caches.find_caches`'s answer, when the caller has it already.
+    """
+    _, if_nodes = caches if caches is not None else find_caches(model)
+    if if_nodes:
+        found = if_switch(model, if_nodes[0])
+        if found.long:
+            return found
+    if concat_offset is not None:
+        try:
+            table = concat_cache(model, context_length=context_length, offset=concat_offset)
+        except MatchFailure:
+            pass
+        else:
+            return LongRoPE("concat", table.offset, short_rows=table.offset, long_rows=table.rows - table.offset,
+                            concat=table)
+    return longrope_where(model)
