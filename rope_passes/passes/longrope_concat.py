@@ -36,26 +36,23 @@ import numpy as np
 import onnx_ir as ir
 
 from rope_passes.analysis.graph import MS_DOMAIN, const_array
-from rope_passes.analysis.patterns import LongRoPESwitchCondition
+from rope_passes.analysis.longrope import LongRoPE, if_switch
 from rope_passes.config import CONCAT_OFFSET_OPTION, GenaiConfig
 from rope_passes.passes.base import RopePass
-from rope_passes.report import PassReport
+from rope_passes.report import MatchFailure, PassReport
 
 OFFSET_KEY = CONCAT_OFFSET_OPTION
 OFFSET_METADATA = "rope_passes.multi_rotary_cache_concat_offset"
 WEBGPU_ONLY_KEY = "rope_passes.webgpu_only"
 
 
-class _Refusal(Exception):
-    pass
-
-
-def _branch_tables(graph: ir.Graph) -> list[np.ndarray]:
+def _branch_tables(outputs: list[ir.Value], target: str) -> list[np.ndarray]:
+    """The values of an If branch's outputs (the tables are read here, to be concatenated)."""
     tables = []
-    for out in graph.outputs:
+    for out in outputs:
         arr = const_array(out)
         if arr is None:
-            raise _Refusal(f"branch output {out.name!r} is not a constant table")
+            raise MatchFailure.refuse(f"branch output {out.name!r} is not a constant table", target)
         tables.append(arr)
     return tables
 
@@ -80,26 +77,23 @@ def record_offset(model: ir.Model, genai_config: GenaiConfig, offset: int, repor
             report.genai_config_changes.append(change)
 
 
-_SWITCH = LongRoPESwitchCondition()
-
-
 def _separate_qkv(gqa: ir.Node) -> bool:
     return any(len(gqa.inputs) > i and gqa.inputs[i] is not None for i in (1, 2))
 
 
-def _packable(gqa: ir.Node) -> None:
-    """Raise _Refusal when a GQA with separate Q/K/V cannot be packed exactly into one input."""
+def _packable(gqa: ir.Node, target: str) -> None:
+    """Refuse (MatchFailure) when a GQA with separate Q/K/V cannot be packed exactly into one input."""
     if not _separate_qkv(gqa):
         return
     q, k, v = (gqa.inputs[i] if len(gqa.inputs) > i else None for i in range(3))
     if q is None or k is None or v is None:
-        raise _Refusal(f"{gqa.name}: only one of key/value is given; cannot pack Q/K/V")
+        raise MatchFailure.refuse(f"{gqa.name}: only one of key/value is given; cannot pack Q/K/V", target)
     for value in (q, k, v):
         if value.shape is not None and len(value.shape) != 3:
-            raise _Refusal(f"{gqa.name}: {value.name!r} has rank {len(value.shape)}, expected [batch, seq, hidden] "
-                           "to pack Q/K/V")
+            raise MatchFailure.refuse(f"{gqa.name}: {value.name!r} has rank {len(value.shape)}, expected [batch, "
+                                      "seq, hidden] to pack Q/K/V", target)
     if len({value.dtype for value in (q, k, v)}) != 1:
-        raise _Refusal(f"{gqa.name}: query/key/value dtypes differ; cannot pack Q/K/V")
+        raise MatchFailure.refuse(f"{gqa.name}: query/key/value dtypes differ; cannot pack Q/K/V", target)
 
 
 def pack_qkv(graph: ir.Graph, gqa: ir.Node) -> ir.Node:
@@ -139,9 +133,9 @@ class LongRoPEConcatPass(RopePass):
                 continue
             found = True
             try:
-                offset, tables = self._match(model, node, gqas)
-            except _Refusal as exc:
-                report.refused(node.name or "If", str(exc))
+                offset, tables = self._match(if_switch(model, node), gqas)
+            except MatchFailure as failure:
+                report.record(failure)
                 continue
             packed = [pack_qkv(graph, gqa) for gqa in gqas if _separate_qkv(gqa)]
             if packed:
@@ -156,32 +150,37 @@ class LongRoPEConcatPass(RopePass):
             report.not_matched("<model>", "no If switching GroupQueryAttention cos/sin caches")
 
     @staticmethod
-    def _match(model: ir.Model, node: ir.Node, gqas: list[ir.Node]) -> tuple[int, list[np.ndarray]]:
-        if not node.inputs or node.inputs[0] is None:
-            raise _Refusal("If has no condition input")
-        switch = _SWITCH.match_value(model, node.inputs[0], "the If condition")
-        if not switch.ok:
-            raise _Refusal(switch.reason)
-        offset = int(const_array(switch.bindings["original"]).reshape(-1)[0])
-        then_tables = _branch_tables(node.attributes["then_branch"].value)
-        else_tables = _branch_tables(node.attributes["else_branch"].value)
+    def _match(switch: LongRoPE, gqas: list[ir.Node]) -> tuple[int, list[np.ndarray]]:
+        """The offset and the ``[small[:offset]; large]`` tables for the If ``switch``; MatchFailure.refuse if not."""
+        node = switch.node
+        target = node.name or "If"
+        condition = switch.condition.match if switch.condition is not None else None
+        if condition is None:
+            raise MatchFailure.refuse("If has no condition input", target)
+        if not condition.ok or switch.threshold is None:
+            raise MatchFailure.refuse(condition.reason, target)
+        offset = switch.threshold
+        then_tables = _branch_tables(switch.then_tables, target)
+        else_tables = _branch_tables(switch.else_tables, target)
         if len(then_tables) != len(node.outputs) or len(else_tables) != len(node.outputs):
-            raise _Refusal("branches do not return one table per If output")
+            raise MatchFailure.refuse("branches do not return one table per If output", target)
         for out in node.outputs:
             for user, index in out.uses():
                 if user.op_type != "GroupQueryAttention" or index not in (7, 8):
-                    raise _Refusal(f"{out.name!r} is read by {user.name or user.op_type} input {index}, not as "
-                                   "a GQA cos/sin cache")
+                    raise MatchFailure.refuse(f"{out.name!r} is read by {user.name or user.op_type} input {index}, "
+                                              "not as a GQA cos/sin cache", target)
         for gqa in gqas:
-            _packable(gqa)  # raises when separate Q/K/V cannot be packed
+            _packable(gqa, target)  # refuses when separate Q/K/V cannot be packed
         tables = []
         for large, small in zip(then_tables, else_tables):
             if large.ndim != 2 or small.ndim != 2 or large.shape[1] != small.shape[1] or large.dtype != small.dtype:
-                raise _Refusal(f"tables {large.shape} {large.dtype} / {small.shape} {small.dtype} do not stack")
+                raise MatchFailure.refuse(f"tables {large.shape} {large.dtype} / {small.shape} {small.dtype} do not "
+                                          "stack", target)
             if large.shape[0] <= offset:
-                raise _Refusal(f"then-branch table has {large.shape[0]} rows, not more than original {offset}")
+                raise MatchFailure.refuse(f"then-branch table has {large.shape[0]} rows, not more than original "
+                                          f"{offset}", target)
             if small.shape[0] < offset:
-                raise _Refusal(f"short table has {small.shape[0]} rows < original {offset}")
+                raise MatchFailure.refuse(f"short table has {small.shape[0]} rows < original {offset}", target)
             tables.append(np.concatenate([small[:offset], large], axis=0))
         return offset, tables
 
