@@ -105,26 +105,19 @@ def _load_reference(reference: str | Path | np.ndarray) -> np.ndarray:
 
 
 def _longrope(proto: Any, webgpu: Mapping[str, str]) -> dict[str, Any] | None:
-    """A LongRoPE cache and its switch point: ``If(Greater(total_len, C))`` picking cos/sin tables, or a
-    concatenated table whose offset is in ``multiRotaryCacheConcatOffset``."""
+    """A LongRoPE cache and its switch point: ``If(Greater(total_len, C))`` picking cos/sin tables (read by the
+    LongRoPE detector, :func:`rope_passes.analysis.longrope.find_longrope`), or a concatenated table whose offset is
+    in ``multiRotaryCacheConcatOffset`` (the offset onnxruntime will apply, whatever the table)."""
     offset = int(webgpu.get("multiRotaryCacheConcatOffset", "0") or 0)
     if offset > 0:
         return {"kind": "concat", "switch": offset}
-    from onnx import numpy_helper
+    import onnx_ir as ir
 
-    producers = {o: n for n in proto.graph.node for o in n.output}
-    consts = {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer if not t.data_location}
-    for n in proto.graph.node:
-        if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value":
-            consts[n.output[0]] = numpy_helper.to_array(n.attribute[0].t)
-    rope_ops = {"GroupQueryAttention", "RotaryEmbedding", "MRotaryEmbedding"}
-    users = {i for n in proto.graph.node if n.op_type in rope_ops for i in n.input}
-    for n in proto.graph.node:
-        if n.op_type != "If" or not set(n.output) & users:
-            continue
-        cond = producers.get(n.input[0])
-        if cond is not None and cond.op_type == "Greater" and cond.input[1] in consts:
-            return {"kind": "if", "switch": int(np.asarray(consts[cond.input[1]]).reshape(-1)[0])}
+    from rope_passes.analysis.longrope import find_longrope
+
+    found = find_longrope(ir.serde.deserialize_model(proto))  # weights stay unread: only the threshold is
+    if found is not None and found.kind == "if" and found.threshold is not None:
+        return {"kind": "if", "switch": found.threshold}
     return None
 
 

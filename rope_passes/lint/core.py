@@ -10,11 +10,14 @@ from __future__ import annotations
 import dataclasses
 import enum
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import onnx_ir as ir
 
 from rope_passes.config import GenaiConfig
+
+if TYPE_CHECKING:
+    from rope_passes.analysis.census import RopeCensus
 
 
 class Severity(str, enum.Enum):
@@ -43,7 +46,7 @@ class Diagnostic:
 class LintContext:
     model: ir.Model
     genai_config: GenaiConfig
-    census: Any  # rope_passes.analysis.census.RopeCensus
+    census: RopeCensus | None
     path: str
 
 

@@ -10,9 +10,11 @@ from collections.abc import Iterator
 
 import onnx_ir as ir
 
-from rope_passes.analysis.graph import MS_DOMAIN, attr, iter_nodes, nodes_of
+from rope_passes.analysis.graph import MS_DOMAIN, attr, nodes_of
+from rope_passes.analysis.longrope import ConcatCache, concat_cache
 from rope_passes.io import MAX_IR_VERSION
 from rope_passes.lint.core import LintContext, Severity, rule
+from rope_passes.report import MatchFailure
 
 Found = Iterator[tuple[str, str]]
 
@@ -71,14 +73,11 @@ def mrotary(ctx: LintContext) -> Found:
       `fold-text-mrope` folds it into GroupQueryAttention (do_rotary=1) exactly.""",
       fix="fold-text-mrope")
 def text_mrope(ctx: LintContext) -> Found:
-    if ctx.census is None:
+    if ctx.census is None or "manual-mrope" not in ctx.census.flavours:
         return
-    facts = ctx.census.to_dict()
-    if "manual-mrope" not in facts.get("flavours", []):
-        return
-    for pos in facts.get("positions") or []:
-        if pos.get("tiled_to_3d"):
-            yield pos["name"], f"manual mRoPE over 2D {pos['name']} tiled to 3 identical axes: foldable into GQA"
+    for pos in ctx.census.positions:
+        if pos.tiled_to_3d:
+            yield pos.name, f"manual mRoPE over 2D {pos.name} tiled to 3 identical axes: foldable into GQA"
 
 
 @rule("RP103", "vl-mrope-text-use", Severity.NOTE,
@@ -87,14 +86,11 @@ def text_mrope(ctx: LintContext) -> Found:
       Folding mRoPE into GroupQueryAttention is exact only for text prompts: use
       `rope-passes optimize --text-only` for a text-only deployment, otherwise keep (or lower) the mRoPE.""")
 def vl_mrope(ctx: LintContext) -> Found:
-    if ctx.census is None:
+    if ctx.census is None or not {"manual-mrope", "mrotary-embedding"} & set(ctx.census.flavours):
         return
-    facts = ctx.census.to_dict()
-    if not {"manual-mrope", "mrotary-embedding"} & set(facts.get("flavours", [])):
-        return
-    for pos in facts.get("positions") or []:
-        if pos.get("rank") == 3:
-            yield pos["name"], f"{pos['name']} is a [3,B,S] input: mRoPE folds into GQA only with --text-only"
+    for pos in ctx.census.positions:
+        if pos.rank == 3:
+            yield pos.name, f"{pos.name} is a [3,B,S] input: mRoPE folds into GQA only with --text-only"
 
 
 @rule("RP201", "total-seq-from-shape", Severity.WARNING,
@@ -106,7 +102,7 @@ def vl_mrope(ctx: LintContext) -> Found:
       fix="total-seq-on-gpu")
 def total_seq(ctx: LintContext) -> Found:
     for group in ctx.census.attention if ctx.census is not None else ():
-        if getattr(group, "total_sequence_length_from_shape", False):
+        if group.total_sequence_length_from_shape:
             for name in group.nodes:
                 yield name, f"total_sequence_length comes from {group.total_sequence_length} on CPU"
 
@@ -141,17 +137,16 @@ def memcpy(ctx: LintContext) -> Found:
                           f"{first.tensor!r}: capture will be refused")
 
 
-def _concat_cache_rows(ctx: LintContext) -> tuple[ir.Node, int, int] | None:
-    """(GQA, cache rows, context length) when the GQA cache is longer than the context (a concatenated table)."""
+def _concat_cache(ctx: LintContext) -> ConcatCache | None:
+    """The GQA cos/sin table longer than the context: a concatenated [short; long] LongRoPE table (the detector's
+    :func:`~rope_passes.analysis.longrope.concat_cache`, the offset read as the rows past the context)."""
     context = _context_length(ctx)
     if not context:
         return None
-    for node in _gqa(ctx):
-        if attr(node, "do_rotary", 0) and len(node.inputs) > 7 and node.inputs[7] is not None:
-            shape = node.inputs[7].shape
-            if shape is not None and len(shape) == 2 and isinstance(shape[0], int) and shape[0] > context:
-                return node, shape[0], context
-    return None
+    try:
+        return concat_cache(ctx.model, context_length=context)
+    except MatchFailure:
+        return None
 
 
 @rule("RP203", "concat-cache-offset-missing", Severity.ERROR,
@@ -161,11 +156,11 @@ def _concat_cache_rows(ctx: LintContext) -> tuple[ir.Node, int, int] | None:
       table past the switch point and results are wrong. `annotate-cache-offset` writes it.""",
       fix="annotate-cache-offset")
 def concat_offset(ctx: LintContext) -> Found:
-    found = _concat_cache_rows(ctx)
+    found = _concat_cache(ctx)
     if found and not int(_provider_options(ctx).get("multiRotaryCacheConcatOffset", "0") or 0):
-        node, rows, context = found
-        yield node.name or "GroupQueryAttention", (
-            f"cos_cache has {rows} rows > context {context} (concatenated LongRoPE) and no multiRotaryCacheConcatOffset")
+        yield found.gqa.name or "GroupQueryAttention", (
+            f"cos_cache has {found.rows} rows > context {found.context_length} (concatenated LongRoPE) and no "
+            "multiRotaryCacheConcatOffset")
 
 
 @rule("RP204", "webgpu-only-cache", Severity.NOTE,
@@ -174,7 +169,7 @@ def concat_offset(ctx: LintContext) -> Found:
       table from row 0, so CPU results are wrong past the offset. Use this model with the WebGPU EP.""")
 def webgpu_only(ctx: LintContext) -> Found:
     offset = int(_provider_options(ctx).get("multiRotaryCacheConcatOffset", "0") or 0)
-    if offset and _concat_cache_rows(ctx):
+    if offset and _concat_cache(ctx):
         yield "<model>", f"multiRotaryCacheConcatOffset={offset}: CPU EP results are wrong past {offset} tokens"
 
 
@@ -212,7 +207,8 @@ def cache_layout(ctx: LintContext) -> Found:
       The cache needs at least context_length rows (genai_config.json model.context_length).""")
 def cache_short(ctx: LintContext) -> Found:
     context = _context_length(ctx)
-    if not context or any(n.op_type == "If" for n in iter_nodes(ctx.model)):
+    longrope = ctx.census.longrope if ctx.census is not None else None
+    if not context or (longrope is not None and longrope.kind == "if"):
         return  # LongRoPE If graphs switch between a short and a long table on purpose
     for node in _gqa(ctx):
         if attr(node, "do_rotary", 0) and len(node.inputs) > 7 and node.inputs[7] is not None:
