@@ -6,16 +6,13 @@ Only tensor metadata is read (shape, dtype): the tables' values never are.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 import onnx_ir as ir
 
 from rope_passes.analysis.graph import ancestors, attr, const_tensor, table_like
 from rope_passes.analysis.ops import rope_sinks
 from rope_passes.analysis.schema import CosSinCache, dtype_name, shape_list
-
-if TYPE_CHECKING:
-    from rope_passes.analysis.longrope import LongRoPE
 
 
 @dataclasses.dataclass
@@ -71,18 +68,25 @@ def find_caches(model: ir.Model) -> tuple[list[FoundCache], list[ir.Node]]:
 
 
 def cache_records(
-    caches: list[FoundCache], longrope: LongRoPE | None, context_length: int | None,
+    caches: list[FoundCache],
+    context_length: int | None,
+    variant: Callable[[ir.Value], str | None] = lambda _: None,
+    concat_offset: int | None = None,
 ) -> list[CosSinCache]:
-    """The census records of ``caches``: rows against the context length, and each one's part in ``longrope``."""
-    offset = longrope.original if longrope is not None and longrope.kind == "concat" else None
+    """The census records of ``caches``: rows against the context length, and each one's LongRoPE part.
+
+    ``variant``: a table's LongRoPE part (``LongRoPE.variant``); ``concat_offset``: the offset a concatenated table
+    is read at (its rows past the offset are what covers the context).
+    """
+    offset = concat_offset
     records = []
     for cache in caches:
         value, tensor, source = cache.value, cache.tensor, cache.source
         rows = tensor.shape[0] if isinstance(tensor.shape[0], int) else None
         cols = tensor.shape[1] if isinstance(tensor.shape[1], int) else None
-        variant = longrope.variant(value) if longrope is not None else None
+        part = variant(value)
         effective = rows
-        if variant == "concat (short+long)" and rows is not None and offset is not None:
+        if part == "concat (short+long)" and rows is not None and offset is not None:
             effective = rows - offset  # the long part is what covers the context
         versus = None
         if context_length is not None and effective is not None:
@@ -91,7 +95,7 @@ def cache_records(
         read_by = sorted({u.op_type for u, _ in value.uses()} | ({"If"} if source.startswith("If.") else set()))
         records.append(CosSinCache(
             name=value.name or "", role=cache.role, shape=shape_list(tensor.shape) or [],
-            dtype=dtype_name(tensor.dtype) or "?", rows=rows, columns=cols, source=source, variant=variant,
+            dtype=dtype_name(tensor.dtype) or "?", rows=rows, columns=cols, source=source, variant=part,
             read_by=read_by, rows_vs_context=versus,
         ))
     records.sort(key=lambda c: (c.variant or "", c.role, c.name))

@@ -115,7 +115,8 @@ def census(model: ir.Model, genai_config: GenaiConfig | None = None, *, source: 
     rotary = rotary_groups(model)
     found_caches = find_caches(model)
     found = find_longrope(model, context_length=context_length, concat_offset=offset, caches=found_caches)
-    caches = cache_records(found_caches[0], found, context_length)
+    caches = cache_records(found_caches[0], context_length) if found is None else cache_records(
+        found_caches[0], context_length, found.variant, found.original if found.kind == "concat" else None)
     longrope = None if found is None else LongRope(
         kind=found.kind, original_max_position=found.original, short_rows=found.short_rows,
         long_rows=found.long_rows, switch=found.switch, switch_node=found.switch_node,
