@@ -12,8 +12,11 @@ feeds a *frequency*; it is unrelated to the rotation's *pairing* (rotate-half vs
 ``interleaved`` attribute of the rotary op.
 
 When the three axes carry the same position ``p`` every column reads row ``p``, so the per-token table is the
-plain 1D ``[max_pos, rotary_dim/2]`` table. :func:`find_rotations` finds the rotation feeding each
-GroupQueryAttention q/k input; :func:`text_tables` derives that 1D table from the graph's own constants.
+plain 1D ``[max_pos, rotary_dim/2]`` table. :func:`trace_rotation` finds the rotation feeding a
+GroupQueryAttention q/k input; :func:`text_tables` derives that 1D table from the graph's own constants (or, for
+the manual form, by evaluating its cos/sin subgraph with the :class:`~rope_passes.analysis.graph.Evaluate` the
+caller hands in: analysis opens no runtime session). Whether the three axes are equal is
+:func:`~rope_passes.analysis.positions.position_source`'s proof (re-exported here).
 """
 
 from __future__ import annotations
