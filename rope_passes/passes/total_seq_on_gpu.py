@@ -13,7 +13,8 @@ replaces both chains with what the builder emits for graph capture (its ``_graph
     m32 = Cast<int32>(M);  s = ReduceSum(m32, axes=[1], keepdims=0)
     seqlens_k = Sub(s, 1);  total_sequence_length = ReduceMax(s, keepdims=0)
 
-All int32, all with WebGPU kernels, no ``Shape``: 0 Memcpy. The old nodes are left for ``cleanup``.
+All int32, all with WebGPU kernels, no ``Shape``: 0 Memcpy. The old chains are removed where nothing else reads
+them (onnxruntime places a dead ``Shape`` chain too, with its Memcpy, and ``narrow-int64`` reads the placement).
 
 **Exact when** (checked where possible, stated where not): ``seqlens_k`` is bit-identical (same sum, int32 is wide
 enough for any mask length onnxruntime accepts). ``total_sequence_length`` becomes the largest row sum of ``M``
