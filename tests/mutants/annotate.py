@@ -1,0 +1,108 @@
+"""Mutants attacking ``annotate-cache-offset``: a concatenated ``[short; long]`` LongRoPE cache and its offset.
+
+The builder's ``webgpu_fp16_graph`` Phi-3 graph carries one ``[32 + 256, 16]`` cos/sin cache and genai_config's
+``multiRotaryCacheConcatOffset = 32``. The mutants change the offset in the config, or the table so that its real
+split (known by construction: ``truth_offset``) is not what the row count and config suggest. Reference: the mutant's
+graph run with its true offset vs the output's graph run with the offset the output's genai_config gives it
+(WebGPU's offset emulated on CPU, see :mod:`.oracle`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import EQUIVALENT, LONGROPE_CALLS, REFUSE, Mutant, Work
+from .edit import replace_initializer
+
+PASS = "annotate-cache-offset"
+BASE = "genai/current/phi3_mini_128k/webgpu_fp16_graph"
+KEY = "multiRotaryCacheConcatOffset"
+ORIGINAL = 32
+
+
+def _webgpu_options(config: dict) -> dict:
+    for entry in config["model"]["decoder"]["session_options"]["provider_options"]:
+        if "webgpu" in entry:
+            return entry["webgpu"]
+    raise AssertionError("no webgpu provider options")
+
+
+def set_offset(value: str | None):
+    def edit(work: Work) -> list[str]:
+        options = _webgpu_options(work.config)
+        if value is None:
+            options.pop(KEY, None)
+        else:
+            options[KEY] = value
+        return ["cos_cache"]
+    return edit
+
+
+def _tables(work: Work) -> tuple[np.ndarray, np.ndarray]:
+    g = work.graph
+    return g.initializers["cos_cache"].const_value.numpy().copy(), g.initializers["sin_cache"].const_value.numpy().copy()
+
+
+def _rope(cos: np.ndarray, sin: np.ndarray, first: int, rows: int, factor: float = 1.0) -> tuple[np.ndarray, ...]:
+    """``rows`` rows of the RoPE whose position-0 row is ``first`` (scale) and position-1 row gives the frequencies."""
+    c0, c1, s1 = (a.astype(np.float64) for a in (cos[first], cos[first + 1], sin[first + 1]))
+    w = np.arctan2(s1, c1) * factor
+    p = np.arange(rows, dtype=np.float64)[:, None]
+    return (c0 * np.cos(p * w)).astype(cos.dtype), (c0 * np.sin(p * w)).astype(sin.dtype)
+
+
+def tables(build, offset: str | None = None):
+    """Both caches replaced by ``build(cos, sin) -> (cos, sin)``; the config's offset set to ``offset`` (None: removed)."""
+    def edit(work: Work) -> list[str]:
+        cos, sin = build(*_tables(work))
+        replace_initializer(work.graph, "cos_cache", cos)
+        replace_initializer(work.graph, "sin_cache", sin)
+        return set_offset(offset)(work)
+    return edit
+
+
+def truncated(cos, sin):
+    return cos[:280], sin[:280]
+
+
+def short_everywhere(cos, sin):
+    """Rows 32.. continue the *short* RoPE: both halves have the same factors."""
+    lc, ls = _rope(cos, sin, 0, 256)
+    return np.concatenate([cos[:ORIGINAL], lc]), np.concatenate([sin[:ORIGINAL], ls])
+
+
+def split_at_24(cos, sin):
+    """[short[:24]; long[:256]; long[248:256]]: 288 rows, but the long half starts at row 24."""
+    return (np.concatenate([cos[:24], cos[ORIGINAL:], cos[-8:]]), np.concatenate([sin[:24], sin[ORIGINAL:], sin[-8:]]))
+
+
+def long_refactored(cos, sin):
+    """The long half rebuilt with 0.9x its frequencies: still a [short; long] pair split at 32."""
+    lc, ls = _rope(cos, sin, ORIGINAL, 256, factor=0.9)
+    return np.concatenate([cos[:ORIGINAL], lc]), np.concatenate([sin[:ORIGINAL], ls])
+
+
+def context_length(value: int):
+    def edit(work: Work) -> list[str]:
+        work.config["model"]["context_length"] = value
+        return set_offset(None)(work)
+    return edit
+
+
+def mutants() -> list[Mutant]:
+    def m(name, expect, edit, why, truth):
+        return Mutant(f"annotate-{name}", "cache-offset", PASS, BASE, expect, edit, why, target="webgpu-graph",
+                      reference="offset-truth", calls=LONGROPE_CALLS, truth_offset=truth, fp16=True)
+
+    return [
+        m("offset-wrong-16", EQUIVALENT, set_offset("16"), "the config says 16, the table splits at 32", 32),
+        m("offset-missing", EQUIVALENT, set_offset(None), "no offset in the config, the table splits at 32", 32),
+        m("long-refactored", EQUIVALENT, tables(long_refactored), "another valid long half (0.9x), no offset", 32),
+        m("rows-truncated", REFUSE, tables(truncated), "280 rows: not original + context_length, no offset", 32),
+        m("short-equals-long", REFUSE, tables(short_everywhere),
+          "rows 32.. continue the short RoPE: not a LongRoPE pair (an offset of 32 would still be needed)", 32),
+        m("split-at-24", REFUSE, tables(split_at_24),
+          "288 rows, but the long half starts at row 24: offset 32 (rows - context) is wrong", 24),
+        m("context-length-128", REFUSE, context_length(128),
+          "genai_config context_length 128: rows - context = 160 is not the split", 32),
+    ]

@@ -1,0 +1,104 @@
+"""Mutants attacking ``total-seq-on-gpu``: GroupQueryAttention's seqlens_k / total_sequence_length chains.
+
+The rewrite (int32 ``ReduceSum`` of the mask, ``ReduceMax`` of the row sums as the total) is exact when both chains
+read the attention mask. The mutants feed them something else that has the mask's look (a rank-2 int64 graph input:
+``input_ids``), or alter the chain around the mask (another dimension, another subtrahend, a sliced mask), or make
+harmless detours (Identity, a float round trip, + 0) that the pattern may not see through.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+from . import EQUIVALENT, REFUSE, Mutant, Work
+from .edit import Chain, graph_input, node_named, splice
+
+PASS = "total-seq-on-gpu"
+CPU = "genai/current/llama/cpu_fp32"
+FP16 = "genai/current/llama/webgpu_fp16"
+SUB = "/model/attn_mask_reformat/attn_mask_subgraph"
+
+
+def _places(work: Work) -> list[str]:
+    gqas = [n for n in work.graph if n.op_type == "GroupQueryAttention"]
+    return [n.name for n in gqas] + sorted({n.inputs[6].name for n in gqas})
+
+
+def reads(node: str, source: str):
+    """The chain's ``node`` (Shape or ReduceSum) reads graph input ``source`` instead of the mask."""
+    def edit(work: Work) -> list[str]:
+        n = node_named(work.graph, f"{SUB}/{node}")
+        n.replace_input_with(0, graph_input(work.graph, source))
+        return _places(work)
+    return edit
+
+
+def total_from_ids_seqlens_other(work: Work) -> list[str]:
+    """total_sequence_length = Shape(input_ids)[1]; seqlens_k computed the same as before but through an Identity
+    (so the pass, not matching it, rewrites the total alone)."""
+    seqlens = node_named(work.graph, f"{SUB}/Sub/Cast").outputs[0]
+    splice(work.graph, seqlens, lambda c, v: c.op("Identity", v), "seqlens")
+    return reads("Shape", "input_ids")(work)
+
+
+def on_mask(build, only: str | None = None):
+    def edit(work: Work) -> list[str]:
+        keep = None if only is None else (lambda u: u.name == f"{SUB}/{only}")
+        splice(work.graph, graph_input(work.graph, "attention_mask"), build, "mask", keep=keep)
+        return _places(work)
+    return edit
+
+
+def constant_input(node: str, index: int, value):
+    def edit(work: Work) -> list[str]:
+        n = node_named(work.graph, f"{SUB}/{node}")
+        chain = Chain(work.graph, "const")
+        n.replace_input_with(index, chain.const(value))
+        return _places(work)
+    return edit
+
+
+def total_plus_zero(work: Work) -> list[str]:
+    gather = node_named(work.graph, f"{SUB}/Gather").outputs[0]
+    splice(work.graph, gather, lambda c, v: c.op("Add", v, c.scalar(0)), "total")
+    return _places(work)
+
+
+def mutants() -> list[Mutant]:
+    def m(base, short, name, expect, edit, why, cls="mask", fp16=False):
+        return Mutant(f"totalseq-{short}-{name}", cls, PASS, base, expect, edit, why, target="webgpu-graph",
+                      reference="ort", fp16=fp16)
+
+    roundtrip = lambda c, v: c.op("Cast", c.op("Cast", v, dtype=ir.DataType.FLOAT, to=ir.DataType.FLOAT),  # noqa: E731
+                                  dtype=ir.DataType.INT64, to=ir.DataType.INT64)
+    out = []
+    for base, short, full in ((CPU, "cpu", True), (FP16, "fp16", False)):
+        f16 = base == FP16
+        out += [
+            m(base, short, "total-from-ids", REFUSE, total_from_ids_seqlens_other,
+              "total_sequence_length = Shape(input_ids)[1] (the call length) and seqlens_k not matched: input_ids "
+              "has the mask's look (rank-2 int64 graph input) but its row sums are token ids", fp16=f16),
+            m(base, short, "mask-identity", EQUIVALENT, on_mask(lambda c, v: c.op("Identity", v)),
+              "the mask through an Identity", cls="harmless", fp16=f16),
+        ]
+        if not full:
+            continue
+        out += [
+            m(base, short, "total-shape-of-ids", REFUSE, reads("Shape", "input_ids"),
+              "total_sequence_length = Shape(input_ids)[1], seqlens_k from the mask"),
+            m(base, short, "seqlens-sum-of-ids", REFUSE, reads("ReduceSum", "input_ids"),
+              "seqlens_k = ReduceSum(input_ids) - 1, total from the mask"),
+            m(base, short, "mask-float-roundtrip", EQUIVALENT, on_mask(roundtrip),
+              "the mask cast to float and back (same values)", cls="harmless"),
+            m(base, short, "gather-dim0", REFUSE, constant_input("Gather", 1, np.array(0, np.int64)),
+              "total_sequence_length = the mask's batch dimension"),
+            m(base, short, "sub-two", REFUSE, constant_input("Sub", 1, np.array([2], np.int64)),
+              "seqlens_k = ReduceSum(mask) - 2"),
+            m(base, short, "total-plus-zero", EQUIVALENT, total_plus_zero, "total_sequence_length + 0",
+              cls="harmless"),
+            m(base, short, "total-of-sliced-mask", REFUSE, on_mask(lambda c, v: c.op(
+                "Slice", v, c.i64(1), c.i64(1 << 40), c.i64(1)), only="Shape"),
+              "total_sequence_length = width of mask[:, 1:] (one less)"),
+        ]
+    return out
