@@ -90,12 +90,15 @@ class LongRoPE:
         return self.condition.threshold if self.condition is not None else None
 
     def variant(self, table: ir.Value) -> str | None:
-        """``"short"``, ``"long"`` or ``"concat (short+long)"`` for a table of this LongRoPE; None for others."""
+        """``"short"``/``"long"`` for an If branch's table, ``"concat (short+long)"`` for the concatenated one; None
+        for any other value."""
         if self.concat is not None and any(table is t for t in (self.concat.cos, self.concat.sin)):
             return "concat (short+long)"
+        if self.kind != "if":
+            return None
         if any(table is t for t in self.long):
             return "long"
-        if self.kind == "if" and any(table is t for t in self.short):
+        if any(table is t for t in self.short):
             return "short"
         return None
 
