@@ -247,14 +247,19 @@ def compare(reference: Runner, candidate: Runner, calls: Sequence[tuple[int, int
         except Exception as exc:  # noqa: BLE001
             return Comparison(False, float("inf"), f"call {call}: the output fails where the mutant runs "
                               f"({str(exc).splitlines()[0][:160]})", run)
+        bad = []
         for name in sorted(set(ref) & set(got)):
             a, b = ref[name].astype(np.float64), got[name].astype(np.float64)
             if a.shape != b.shape:
                 return Comparison(False, float("inf"), f"call {call}: {name} shape {b.shape} != {a.shape}", run)
             diff = float(np.max(np.abs(a - b))) if a.size else 0.0
             worst = max(worst, diff)
-            if not np.allclose(b, a, atol=atol, rtol=rtol) and first_bad is None:
-                first_bad = f"call (past, seq, batch) = {call}: {name} differs by {diff:.3g}"
+            if not np.allclose(b, a, atol=atol, rtol=rtol):
+                bad.append((diff, name))
+        if bad and first_bad is None:
+            diff, name = max(bad)
+            first_bad = (f"call (past, seq, batch) = {call}: {len(bad)} of {len(set(ref) & set(got))} outputs "
+                         f"differ, {name} by {diff:.3g}")
     if run == 0:
         return Comparison(True, 0.0, f"the mutant runs on none of the calls ({'; '.join(skipped)})", 0)
     note = f" ({len(skipped)} calls the mutant cannot run skipped)" if skipped else ""
