@@ -3,7 +3,9 @@
 * :func:`plan_outputs`: the (input, output) pairs a user path stands for; a folder of model folders maps each model
   to the same relative path under the output root.
 * :func:`output_target`: the file and folder one model is written to, after the checks (an output is given, it is
-  not the input unless ``in_place``, it is not inside the input folder).
+  not the input unless ``in_place``, it is not inside the input folder; an existing output folder holds nothing but
+  an earlier output of this model, see :func:`check_replaceable_folder`); :func:`check_output` adds: in place, the
+  files replaced are not read-only.
 * :func:`check_report_path` / :func:`write_report`: a report file (``optimize --report``, ``lint -o``).
 """
 
@@ -13,8 +15,13 @@ import dataclasses
 import os
 from pathlib import Path
 
+from rope_passes.config import GENAI_CONFIG
 from rope_passes.errors import ModelSaveError, UsageError
+from rope_passes.io.disk import STAGING_PREFIX, is_read_only
 from rope_passes.io.load import discover_models, resolve_model_path
+
+#: the second data file beside a model: the tensors the passes made (the input's data file is reused as it is)
+NEW_DATA_SUFFIX = ".rope.data"
 
 
 def same_file(a: Path, b: Path) -> bool:
@@ -78,6 +85,41 @@ class OutputTarget:
     def target_dir(self) -> Path:
         return self.model_out.parent
 
+    @property
+    def whole_folder(self) -> bool:
+        """A model folder written whole (staged beside it, then swapped in); else files written into a folder (a
+        file output, or in place), committed file by file."""
+        return self.folder_out is not None and not self.onto_input
+
+
+def companions(model_name: str) -> set[str]:
+    """The files named after a model that belong to it: its data file and the second data file of new tensors."""
+    return {model_name + ".data", model_name + NEW_DATA_SUFFIX}
+
+
+def check_replaceable_folder(folder_out: Path, input_folder: Path | None, model_name: str) -> None:
+    """An existing output folder is replaced whole only when it holds nothing but what this output writes (the input
+    folder's file names, the model's data files, ``genai_config.json``): an earlier output of this model. Anything
+    else (a folder of other files, an output of another model) is refused, so no stale file ever mixes in and no
+    file of the user's is deleted."""
+    if not folder_out.is_dir():
+        return
+    ours = {model_name, GENAI_CONFIG, *companions(model_name)}
+    if input_folder is not None and input_folder.is_dir():
+        ours |= {p.name for p in input_folder.iterdir()}
+    foreign = sorted(p.name for p in folder_out.iterdir() if p.name not in ours and not p.name.startswith(
+        STAGING_PREFIX))
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        raise ModelSaveError(f"{folder_out}: folder exists and holds files this output would not replace ({shown}); "
+                             "choose a new or empty folder")
+
+
+def check_not_read_only(paths: list[Path]) -> None:
+    for path in paths:
+        if is_read_only(path):
+            raise ModelSaveError(f"{path}: is read-only; refusing to replace it (make it writable first)")
+
 
 def output_target(model_path: Path, folder: Path | None, output: str | os.PathLike | None, *,
                   in_place: bool = False) -> OutputTarget:
@@ -103,14 +145,24 @@ def output_target(model_path: Path, folder: Path | None, output: str | os.PathLi
         raise ModelSaveError(
             f"{output}: is inside the input folder {folder}; choose an output outside it (or --in-place)"
         )
-    return OutputTarget(model_out, folder_out, onto_input)
+    if folder is None and folder_out is not None:
+        folder_out = None  # a file input written into a folder: a file output named like the input
+    target = OutputTarget(model_out, folder_out, onto_input)
+    if target.whole_folder:
+        check_replaceable_folder(model_out.parent, folder, model_path.name)
+    return target
 
 
 def check_output(input_path: str | os.PathLike, output: str | os.PathLike | None, *,
                  in_place: bool = False) -> OutputTarget:
-    """:func:`output_target` for a user-given input path, before anything is loaded (fail before the work)."""
+    """:func:`output_target` for a user-given input path, before anything is loaded (fail before the work); in place,
+    a read-only model or ``genai_config.json`` is refused (the user marked it so: ``optimize --in-place`` respects
+    that, while ``lint --fix``, asked to fix that very file, rewrites it keeping its mode)."""
     model_path, folder = resolve_model_path(input_path)
-    return output_target(model_path, folder, output, in_place=in_place)
+    target = output_target(model_path, folder, output, in_place=in_place)
+    if target.onto_input:
+        check_not_read_only([model_path, model_path.parent / GENAI_CONFIG])
+    return target
 
 
 def check_report_path(path: str | os.PathLike) -> None:

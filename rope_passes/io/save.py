@@ -1,27 +1,45 @@
-"""Writing models: nothing lost, atomic, the input never touched unless asked.
+"""Writing models: nothing lost, all or nothing, the input never touched unless asked.
 
-``save_bundle`` writes to a new path with the external data beside the model, keeps opset imports,
-``metadata_props``, doc strings and value_info (onnx_ir round-trips them), caps the IR version at 13 (onnxruntime
-1.27 rejects 14), and writes atomically: everything goes to a temporary folder beside the target, then each file is
-renamed into place. A folder input is copied whole (tokenizer files and all) with ``genai_config.json`` updated by the
-passes. An unchanged model (see :func:`copies_verbatim`) is copied byte for byte, never re-serialized.
+``save_bundle`` keeps opset imports, ``metadata_props``, doc strings and value_info (onnx_ir round-trips them) and
+caps the IR version at 13 (onnxruntime 1.27 rejects 14). An unchanged model (see :func:`copies_verbatim`) is copied
+byte for byte, never re-serialized. How it reaches the disk:
+
+* a model folder (a folder input) is staged whole in a ``.rope-passes-<pid>-*`` folder beside the output folder
+  (tokenizer files and all, ``genai_config.json`` as the passes left it), then renamed into place: the output folder
+  appears complete or not at all, and an earlier output of the same model is replaced whole (a folder holding other
+  files is refused before any work, see :func:`~rope_passes.io.paths.check_replaceable_folder`);
+* a file output, or ``in_place``, is staged inside the target folder and committed file by file with a journal
+  (:func:`~rope_passes.io.disk.commit_files`): a failed rename puts every replaced file back, and each replaced file
+  keeps its permission bits (``optimize --in-place`` refuses read-only files up front). A file output never
+  overwrites the ``genai_config.json`` of the folder it lands in (an identical one is left alone; one that differs
+  is kept, and refused when the passes changed this model's config);
+* a failure leaves no staging folder and no output folder it created; a killed run's staging folder is removed by the
+  next run that writes there.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
 import onnx_ir as ir
 
 from rope_passes.config import GENAI_CONFIG
 from rope_passes.errors import ModelSaveError
+from rope_passes.io.disk import (
+    STAGING_PREFIX,
+    carry_file,
+    carry_tree,
+    commit_files,
+    make_dirs,
+    new_staging,
+    remove_dirs,
+    swap_folder,
+)
 from rope_passes.io.load import MAX_IR_VERSION, ModelBundle
-from rope_passes.io.paths import OutputTarget, output_target, same_file
+from rope_passes.io.paths import OutputTarget, companions, output_target, same_file
 
 #: onnx_ir.save keeps tensors of at most this many bytes inside the .onnx file.
 SMALL_TENSOR_BYTES = 256
@@ -55,111 +73,132 @@ def _inline_small_external_tensors(model: ir.Model) -> None:
                 value.const_value = ir.Tensor(tensor.numpy().copy(), dtype=tensor.dtype, name=tensor.name)
 
 
-def _copy_item(item: Path, dest: Path) -> None:
-    (shutil.copytree if item.is_dir() else shutil.copy2)(item, dest)
+def _carry(item: Path, dest: Path) -> None:
+    if item.is_dir() and not item.is_symlink():
+        carry_tree(item, dest)
+    else:
+        carry_file(item, dest)
 
 
-def _stage_verbatim(bundle: ModelBundle, staging: Path, model_out: Path) -> list[Path]:
-    """Stage the input's own files, byte for byte (an unchanged model is copied, never re-serialized)."""
-    staged: list[Path] = []
-    if bundle.folder is not None:
-        for item in sorted(bundle.folder.iterdir()):
-            if item.name.startswith(".rope-passes-"):
-                continue
-            dest = staging / item.name
-            _copy_item(item, dest)
-            staged.append(dest)
-        return staged
-    dest = staging / model_out.name
-    shutil.copy2(bundle.model_path, dest)
-    staged.append(dest)
-    source_dir = bundle.model_path.parent
-    extras = list(bundle.external_data_files)
-    if bundle.genai_config.present:
-        extras.append(GENAI_CONFIG)
-    for name in extras:
-        src = source_dir / name
-        if same_file(src, model_out.parent / name):
-            continue  # already where the copy will look for it
-        dest = staging / name
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(src, dest)
-        staged.append(dest)
-    return staged
+def _stage_folder_files(bundle: ModelBundle, staging: Path, skip: set[str]) -> None:
+    """A folder input travels whole: tokenizer files, processor configs, other models."""
+    assert bundle.folder is not None
+    for item in sorted(bundle.folder.iterdir()):
+        if item.name not in skip and not item.name.startswith(STAGING_PREFIX):
+            _carry(item, staging / item.name)
 
 
-def _stage_serialized(bundle: ModelBundle, staging: Path, target: OutputTarget) -> list[Path]:
-    model, model_out = bundle.model, target.model_out
+def _serialize(bundle: ModelBundle, staging: Path, model_name: str) -> list[str]:
+    """The model re-serialized into ``staging``; returns the names written (the model, its data file)."""
+    model = bundle.model
     if model.ir_version is None or model.ir_version > MAX_IR_VERSION:
         model.ir_version = MAX_IR_VERSION
     had_external = bool(bundle.external_data_files)
     _inline_small_external_tensors(model)
-    data_name = model_out.name + ".data"
-    staged_model = staging / model_out.name
-    try:
-        ir.save(model, staged_model, external_data=data_name if had_external else None,
-                size_threshold_bytes=SMALL_TENSOR_BYTES)
-    except OSError as exc:
-        raise ModelSaveError(f"{model_out}: cannot write ({exc.strerror})") from None
-    staged = [staged_model] + ([staging / data_name] if had_external else [])
-    if bundle.genai_config.present:
-        config_path = staging / GENAI_CONFIG
-        config_path.write_text(bundle.genai_config.dumps())
-        staged.append(config_path)
-    # A folder input travels whole: tokenizer files, processor configs, other models.
+    data_name = model_name + ".data"
+    ir.save(model, staging / model_name, external_data=data_name if had_external else None,
+            size_threshold_bytes=SMALL_TENSOR_BYTES)
+    return [model_name, *([data_name] if had_external else [])]
+
+
+def _write_folder(bundle: ModelBundle, target: OutputTarget, verbatim: bool) -> None:
+    """A model folder: staged whole beside the output folder, then swapped in."""
+    assert target.folder_out is not None and bundle.folder is not None
     folder_out = target.folder_out
-    if folder_out is not None and bundle.folder is not None and not same_file(folder_out, bundle.folder):
-        skip = {bundle.model_path.name, GENAI_CONFIG, *bundle.external_data_files}
-        for item in sorted(bundle.folder.iterdir()):
-            if item.name in skip or item.name.startswith(".rope-passes-"):
-                continue
-            dest = staging / item.name
-            _copy_item(item, dest)
-            staged.append(dest)
-    return staged
+    created: list[Path] = []
+    try:
+        make_dirs(folder_out.parent, created)
+        staging = new_staging(folder_out.parent)
+    except OSError as exc:
+        remove_dirs(created)
+        raise ModelSaveError(f"{folder_out}: cannot create output folder ({exc.strerror or exc})") from None
+    try:
+        if verbatim:
+            _stage_folder_files(bundle, staging, set())
+        else:
+            written = _serialize(bundle, staging, target.model_out.name)
+            if bundle.genai_config.present:
+                (staging / GENAI_CONFIG).write_text(bundle.genai_config.dumps())
+            _stage_folder_files(bundle, staging, {bundle.model_path.name, GENAI_CONFIG, *bundle.external_data_files,
+                                                  *written})
+        if folder_out.exists() and not folder_out.is_dir():
+            raise ModelSaveError(f"{folder_out}: is a file, cannot write a folder there")
+        swap_folder(staging, folder_out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        remove_dirs(created)
+        raise
+
+
+def _stage_config(bundle: ModelBundle, target: OutputTarget, verbatim: bool, staging: Path) -> list[str]:
+    """``genai_config.json`` beside a file output (or in place): never over another model's (see the module doc)."""
+    if not bundle.genai_config.present:
+        return []
+    source = bundle.model_path.parent / GENAI_CONFIG
+    text = source.read_bytes() if verbatim else bundle.genai_config.dumps().encode()
+    dest = target.target_dir / GENAI_CONFIG
+    if dest.exists() and not target.onto_input:
+        if dest.is_file() and dest.read_bytes() == text:
+            return []  # already there
+        if bundle.genai_config_changed:
+            raise ModelSaveError(f"{dest}: belongs to the folder the output goes into; the passes changed this "
+                                 "model's genai_config.json and a file output never overwrites the one beside it "
+                                 "(write to a new folder instead)")
+        return []  # the folder's own config stays
+    (staging / GENAI_CONFIG).write_bytes(text)
+    return [GENAI_CONFIG]
+
+
+def _write_files(bundle: ModelBundle, target: OutputTarget, verbatim: bool) -> None:
+    """A file output, or in place: staged inside the target folder, committed file by file (journal, roll-back)."""
+    target_dir, model_out = target.target_dir, target.model_out
+    created: list[Path] = []
+    try:
+        make_dirs(target_dir, created)
+        staging = new_staging(target_dir)
+    except OSError as exc:
+        remove_dirs(created)
+        raise ModelSaveError(f"{target_dir}: cannot create output folder ({exc.strerror or exc})") from None
+    try:
+        if verbatim:  # the model under its new name, its data files under the names the model references
+            carry_file(bundle.model_path, staging / model_out.name)
+            names, referenced = [model_out.name], set(bundle.external_data_files)
+            for name in bundle.external_data_files:
+                if not same_file(bundle.model_path.parent / name, target_dir / name):
+                    (staging / name).parent.mkdir(parents=True, exist_ok=True)
+                    carry_file(bundle.model_path.parent / name, staging / name)
+                    names.append(name)
+        else:
+            names = _serialize(bundle, staging, model_out.name)
+            referenced = set(names[1:])
+        names += _stage_config(bundle, target, verbatim, staging)
+        # the model last: a reader never sees a model without its weights
+        moves = [(staging / n, target_dir / n) for n in sorted(names, key=lambda n: n == model_out.name)]
+        stale = [target_dir / n for n in sorted(companions(model_out.name) - set(names) - referenced)
+                 if (target_dir / n).is_file()]
+        for _, dest in moves:
+            if dest.is_dir():
+                raise ModelSaveError(f"{dest}: is a folder, cannot write a file there")
+        commit_files(moves, stale, staging / (STAGING_PREFIX + "replaced"))
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        remove_dirs(created)
+        raise
+    shutil.rmtree(staging, ignore_errors=True)
 
 
 def write_bundle(bundle: ModelBundle, output: str | os.PathLike | None, *, in_place: bool = False,
                  graph_modified: bool = True, unchanged: bool | None = None) -> SaveResult:
     """Write the bundle (see :func:`save_bundle`); returns what was written and how."""
     target = output_target(bundle.model_path, bundle.folder, output, in_place=in_place)
-    if unchanged is None:
-        unchanged = copies_verbatim(bundle, graph_modified)
-    model_out = target.model_out
-    if unchanged and target.onto_input:
+    verbatim = copies_verbatim(bundle, graph_modified) if unchanged is None else unchanged
+    if verbatim and target.onto_input:
         return SaveResult(bundle.model_path, True)  # nothing to write: the input already is the output
-    target_dir = target.target_dir
     try:
-        target_dir.mkdir(parents=True, exist_ok=True)
+        (_write_folder if target.whole_folder else _write_files)(bundle, target, verbatim)
     except OSError as exc:
-        raise ModelSaveError(f"{target_dir}: cannot create output folder ({exc.strerror})") from None
-    if not os.access(target_dir, os.W_OK):
-        raise ModelSaveError(f"{target_dir}: output folder is not writable")
-
-    try:
-        staging = Path(tempfile.mkdtemp(prefix=".rope-passes-", dir=target_dir))
-    except OSError as exc:
-        raise ModelSaveError(f"{target_dir}: cannot write there ({exc.strerror})") from None
-    try:
-        staged = _stage_verbatim(bundle, staging, model_out) if unchanged else _stage_serialized(bundle, staging, target)
-        staged_model = staging / model_out.name
-        # Rename into place: the data file first, so a reader never sees a model without its weights.
-        for src in sorted(staged, key=lambda s: s == staged_model):
-            dest = target_dir / src.relative_to(staging)
-            if dest.is_dir() and not src.is_dir():
-                raise ModelSaveError(f"{dest}: is a folder, cannot write a file there")
-            if src.is_dir() and dest.exists():
-                shutil.rmtree(dest)
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(src, dest)
-    except ModelSaveError:
-        raise
-    except OSError as exc:
-        raise ModelSaveError(f"{model_out}: cannot write ({exc.strerror or exc})") from None
-    finally:
-        with contextlib.suppress(OSError):
-            shutil.rmtree(staging)
-    return SaveResult(model_out, unchanged)
+        raise ModelSaveError(f"{target.model_out}: cannot write ({exc.strerror or exc})") from None
+    return SaveResult(target.model_out, verbatim)
 
 
 def save_bundle(bundle: ModelBundle, output: str | os.PathLike | None, *, in_place: bool = False,

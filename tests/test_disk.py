@@ -1,0 +1,269 @@
+"""Nothing lost on disk (issue 11): what optimize / save_bundle leave behind when writing goes wrong, is interrupted,
+or lands somewhere that already holds files; and how the weights travel (issue 14)."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx_ir as ir
+import pytest
+
+from rope_passes.cli import main
+from rope_passes.demo import build_tiny_decoder
+from rope_passes.errors import ModelSaveError
+from rope_passes.io import load_bundle, save_bundle
+
+
+def cli(*args: str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "rope_passes", *args], capture_output=True, text=True, timeout=300,
+                          **kw)
+
+
+def digest(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def error_lines(stderr: str) -> list[str]:
+    return [ln for ln in stderr.splitlines() if ln.strip() and not ln.startswith("Warning:")]
+
+
+def one_line_error(code: int, stderr: str, expect: str) -> None:
+    lines = error_lines(stderr)
+    assert code == 2, (code, stderr)
+    assert len(lines) == 1 and lines[0].startswith("rope-passes: error: ") and expect in lines[0], stderr
+    assert "Traceback" not in stderr
+
+
+def staging_left(root: Path) -> list[Path]:
+    return [p for p in root.rglob(".rope-passes-*")]
+
+
+@pytest.fixture(scope="module")
+def tiny_src(tmp_path_factory) -> Path:
+    return build_tiny_decoder(tmp_path_factory.mktemp("disk") / "tiny")
+
+
+@pytest.fixture()
+def tiny(tiny_src, tmp_path) -> Path:
+    return Path(shutil.copytree(tiny_src, tmp_path / "tiny"))
+
+
+def changed_bundle(path: Path):
+    """The bundle with a weight changed and the config edited: a re-serialized output that differs everywhere."""
+    bundle = load_bundle(path)
+    value = bundle.model.graph.initializers["model.embed_tokens.weight"]
+    value.const_value = ir.Tensor(value.const_value.numpy() + 1.0, name=value.name)
+    bundle.genai_config.data["model"]["note"] = "changed"
+    return bundle
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 1. a single-file output never overwrites the genai_config.json of the folder it lands in
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_file_output_keeps_the_other_folders_genai_config(tiny, tmp_path):
+    other = Path(shutil.copytree(tiny, tmp_path / "other"))
+    config = json.loads((other / "genai_config.json").read_text())
+    config["search"] = {"max_length": 7}
+    (other / "genai_config.json").write_text(json.dumps(config))
+    before = (other / "genai_config.json").read_bytes()
+    result = cli("optimize", str(tiny / "model.onnx"), "-o", str(other / "opt.onnx"), "--target", "webgpu-graph")
+    assert result.returncode == 0, result.stderr
+    assert (other / "opt.onnx").is_file()
+    assert (other / "genai_config.json").read_bytes() == before, "another model's genai_config.json overwritten"
+    # the passes changed the config this model needs: refused (one line), nothing written, the other config kept
+    with pytest.raises(ModelSaveError, match="genai_config.json"):
+        save_bundle(changed_bundle(tiny / "model.onnx"), other / "opt2.onnx")
+    assert (other / "genai_config.json").read_bytes() == before and not (other / "opt2.onnx").exists()
+    # beside the input itself: the input's config is never rewritten either
+    src_config = (tiny / "genai_config.json").read_bytes()
+    with pytest.raises(ModelSaveError, match="genai_config.json"):
+        save_bundle(changed_bundle(tiny / "model.onnx"), tiny / "opt.onnx")
+    assert (tiny / "genai_config.json").read_bytes() == src_config and not (tiny / "opt.onnx").exists()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 2. the multi-file commit is atomic: a failed rename rolls back
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def failing_replace(monkeypatch, fail_at: int) -> list:
+    """os.replace that fails on the ``fail_at``-th rename between a staging folder and its target (renames inside a
+    staging folder, e.g. onnx_ir's own temporary data file, are not counted)."""
+    real = os.replace
+    calls: list = []
+
+    def replace(src, dst, *a, **kw):
+        inside = [".rope-passes-" in str(p) for p in (src, dst)]
+        if inside[0] != inside[1]:
+            calls.append((src, dst))
+            if len(calls) == fail_at:
+                raise OSError(errno.EIO, "Input/output error (injected)")
+        return real(src, dst, *a, **kw)
+
+    monkeypatch.setattr(os, "replace", replace)
+    return calls
+
+
+@pytest.mark.parametrize("case", ["in_place", "existing_output_folder", "file_output"])
+@pytest.mark.parametrize("fail_at", [1, 2, 3, 4, 5])
+def test_commit_is_all_or_nothing(case, fail_at, tiny, tmp_path, monkeypatch):
+    if case == "in_place":
+        where, output, kw = tiny, None, {"in_place": True}
+    elif case == "existing_output_folder":
+        where = output = tmp_path / "out"
+        save_bundle(load_bundle(tiny), output, unchanged=True)  # an earlier output of the same model
+        kw = {}
+    else:
+        where, output = tmp_path / "single", tmp_path / "single" / "m.onnx"
+        save_bundle(load_bundle(tiny / "model.onnx"), output)
+        kw = {}
+    before = digest(where)
+    bundle = changed_bundle(tiny if case != "file_output" else tiny / "model.onnx")
+    if case == "file_output":
+        del bundle.genai_config.data["model"]["note"]  # a file output keeps the config beside it (test 1)
+    calls = failing_replace(monkeypatch, fail_at)
+    try:
+        save_bundle(bundle, output, **kw)
+    except ModelSaveError as exc:
+        assert "\n" not in str(exc)
+        assert digest(where) == before, f"half-written after a failed rename #{fail_at}: {calls}"
+    else:
+        assert len(calls) < fail_at, "a failed rename went unreported"
+        assert digest(where) != before
+        monkeypatch.undo()
+        again = load_bundle(where if case != "file_output" else output)
+        assert np.array_equal(again.model.graph.initializers["model.embed_tokens.weight"].const_value.numpy(),
+                              bundle.model.graph.initializers["model.embed_tokens.weight"].const_value.numpy())
+    assert not staging_left(tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 3. --in-place keeps the file mode and refuses read-only files
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_in_place_keeps_file_mode(tiny):
+    for name in ("model.onnx", "genai_config.json"):
+        (tiny / name).chmod(0o640)
+    save_bundle(changed_bundle(tiny), None, in_place=True)
+    for name in ("model.onnx", "genai_config.json"):
+        assert stat.S_IMODE((tiny / name).stat().st_mode) == 0o640, name
+    assert load_bundle(tiny).genai_config.data["model"]["note"] == "changed"
+
+
+def test_in_place_refuses_read_only_files(tiny):
+    (tiny / "model.onnx").chmod(0o444)
+    before = digest(tiny)
+    result = cli("optimize", str(tiny), "--in-place", "--target", "webgpu-graph")
+    one_line_error(result.returncode, result.stderr, "read-only")
+    assert digest(tiny) == before and stat.S_IMODE((tiny / "model.onnx").stat().st_mode) == 0o444
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 4. an existing output folder: a foreign one is refused, an earlier output of ours is replaced whole
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_existing_output_folder(tiny, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine\n")
+    result = cli("optimize", str(tiny), "-o", str(out))
+    one_line_error(result.returncode, result.stderr, "notes.txt")
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+    # an earlier output of this model (here with a second data file the new one does not write): replaced whole
+    (out / "notes.txt").unlink()
+    assert cli("optimize", str(tiny), "-o", str(out)).returncode == 0
+    (out / "model.onnx.rope.data").write_bytes(b"stale")
+    result = cli("optimize", str(tiny), "-o", str(out), "--target", "webgpu-graph")
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in tiny.iterdir()), "stale files mixed in"
+    # an empty folder is fine
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert cli("optimize", str(tiny), "-o", str(empty)).returncode == 0
+    assert digest(empty) == digest(tiny)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 5. a full disk leaves no empty output folder
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def no_space(*args, **kwargs):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+@pytest.mark.parametrize("writer", ["serialize", "copy"])
+@pytest.mark.parametrize("output", ["new/deeper/out", "new/deeper/m.onnx"])
+def test_full_disk_leaves_nothing(writer, output, tiny, tmp_path, monkeypatch, capsys):
+    if writer == "serialize":
+        monkeypatch.setattr(ir, "save", no_space)
+        extra = ["--target", "webgpu-graph"]
+    else:  # an unchanged model is copied
+        from rope_passes.io import disk
+
+        monkeypatch.setattr(disk, "_copy_bytes", no_space)
+        extra = []
+    source = tiny if output.endswith("out") else tiny / "model.onnx"
+    code = main(["optimize", str(source), "-o", str(tmp_path / output), *extra])
+    one_line_error(code, capsys.readouterr().err, "No space left on device")
+    assert not (tmp_path / "new").exists(), "output folders left behind"
+    assert not staging_left(tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 6. a killed run's staging folder is cleaned by the next run
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_stale_staging_is_cleaned(tiny, tmp_path):
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = tmp_path / f".rope-passes-{dead.pid}-abc123"
+    (stale / "sub").mkdir(parents=True)
+    (stale / "sub" / "model.onnx.data").write_bytes(b"x" * 1000)
+    legacy = tmp_path / ".rope-passes-k2j3h4"  # an older version's name: no pid in it
+    legacy.mkdir()
+    old = time.time() - 3600
+    os.utime(legacy, (old, old))
+    alive = tmp_path / f".rope-passes-{os.getpid()}-live"  # a run in progress (this process): left alone
+    alive.mkdir()
+    result = cli("optimize", str(tiny), "-o", str(tmp_path / "out"))
+    assert result.returncode == 0, result.stderr
+    assert not stale.exists() and not legacy.exists() and alive.exists()
+    # the same inside a folder written in place and beside a file output
+    stale_in = tiny / f".rope-passes-{dead.pid}-inplace"
+    stale_in.mkdir()
+    assert cli("optimize", str(tiny), "--in-place", "--target", "webgpu-graph").returncode == 0
+    assert not stale_in.exists()
+    alive.rmdir()
+
+
+def test_killed_run_is_cleaned_up_by_the_next(tiny, tmp_path):
+    for delay in (1.0, 2.5):
+        proc = subprocess.Popen([sys.executable, "-m", "rope_passes", "optimize", str(tiny), "-o",
+                                 str(tmp_path / "out"), "--target", "webgpu-graph"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(delay)
+        proc.kill()
+        proc.wait()
+        if (tmp_path / "out").exists():  # it finished: start over
+            shutil.rmtree(tmp_path / "out")
+    result = cli("optimize", str(tiny), "-o", str(tmp_path / "out"), "--target", "webgpu-graph")
+    assert result.returncode == 0, result.stderr
+    assert not staging_left(tmp_path)
