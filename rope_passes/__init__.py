@@ -3,18 +3,61 @@
     import rope_passes
     report = rope_passes.optimize("model_dir", "out_dir", target="webgpu-graph")
     bundle = rope_passes.load_bundle("model_dir")
+
+The names below are imported on first use (onnx_ir, onnxscript and the passes take a second or two to import): the
+command line starts at once, and Ctrl-C during start-up is the command's one-line "interrupted", not a traceback.
 """
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
 
-from rope_passes import check  # noqa: E402 - a callable module: rope_passes.check(original, rewritten)
-from rope_passes.api import optimize
-from rope_passes.errors import ModelLoadError, ModelSaveError, RopePassesError, UsageError
-from rope_passes.io import ModelBundle, load_bundle, load_model, save_bundle
-from rope_passes.pipeline import PRESETS, run_pipeline
-from rope_passes.report import Finding, Outcome, PassReport, PipelineReport
+#: public name -> the module that defines it
+_EXPORTS = {
+    "check": "rope_passes.check",  # a callable module: rope_passes.check(original, rewritten)
+    "optimize": "rope_passes.api",
+    "ModelLoadError": "rope_passes.errors",
+    "ModelSaveError": "rope_passes.errors",
+    "RopePassesError": "rope_passes.errors",
+    "UsageError": "rope_passes.errors",
+    "ModelBundle": "rope_passes.io",
+    "load_bundle": "rope_passes.io",
+    "load_model": "rope_passes.io",
+    "save_bundle": "rope_passes.io",
+    "PRESETS": "rope_passes.pipeline",
+    "run_pipeline": "rope_passes.pipeline",
+    "Finding": "rope_passes.report",
+    "Outcome": "rope_passes.report",
+    "PassReport": "rope_passes.report",
+    "PipelineReport": "rope_passes.report",
+}
+
+if TYPE_CHECKING:
+    from rope_passes import check
+    from rope_passes.api import optimize
+    from rope_passes.errors import ModelLoadError, ModelSaveError, RopePassesError, UsageError
+    from rope_passes.io import ModelBundle, load_bundle, load_model, save_bundle
+    from rope_passes.pipeline import PRESETS, run_pipeline
+    from rope_passes.report import Finding, Outcome, PassReport, PipelineReport
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'rope_passes' has no attribute {name!r}")
+    value = importlib.import_module(module)
+    if name != "check":
+        value = getattr(value, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])
+
 
 __all__ = [
     "PRESETS",

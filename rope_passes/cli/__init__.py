@@ -1,6 +1,8 @@
 """The ``rope-passes`` command line. One module per sub-command, each with ``add_parser(subparsers)``.
 
 Errors caused by input (bad file, bad option) print one line ``rope-passes: error: ...`` and exit 2; never a traceback.
+Ctrl-C at any moment prints ``rope-passes: interrupted`` and exits 130 (a commit in progress finishes or rolls back
+first).
 """
 
 from __future__ import annotations
@@ -50,12 +52,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
-        parser.print_help()
-        return 2
     try:
+        parser = build_parser()  # imports the commands (onnx_ir, onnxscript): Ctrl-C may come here already
+        args = parser.parse_args(argv)
+        if not getattr(args, "func", None):
+            parser.print_help()
+            return 2
         return int(args.func(args) or 0)
     except RopePassesError as exc:
         print(f"rope-passes: error: {exc}", file=sys.stderr)
