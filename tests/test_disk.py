@@ -334,3 +334,16 @@ def test_ctrl_c_at_each_step(where, in_place, tiny, tmp_path, monkeypatch, capsy
         assert (digest(tiny) != before) if in_place else (out / "model.onnx").is_file()
     else:
         assert digest(tiny) == before and not out.exists()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 8. lint -o to a folder or an unwritable path
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("where", ["folder", "missing_parent", "proc"])
+def test_lint_output_path_errors(where, tiny, tmp_path):
+    target = {"folder": tmp_path, "missing_parent": tmp_path / "no" / "such" / "r.txt",
+              "proc": Path("/proc/rope-passes-report.txt")}[where]
+    result = cli("lint", str(tiny), "-o", str(target))
+    one_line_error(result.returncode, result.stderr, "cannot write the report")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from rope_passes.io import discover_models
+from rope_passes.io import check_report_path, discover_models, write_report
 from rope_passes.lint import fix_bundle, lint_bundle
 from rope_passes.lint.core import RULES, Severity
 from rope_passes.lint.formats import FORMATS
@@ -43,6 +43,8 @@ def run(args: argparse.Namespace) -> int:
         from rope_passes.errors import UsageError
 
         raise UsageError("no model given (rope-passes lint MODEL...)")
+    if args.output:  # a folder or unwritable path fails before any work
+        check_report_path(args.output)
     select = args.select.split(",") if args.select else None
     ignore = args.ignore.split(",") if args.ignore else ()
     paths = [str(m) for given in args.models for m in discover_models(given)]
@@ -54,8 +56,7 @@ def run(args: argparse.Namespace) -> int:
         results[path] = lint_bundle(path, select=select, ignore=ignore)
     text = FORMATS[args.format](results)
     if args.output:
-        with open(args.output, "w") as f:
-            f.write(text + "\n")
+        write_report(args.output, text + "\n")
     elif text:
         print(text)
     threshold = ORDER[Severity(args.fail_on)]
