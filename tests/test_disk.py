@@ -347,3 +347,17 @@ def test_lint_output_path_errors(where, tiny, tmp_path):
               "proc": Path("/proc/rope-passes-report.txt")}[where]
     result = cli("lint", str(tiny), "-o", str(target))
     one_line_error(result.returncode, result.stderr, "cannot write the report")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 9. output piped into head ends quietly
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args", [["passes"], ["inspect", "{tiny}"], ["lint", "{tiny}", "--list-rules"],
+                                  ["optimize", "{tiny}", "--dry-run", "--explain", "--target", "webgpu-graph"]])
+def test_piped_into_head_ends_quietly(args, tiny):
+    argv = " ".join(a.format(tiny=tiny) for a in args)
+    script = f'{sys.executable} -m rope_passes {argv} | head -1 > /dev/null; echo "rc=${{PIPESTATUS[0]}}" >&2'
+    result = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.stderr.strip().splitlines() == ["rc=0"], result.stderr

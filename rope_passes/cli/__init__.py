@@ -2,12 +2,14 @@
 
 Errors caused by input (bad file, bad option) print one line ``rope-passes: error: ...`` and exit 2; never a traceback.
 Ctrl-C at any moment prints ``rope-passes: interrupted`` and exits 130 (a commit in progress finishes or rolls back
-first).
+first); output piped into a reader that leaves early (``| head``) ends quietly with exit 0.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
+import functools
 import os
 import sys
 
@@ -17,11 +19,29 @@ from rope_passes.errors import RopePassesError
 COMMANDS = ("optimize", "inspect", "check", "lint", "passes", "demo")
 
 
-def output_console():
-    """A rich Console for stdout: the terminal's width, or 120 columns when piped (logs, CI), not rich's 80."""
+@functools.cache
+def _console_class():
     from rich.console import Console
 
-    return Console(width=None if sys.stdout.isatty() else 120)
+    class _Console(Console):
+        def on_broken_pipe(self) -> None:  # rich would exit 1 itself; ``main`` ends quietly
+            raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
+
+    return _Console
+
+
+def output_console():
+    """A rich Console for stdout: the terminal's width, or 120 columns when piped (logs, CI), not rich's 80."""
+    return _console_class()(width=None if sys.stdout.isatty() else 120)
+
+
+def _stdout_to_devnull() -> None:
+    """The reader of stdout left: later writes (and the flush at exit) go nowhere instead of failing."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
 
 
 class _Parser(argparse.ArgumentParser):
@@ -58,13 +78,18 @@ def main(argv: list[str] | None = None) -> int:
         if not getattr(args, "func", None):
             parser.print_help()
             return 2
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # a reader that left shows here, not as a message at exit
+        return code
     except RopePassesError as exc:
         print(f"rope-passes: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("rope-passes: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `rope-passes ... | head`: the reader left, which is fine
+        _stdout_to_devnull()
+        return 0
     except MemoryError:
         print("rope-passes: error: out of memory", file=sys.stderr)
         return 2
