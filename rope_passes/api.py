@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from rope_passes.io import check_output, check_output_given, load_bundle, plan_outputs, write_bundle
+from rope_passes.io.weights import check_weights_mode
 from rope_passes.lint import remaining_problems
 from rope_passes.pipeline import run_pipeline
 from rope_passes.report import PipelineReport
@@ -31,18 +32,25 @@ def optimize(
     options: dict[str, Any] | None = None,
     dry_run: bool = False,
     in_place: bool = False,
+    weights: str = "reflink",
     progress: Callable[[str, int, int], None] | None = None,
 ) -> PipelineReport:
-    """Load → passes → save one model (file or model folder); the output path is checked before the passes run."""
+    """Load → passes → save one model (file or model folder); the output path is checked before the passes run.
+
+    ``weights``: how the input's external data reaches the output ("reflink", "copy", "link" or "rewrite"; see
+    :mod:`rope_passes.io.weights`); the report says which was used.
+    """
     check_output_given(output_path, in_place=in_place, dry_run=dry_run)
+    check_weights_mode(weights)
     if not dry_run:
-        check_output(input_path, output_path, in_place=in_place)
+        check_output(input_path, output_path, in_place=in_place, rewrites_data=weights == "rewrite")
     bundle = load_bundle(input_path)
     report = run_pipeline(bundle, target=target, passes=passes, options=options, progress=progress)
     report.dry_run = dry_run
     report.remaining = remaining_problems(bundle)
     if not dry_run:
-        saved = write_bundle(bundle, output_path, in_place=in_place, graph_modified=report.modified)
+        saved = write_bundle(bundle, output_path, in_place=in_place, graph_modified=report.modified, weights=weights)
         report.copied_verbatim = saved.verbatim
         report.output_path = str(saved.path)
+        report.weights = saved.weights
     return report

@@ -157,7 +157,9 @@ class PipelineReport:
     dry_run: bool = False
     #: the output is a byte-for-byte copy of the input (nothing changed, nothing re-serialized)
     copied_verbatim: bool = False
-    #: lint findings the output still has (``rope_passes.pipeline.remaining_problems``)
+    #: how the input's weights reached the output: "reflink", "link", "copy", "rewrite" (None: none travelled)
+    weights: str | None = None
+    #: lint findings the output still has (``rope_passes.lint.remaining_problems``)
     remaining: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     @property
@@ -172,6 +174,7 @@ class PipelineReport:
             "dry_run": self.dry_run,
             "modified": self.modified,
             "copied_verbatim": self.copied_verbatim,
+            "weights": self.weights,
             "remaining": self.remaining,
             "passes": [p.to_dict() for p in self.passes],
         }

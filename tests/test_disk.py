@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnx_ir as ir
 import pytest
 
@@ -189,7 +190,7 @@ def test_existing_output_folder(tiny, tmp_path):
     (out / "notes.txt").unlink()
     assert cli("optimize", str(tiny), "-o", str(out)).returncode == 0
     (out / "model.onnx.rope.data").write_bytes(b"stale")
-    result = cli("optimize", str(tiny), "-o", str(out), "--target", "webgpu-graph")
+    result = cli("optimize", str(tiny), "-o", str(out), "--target", "webgpu-graph", "--weights", "rewrite")
     assert result.returncode == 0, result.stderr
     assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in tiny.iterdir()), "stale files mixed in"
     # an empty folder is fine
@@ -211,8 +212,8 @@ def no_space(*args, **kwargs):
 @pytest.mark.parametrize("writer", ["serialize", "copy"])
 @pytest.mark.parametrize("output", ["new/deeper/out", "new/deeper/m.onnx"])
 def test_full_disk_leaves_nothing(writer, output, tiny, tmp_path, monkeypatch, capsys):
-    if writer == "serialize":
-        monkeypatch.setattr(ir, "save", no_space)
+    if writer == "serialize":  # the graph file (onnx_ir.save writes through onnx.save too)
+        monkeypatch.setattr(onnx, "save", no_space)
         extra = ["--target", "webgpu-graph"]
     else:  # an unchanged model is copied
         from rope_passes.io import disk
@@ -312,8 +313,8 @@ def test_ctrl_c_at_each_step(where, in_place, tiny, tmp_path, monkeypatch, capsy
     if where == "passes":
         monkeypatch.setattr(api, "remaining_problems", lambda bundle: interrupt_here())
     elif where == "staging":
-        real_save = ir.save
-        monkeypatch.setattr(ir, "save", lambda *a, **kw: (real_save(*a, **kw), interrupt_here()))
+        real_save = onnx.save
+        monkeypatch.setattr(onnx, "save", lambda *a, **kw: (real_save(*a, **kw), interrupt_here()))
     else:
         real_replace = os.replace
 
@@ -361,3 +362,129 @@ def test_piped_into_head_ends_quietly(args, tiny):
     script = f'{sys.executable} -m rope_passes {argv} | head -1 > /dev/null; echo "rc=${{PIPESTATUS[0]}}" >&2'
     result = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=300)
     assert result.stderr.strip().splitlines() == ["rc=0"], result.stderr
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# bad input stays one line, exit 2, the input untouched (with every new option)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args,expect", [(["--weights", "nope"], "invalid choice")])
+def test_bad_options_one_line(args, expect, tiny, tmp_path):
+    before = digest(tiny)
+    result = cli("optimize", str(tiny), "-o", str(tmp_path / "out"), *args)
+    assert result.returncode == 2 and expect in result.stderr and len(error_lines(result.stderr)) == 1, result.stderr
+    assert digest(tiny) == before
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 10. never rewrite untouched weights (issue 14): --weights reflink|copy|link|rewrite
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def optimize_json(*args: str) -> dict:
+    result = cli("optimize", *args, "--json")
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+@pytest.mark.parametrize("mode", ["reflink", "copy", "link"])
+@pytest.mark.parametrize("output", ["folder", "file"])
+def test_weights_modes_reuse_the_data_file(mode, output, tiny, tmp_path):
+    src_data = tiny / "model.onnx.data"
+    if output == "folder":
+        source, out, data = tiny, tmp_path / "out", tmp_path / "out" / "model.onnx.data"
+    else:
+        source, out, data = tiny / "model.onnx", tmp_path / "single" / "m.onnx", tmp_path / "single" / "m.onnx.data"
+    report = optimize_json(str(source), "-o", str(out), "--target", "webgpu-graph", "--weights", mode)
+    assert report["modified"] and not report["copied_verbatim"]
+    assert data.read_bytes() == src_data.read_bytes(), "the weights were rewritten"
+    same_inode = data.stat().st_ino == src_data.stat().st_ino
+    assert same_inode == (mode == "link")
+    assert report["weights"] == mode or (mode == "reflink" and report["weights"] == "copy"), report["weights"]
+    assert load_bundle(out if output == "folder" else out).external_data_files == [data.name]
+
+
+def test_unchanged_model_carries_files_in_the_weights_mode(tiny, tmp_path):
+    report = optimize_json(str(tiny), "-o", str(tmp_path / "out"), "--weights", "link")
+    assert report["copied_verbatim"] and report["weights"] == "link"
+    assert (tmp_path / "out" / "model.onnx.data").stat().st_ino == (tiny / "model.onnx.data").stat().st_ino
+    assert digest(tmp_path / "out") == digest(tiny)
+
+
+def decode_outputs(model_path: Path) -> list[np.ndarray]:
+    from rope_passes.check.decode import DecoderSpec, run_decode, token_ids
+    from rope_passes.config import GenaiConfig
+    from rope_passes.runtime.sessions import create_session
+
+    sess = create_session(str(model_path), "cpu")
+    spec = DecoderSpec.from_session(sess, GenaiConfig.load(model_path.parent).data)
+    steps = run_decode(sess, spec, token_ids(6), prefill=4, steps=2)
+    return [step[name] for step in steps for name in spec.outputs]
+
+
+def test_reused_weights_give_the_rewrite_outputs(genai_corpus, tmp_path):
+    """A corpus model whose passes make new tables: the default output reuses the data file byte for byte, puts the
+    tables in a small model.onnx.rope.data, and computes exactly what the rewrite output computes (CPU)."""
+    src = genai_corpus / "legacy/qwen35/cpu_fp32_text"
+    reused, rewritten = tmp_path / "reused", tmp_path / "rewritten"
+    first = optimize_json(str(src), "-o", str(reused), "--target", "webgpu-graph")
+    optimize_json(str(src), "-o", str(rewritten), "--target", "webgpu-graph", "--weights", "rewrite")
+    assert first["modified"] and first["weights"] in ("reflink", "copy")
+    assert (reused / "model.onnx.data").read_bytes() == (src / "model.onnx.data").read_bytes()
+    extra = reused / "model.onnx.rope.data"
+    assert extra.is_file() and 0 < extra.stat().st_size < (src / "model.onnx.data").stat().st_size
+    assert not (rewritten / "model.onnx.rope.data").exists()
+    assert sorted(p.name for p in reused.iterdir()) == sorted([*(p.name for p in src.iterdir()), extra.name])
+    for a, b in zip(decode_outputs(reused / "model.onnx"), decode_outputs(rewritten / "model.onnx"), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_in_place_leaves_the_data_file_alone(genai_corpus, tmp_path):
+    work = Path(shutil.copytree(genai_corpus / "legacy/qwen35/cpu_fp32_text", tmp_path / "m"))
+    for p in work.iterdir():
+        p.chmod(0o644)
+    data = work / "model.onnx.data"
+    old = time.time() - 3600
+    os.utime(data, (old, old))
+    before = data.stat()
+    reference = decode_outputs(work / "model.onnx")
+
+    def check_untouched():
+        after = data.stat()
+        assert (after.st_ino, after.st_mtime_ns, after.st_size) == (before.st_ino, before.st_mtime_ns, before.st_size)
+        assert not staging_left(work)
+        for a, b in zip(reference, decode_outputs(work / "model.onnx"), strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+    report = optimize_json(str(work), "--in-place", "--target", "webgpu-graph")
+    assert report["modified"] and report["output"] == str(work / "model.onnx") and report["weights"] is None
+    extra = work / "model.onnx.rope.data"
+    assert extra.is_file()
+    check_untouched()
+    # again, through the API: the first run's second data file is rewritten (its tensors are ours), the weights not
+    first = extra.stat().st_ino
+    bundle = load_bundle(work)
+    bundle.genai_config.data["model"]["note"] = "again"
+    save_bundle(bundle, None, in_place=True)
+    assert extra.stat().st_ino != first
+    check_untouched()
+    # weights="rewrite" in place rewrites the data file (and drops the second one)
+    save_bundle(load_bundle(work), None, in_place=True, weights="rewrite")
+    assert data.stat().st_ino != before.st_ino and not extra.exists()
+    assert np.array_equal(reference[0], decode_outputs(work / "model.onnx")[0])
+
+
+def test_streaming_copy_keeps_holes(tmp_path):
+    from rope_passes.io.disk import copy_file
+
+    src = tmp_path / "sparse.data"
+    with open(src, "wb") as f:
+        f.truncate(64 << 20)
+        f.seek(32 << 20)
+        f.write(b"weights")
+    dst = tmp_path / "copy.data"
+    assert copy_file(src, dst, reflink=False) == "copy"
+    assert dst.read_bytes() == src.read_bytes()
+    if src.stat().st_blocks * 512 < (1 << 20):  # the filesystem keeps holes
+        assert dst.stat().st_blocks * 512 < (1 << 20), "the copy filled the holes"

@@ -34,7 +34,9 @@ def digests(folder: Path) -> dict[str, str]:
 def one(cli: str, model: Path, label: str, args: list[str]) -> tuple[str, dict]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / ("out" if model.is_dir() else "out.onnx")
-        r = subprocess.run([cli, "optimize", str(model), "-o", str(out), *args], capture_output=True, text=True)
+        # --weights rewrite: every tensor re-serialized into one data file, the layout the digests were taken with
+        r = subprocess.run([cli, "optimize", str(model), "-o", str(out), "--weights", "rewrite", *args],
+                           capture_output=True, text=True)
         result: dict = {"rc": r.returncode}
         if r.returncode == 0:
             result["files"] = digests(out if out.is_dir() else Path(tmp))

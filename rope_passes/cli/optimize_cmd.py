@@ -12,7 +12,7 @@ from rich.table import Table
 from rope_passes.api import optimize
 from rope_passes.cli import output_console
 from rope_passes.errors import RopePassesError, UsageError
-from rope_passes.io import ModelJob, check_report_path, plan_outputs, write_report
+from rope_passes.io import WEIGHT_MODES, ModelJob, check_report_path, plan_outputs, write_report
 from rope_passes.pipeline import PRESETS, pass_names_for
 from rope_passes.report import PipelineReport
 
@@ -29,7 +29,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-positions", type=int, metavar="N",
                    help="rows of precomputed cos/sin tables (precompute-cos-sin; default: genai_config context_length)")
     p.add_argument("--dry-run", action="store_true", help="run the passes and report, write nothing")
-    p.add_argument("--in-place", action="store_true", help="overwrite the input (atomically)")
+    p.add_argument("--in-place", action="store_true",
+                   help="overwrite the input (atomically; only the graph file and a small second data file are "
+                        "written, the weights file stays as it is; read-only files are refused)")
+    p.add_argument("--weights", default="reflink", choices=WEIGHT_MODES,
+                   help="how the input's weights (external data) reach the output, unchanged: reflink (default: a "
+                        "copy-on-write clone where the filesystem has them, else a copy), copy, link (a hard link: "
+                        "no space, no time, but editing one file edits both), or rewrite (everything re-serialized "
+                        "into one data file, as earlier versions did). New tensors go into <model>.rope.data")
     p.add_argument("--report", metavar="FILE", help="write the report as JSON to FILE")
     p.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
     p.add_argument("--explain", action="store_true",
@@ -53,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _optimize(args: argparse.Namespace, passes: list[str] | None, job: ModelJob, progress=None) -> PipelineReport:
     return optimize(job.input, job.output, target=args.target, passes=passes, options=_options(args),
-                    dry_run=args.dry_run, in_place=args.in_place, progress=progress)
+                    dry_run=args.dry_run, in_place=args.in_place, weights=args.weights, progress=progress)
 
 
 def _run_tree(args: argparse.Namespace, passes: list[str] | None, jobs: list[ModelJob]) -> int:
@@ -169,5 +176,6 @@ def render(report: PipelineReport, console: Console) -> None:
             what = "unchanged (input copied byte for byte)"
         else:
             what = "graph unchanged (re-saved with IR version ≤ 13 so onnxruntime 1.27 loads it)"
-        console.print(f"{what} → {report.output_path}")
+        weights = f" (weights: {report.weights})" if report.weights else ""
+        console.print(f"{what} → {report.output_path}{weights}")
     sys.stdout.flush()

@@ -6,7 +6,8 @@
 * :mod:`.paths`: where each output goes and every check on an output path (``plan_outputs``, ``output_target``,
   report files).
 * :mod:`.save`: ``save_bundle`` / ``write_bundle``: nothing lost, atomic, the input never modified unless
-  ``in_place=True``, an unchanged model copied byte for byte.
+  ``in_place=True``, an unchanged model copied byte for byte; :mod:`.weights`: untouched weights are reused
+  (reflink, copy or hard link), not rewritten; :mod:`.disk`: staging, all-or-nothing commits, cheap copies.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from rope_passes.io.paths import (
     plan_outputs,
     write_report,
 )
-from rope_passes.io.save import SMALL_TENSOR_BYTES, SaveResult, copies_verbatim, save_bundle, write_bundle
+from rope_passes.io.save import SaveResult, copies_verbatim, save_bundle, write_bundle
+from rope_passes.io.weights import SMALL_TENSOR_BYTES, WEIGHT_MODES
 
 __all__ = [
     "MAX_IR_VERSION",
@@ -40,6 +42,7 @@ __all__ = [
     "ModelJob",
     "OutputTarget",
     "SaveResult",
+    "WEIGHT_MODES",
     "check_output",
     "check_output_given",
     "check_report_path",

@@ -154,14 +154,16 @@ def output_target(model_path: Path, folder: Path | None, output: str | os.PathLi
 
 
 def check_output(input_path: str | os.PathLike, output: str | os.PathLike | None, *,
-                 in_place: bool = False) -> OutputTarget:
+                 in_place: bool = False, rewrites_data: bool = False) -> OutputTarget:
     """:func:`output_target` for a user-given input path, before anything is loaded (fail before the work); in place,
     a read-only model or ``genai_config.json`` is refused (the user marked it so: ``optimize --in-place`` respects
-    that, while ``lint --fix``, asked to fix that very file, rewrites it keeping its mode)."""
+    that, while ``lint --fix``, asked to fix that very file, rewrites it keeping its mode). ``rewrites_data``: the
+    model's data file is replaced too (``--weights rewrite``), so it is checked as well."""
     model_path, folder = resolve_model_path(input_path)
     target = output_target(model_path, folder, output, in_place=in_place)
     if target.onto_input:
-        check_not_read_only([model_path, model_path.parent / GENAI_CONFIG])
+        data = [model_path.parent / (model_path.name + ".data")] if rewrites_data else []
+        check_not_read_only([model_path, model_path.parent / GENAI_CONFIG, *data])
     return target
 
 

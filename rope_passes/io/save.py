@@ -2,7 +2,8 @@
 
 ``save_bundle`` keeps opset imports, ``metadata_props``, doc strings and value_info (onnx_ir round-trips them) and
 caps the IR version at 13 (onnxruntime 1.27 rejects 14). An unchanged model (see :func:`copies_verbatim`) is copied
-byte for byte, never re-serialized. How it reaches the disk:
+byte for byte, never re-serialized; a changed one is written without rewriting the weights the passes did not touch
+(:mod:`rope_passes.io.weights`). How it reaches the disk:
 
 * a model folder (a folder input) is staged whole in a ``.rope-passes-<pid>-*`` folder beside the output folder
   (tokenizer files and all, ``genai_config.json`` as the passes left it), then renamed into place: the output folder
@@ -24,8 +25,6 @@ import os
 import shutil
 from pathlib import Path
 
-import onnx_ir as ir
-
 from rope_passes.config import GENAI_CONFIG
 from rope_passes.errors import ModelSaveError
 from rope_passes.io.disk import (
@@ -40,9 +39,14 @@ from rope_passes.io.disk import (
 )
 from rope_passes.io.load import MAX_IR_VERSION, ModelBundle
 from rope_passes.io.paths import OutputTarget, companions, output_target, same_file
-
-#: onnx_ir.save keeps tensors of at most this many bytes inside the .onnx file.
-SMALL_TENSOR_BYTES = 256
+from rope_passes.io.weights import (
+    Serialized,
+    carry_mode,
+    check_weights_mode,
+    serialize_reusing,
+    serialize_rewrite,
+    summarize,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +55,9 @@ class SaveResult:
 
     path: Path  # the model file written
     verbatim: bool  # the input's files were copied byte for byte (nothing re-serialized)
+    #: how the input's data files reached the output: "reflink", "link", "copy" or "rewrite" (re-serialized); None
+    #: when none travelled (no external data, or in place, where the data file stays as it is)
+    weights: str | None = None
 
 
 def copies_verbatim(bundle: ModelBundle, graph_modified: bool) -> bool:
@@ -60,48 +67,33 @@ def copies_verbatim(bundle: ModelBundle, graph_modified: bool) -> bool:
     return not graph_modified and not bundle.genai_config_changed and (bundle.model.ir_version or 0) <= MAX_IR_VERSION
 
 
-def _inline_small_external_tensors(model: ir.Model) -> None:
-    """Copy small external initializers into memory before saving.
-
-    onnx_ir.save would do it itself, but by ``release()``-ing the memory map, which raises ``BufferError`` when a
-    pass still holds a NumPy view of that tensor (analysis reads small constants). Copying leaves the map alone.
-    """
-    for graph in model.graphs():
-        for value in graph.initializers.values():
-            tensor = value.const_value
-            if isinstance(tensor, ir.ExternalTensor) and tensor.nbytes <= SMALL_TENSOR_BYTES:
-                value.const_value = ir.Tensor(tensor.numpy().copy(), dtype=tensor.dtype, name=tensor.name)
-
-
-def _carry(item: Path, dest: Path) -> None:
+def _carry(item: Path, dest: Path, mode: str) -> str:
     if item.is_dir() and not item.is_symlink():
-        carry_tree(item, dest)
-    else:
-        carry_file(item, dest)
+        carry_tree(item, dest, mode)
+        return mode
+    return carry_file(item, dest, mode)
 
 
-def _stage_folder_files(bundle: ModelBundle, staging: Path, skip: set[str]) -> None:
-    """A folder input travels whole: tokenizer files, processor configs, other models."""
+def _stage_folder_files(bundle: ModelBundle, staging: Path, skip: set[str], mode: str) -> list[str]:
+    """A folder input travels whole: tokenizer files, processor configs, other models. Returns how the model's data
+    files travelled (those among them)."""
     assert bundle.folder is not None
+    data_files, used = set(bundle.external_data_files), []
     for item in sorted(bundle.folder.iterdir()):
         if item.name not in skip and not item.name.startswith(STAGING_PREFIX):
-            _carry(item, staging / item.name)
+            how = _carry(item, staging / item.name, mode)
+            if item.name in data_files:
+                used.append(how)
+    return used
 
 
-def _serialize(bundle: ModelBundle, staging: Path, model_name: str) -> list[str]:
-    """The model re-serialized into ``staging``; returns the names written (the model, its data file)."""
-    model = bundle.model
-    if model.ir_version is None or model.ir_version > MAX_IR_VERSION:
-        model.ir_version = MAX_IR_VERSION
-    had_external = bool(bundle.external_data_files)
-    _inline_small_external_tensors(model)
-    data_name = model_name + ".data"
-    ir.save(model, staging / model_name, external_data=data_name if had_external else None,
-            size_threshold_bytes=SMALL_TENSOR_BYTES)
-    return [model_name, *([data_name] if had_external else [])]
+def _serialize(bundle: ModelBundle, staging: Path, target: OutputTarget, weights: str) -> Serialized:
+    if weights == "rewrite":
+        return serialize_rewrite(bundle, staging, target.model_out.name)
+    return serialize_reusing(bundle, staging, target.model_out, in_place=target.onto_input, mode=weights)
 
 
-def _write_folder(bundle: ModelBundle, target: OutputTarget, verbatim: bool) -> None:
+def _write_folder(bundle: ModelBundle, target: OutputTarget, verbatim: bool, weights: str) -> str | None:
     """A model folder: staged whole beside the output folder, then swapped in."""
     assert target.folder_out is not None and bundle.folder is not None
     folder_out = target.folder_out
@@ -114,13 +106,14 @@ def _write_folder(bundle: ModelBundle, target: OutputTarget, verbatim: bool) -> 
         raise ModelSaveError(f"{folder_out}: cannot create output folder ({exc.strerror or exc})") from None
     try:
         if verbatim:
-            _stage_folder_files(bundle, staging, set())
+            used = summarize(_stage_folder_files(bundle, staging, set(), carry_mode(weights)))
         else:
-            written = _serialize(bundle, staging, target.model_out.name)
+            serialized = _serialize(bundle, staging, target, weights)
             if bundle.genai_config.present:
                 (staging / GENAI_CONFIG).write_text(bundle.genai_config.dumps())
-            _stage_folder_files(bundle, staging, {bundle.model_path.name, GENAI_CONFIG, *bundle.external_data_files,
-                                                  *written})
+            skip = {bundle.model_path.name, GENAI_CONFIG, *bundle.external_data_files, *serialized.names}
+            _stage_folder_files(bundle, staging, skip, carry_mode(weights))
+            used = serialized.weights
         if folder_out.exists() and not folder_out.is_dir():
             raise ModelSaveError(f"{folder_out}: is a file, cannot write a folder there")
         swap_folder(staging, folder_out)
@@ -128,6 +121,7 @@ def _write_folder(bundle: ModelBundle, target: OutputTarget, verbatim: bool) -> 
         shutil.rmtree(staging, ignore_errors=True)
         remove_dirs(created)
         raise
+    return used
 
 
 def _stage_config(bundle: ModelBundle, target: OutputTarget, verbatim: bool, staging: Path) -> list[str]:
@@ -149,7 +143,7 @@ def _stage_config(bundle: ModelBundle, target: OutputTarget, verbatim: bool, sta
     return [GENAI_CONFIG]
 
 
-def _write_files(bundle: ModelBundle, target: OutputTarget, verbatim: bool) -> None:
+def _write_files(bundle: ModelBundle, target: OutputTarget, verbatim: bool, weights: str) -> str | None:
     """A file output, or in place: staged inside the target folder, committed file by file (journal, roll-back)."""
     target_dir, model_out = target.target_dir, target.model_out
     created: list[Path] = []
@@ -161,16 +155,18 @@ def _write_files(bundle: ModelBundle, target: OutputTarget, verbatim: bool) -> N
         raise ModelSaveError(f"{target_dir}: cannot create output folder ({exc.strerror or exc})") from None
     try:
         if verbatim:  # the model under its new name, its data files under the names the model references
-            carry_file(bundle.model_path, staging / model_out.name)
-            names, referenced = [model_out.name], set(bundle.external_data_files)
+            mode = carry_mode(weights)
+            carry_file(bundle.model_path, staging / model_out.name, mode)
+            names, referenced, carried = [model_out.name], set(bundle.external_data_files), []
             for name in bundle.external_data_files:
                 if not same_file(bundle.model_path.parent / name, target_dir / name):
                     (staging / name).parent.mkdir(parents=True, exist_ok=True)
-                    carry_file(bundle.model_path.parent / name, staging / name)
+                    carried.append(carry_file(bundle.model_path.parent / name, staging / name, mode))
                     names.append(name)
+            used = summarize(carried)
         else:
-            names = _serialize(bundle, staging, model_out.name)
-            referenced = set(names[1:])
+            serialized = _serialize(bundle, staging, target, weights)
+            names, referenced, used = list(serialized.names), serialized.referenced, serialized.weights
         names += _stage_config(bundle, target, verbatim, staging)
         # the model last: a reader never sees a model without its weights
         moves = [(staging / n, target_dir / n) for n in sorted(names, key=lambda n: n == model_out.name)]
@@ -185,24 +181,26 @@ def _write_files(bundle: ModelBundle, target: OutputTarget, verbatim: bool) -> N
         remove_dirs(created)
         raise
     shutil.rmtree(staging, ignore_errors=True)
+    return used
 
 
 def write_bundle(bundle: ModelBundle, output: str | os.PathLike | None, *, in_place: bool = False,
-                 graph_modified: bool = True, unchanged: bool | None = None) -> SaveResult:
+                 graph_modified: bool = True, unchanged: bool | None = None, weights: str = "reflink") -> SaveResult:
     """Write the bundle (see :func:`save_bundle`); returns what was written and how."""
+    check_weights_mode(weights)
     target = output_target(bundle.model_path, bundle.folder, output, in_place=in_place)
     verbatim = copies_verbatim(bundle, graph_modified) if unchanged is None else unchanged
     if verbatim and target.onto_input:
         return SaveResult(bundle.model_path, True)  # nothing to write: the input already is the output
     try:
-        (_write_folder if target.whole_folder else _write_files)(bundle, target, verbatim)
+        used = (_write_folder if target.whole_folder else _write_files)(bundle, target, verbatim, weights)
     except OSError as exc:
         raise ModelSaveError(f"{target.model_out}: cannot write ({exc.strerror or exc})") from None
-    return SaveResult(target.model_out, verbatim)
+    return SaveResult(target.model_out, verbatim, used)
 
 
 def save_bundle(bundle: ModelBundle, output: str | os.PathLike | None, *, in_place: bool = False,
-                graph_modified: bool = True, unchanged: bool | None = None) -> Path:
+                graph_modified: bool = True, unchanged: bool | None = None, weights: str = "reflink") -> Path:
     """Write the bundle; returns the path of the written model file.
 
     ``output=None`` with ``in_place=True`` overwrites the input (atomically). Writing onto the input without
@@ -211,5 +209,10 @@ def save_bundle(bundle: ModelBundle, output: str | os.PathLike | None, *, in_pla
     Unchanged models are copied byte for byte instead of re-serialized ("unchanged" then holds at file level, not only
     for the graph). Say whether the graph was modified with ``graph_modified`` (e.g. ``PassResult.modified``; the
     default assumes it was) and the rest is decided here (:func:`copies_verbatim`); ``unchanged=True/False`` forces it.
+
+    ``weights`` says how the input's external data reaches the output (see :mod:`rope_passes.io.weights`):
+    "reflink" (default; a copy where the filesystem has no clones), "copy", "link" (hard link: editing one edits
+    both), or "rewrite" (everything re-serialized into one data file, the layout of earlier versions).
     """
-    return write_bundle(bundle, output, in_place=in_place, graph_modified=graph_modified, unchanged=unchanged).path
+    return write_bundle(bundle, output, in_place=in_place, graph_modified=graph_modified, unchanged=unchanged,
+                        weights=weights).path
