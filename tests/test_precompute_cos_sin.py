@@ -343,10 +343,21 @@ def test_small_dynamic_ntk_refused():
     assert _bytes(model) == before
 
 
-def test_small_token_mixing_refused_by_evaluation():
-    """No reduction op, but each row depends on the call's first position: the permuted evaluation catches it."""
+def test_small_token_mixing_refused_by_the_cone():
+    """No reduction op, but each row depends on the call's first position: the cone accounting names the Gather."""
     model = _chain_graph("relative")
     result = PrecomputeCosSinPass(max_positions=32)(model)
+    assert not result.modified and result.report.count(Outcome.REFUSED) == 2
+    assert result.report.findings[0].reason.startswith(
+        "Gather 'gather_2' (position_ids, val_1) gathers along a position axis")
+
+
+def test_small_token_mixing_refused_by_evaluation_too(monkeypatch):
+    """The numeric evidence stands on its own: with the cone accounting switched off, the probes still refuse."""
+    from rope_passes.passes import _cos_sin_cone
+
+    monkeypatch.setattr(_cos_sin_cone.Cone, "prove", lambda self, end, trig: 0)
+    result = PrecomputeCosSinPass(max_positions=32)(_chain_graph("relative"))
     assert not result.modified and result.report.count(Outcome.REFUSED) == 2
     assert result.report.findings[0].reason.endswith(
         "with permuted positions the rows are not the table's rows at those positions, so a row depends on more "
@@ -366,6 +377,73 @@ def test_small_second_input_not_matched():
     assert not result.modified and result.report.count(Outcome.NOT_MATCHED) == 2
     assert "depends on 2 graph inputs ('offset', 'position_ids')" in result.report.findings[0].reason
     assert _ops(model)["Cos"] == 1
+
+
+def _cone_graph(body: str) -> ir.Model:
+    """``positions[B,S] → <body> → p2 → Unsqueeze → Cast → Mul(inv_freq) → Concat → Cos|Sin → Unsqueeze(1)``."""
+    from onnx import parser
+
+    text = f"""<ir_version: 10, opset_import: ["" : 20]>
+    g (int64[B, S] position_ids) => (float[B, 1, S, {2 * HALF}] cos_out, float[B, 1, S, {2 * HALF}] sin_out) {{
+        inv = Constant <value = float[{HALF}] {{{", ".join(repr(float(f)) for f in INV_FREQ)}}}> ()
+        two = Constant <value = int64[1] {{2}}> ()
+        {body}
+        u = Unsqueeze (p2, two)
+        f = Cast <to = 1> (u)
+        fr = Mul (f, inv)
+        emb = Concat <axis = -1> (fr, fr)
+        c = Cos (emb)
+        s = Sin (emb)
+        ax1 = Constant <value = int64[1] {{1}}> ()
+        cos_out = Unsqueeze (c, ax1)
+        sin_out = Unsqueeze (s, ax1)
+    }}"""
+    model = ir.serde.deserialize_model(parser.parse_model(text))
+    for node in model.graph:
+        node.name = node.name or f"{node.op_type.lower()}_{node.outputs[0].name}"
+    return model
+
+
+CONE_CASES = {
+    # per-token forms the allow-list accepts (the table absorbs them)
+    "reshape-gather-table": ("k = Constant <value = int64[3] {0, 0, 1}> ()\n r = Reshape (position_ids, k)\n"
+                             "t = Constant <value = int64[64] {" + ", ".join(str(3 * i) for i in range(64)) + "}> ()\n"
+                             "g = Gather <axis = 0> (t, r)\n one = Constant <value = int64[1] {2}> ()\n"
+                             "p2 = Squeeze (g, one)", None),
+    "where-per-token": ("lim = Constant <value = int64 {16}> ()\n lt = Less (position_ids, lim)\n"
+                        "k2 = Constant <value = int64 {2}> ()\n dbl = Mul (position_ids, k2)\n"
+                        "p2 = Where (lt, position_ids, dbl)", None),
+    # a constant expanded by the call's shape along the token axis: rows would repeat one token when S == 1
+    "expand-inflates-tokens": ("sh = Shape (position_ids)\n i0 = Constant <value = int64[1] {0}> ()\n"
+                               "b = Gather <axis = 0> (sh, i0)\n five = Constant <value = int64[1] {5}> ()\n"
+                               "cs = Concat <axis = 0> (b, five)\n z = Constant <value = int64[1, 1] {0}> ()\n"
+                               "zz = Expand (z, cs)\n p2 = Add (position_ids, zz)",
+                               "Add 'add_p2' (position_ids, zz) broadcasts a constant of extent 5 along position axis 1"),
+    # a product over the tokens of the call (MatMul contracting the sequence axis)
+    "matmul-over-tokens": ("pf = Cast <to = 1> (position_ids)\n w = Constant <value = float[1] {1.0}> ()\n"
+                           "pt = Transpose <perm = [1, 0]> (pf)\n m = MatMul (pf, pt)\n"
+                           "one = Constant <value = int64[1] {1}> ()\n mm = ReduceSum (m, one)\n"
+                           "p2i = Cast <to = 7> (mm)\n p2 = Identity (p2i)",
+                           "MatMul 'matmul_m' (pf, pt) sums over the tokens of the call"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CONE_CASES))
+def test_cone_accounting(case):
+    body, refusal = CONE_CASES[case]
+    model = _cone_graph(body)
+    before = _bytes(model)
+    result = PrecomputeCosSinPass(max_positions=64)(model)
+    if refusal is None:
+        assert result.report.count(Outcome.REWRITTEN) == 2, result.report.status
+        positions = np.array([[0, 3, 17, 40], [1, 1, 63, 9]], np.int64)
+        ref = create_session(before, "cpu").run(None, {"position_ids": positions})
+        new = create_session(_bytes(model), "cpu").run(None, {"position_ids": positions})
+        for r, n in zip(ref, new, strict=True):
+            np.testing.assert_array_equal(n, r)
+    else:
+        assert not result.modified and result.report.count(Outcome.REFUSED) == 2, result.report.status
+        assert result.report.findings[0].reason.startswith(refusal), result.report.findings[0].reason
 
 
 @pytest.mark.parametrize("bad", [0, -4, "many", 12.5])

@@ -25,10 +25,13 @@ genai_config.json; without either the chain is refused ("table size unknown: giv
 
 **Exact when** each output row is a function of its own position alone (no reduction over the positions of a
 call, no dependence on batch or sequence length beyond shape plumbing) and every position is in
-``[0, max_positions)``. The pass checks the first condition twice before rewriting: the chain may contain no op
-that mixes positions (Reduce*, ArgMax/ArgMin, TopK, CumSum, If/Loop/Scan, …), and a second evaluation with the
-positions permuted, then a third with another batch/sequence shape (and, for ``[3,B,S]`` inputs, different
-values on each axis), must give exactly the table's rows at those positions. Then the rewrite is exact under
+``[0, max_positions)``. The pass proves the first condition before rewriting, by exact cone accounting
+(:class:`rope_passes.passes._cos_sin_cone.Cone`: an allow-list of per-token ops from the position input to the chain
+end; any op reading across tokens, and any value computed from the call's shape that reaches the arithmetic,
+refuses naming the node), then checks it numerically: the subgraph evaluated on calls differing in what callers
+vary (:func:`probes`: one token at the smallest and largest positions, two tokens, batch 1..3, the whole table
+permuted, windows across every power of two; ``[3,B,S]`` inputs also with differing axes) must give exactly the
+table's rows at those positions. Then the rewrite is exact under
 ONNX semantics, and in float32 bit-identical on onnxruntime (the tables come from the same kernels on the same
 values; all 58 corpus graphs). A chain ending in a float16 Cast gets a float16 table; onnxruntime CPU runs float16
 Mul/Add through float32 casts that skip the original's rounding to float16, so there the two may differ by an
@@ -58,6 +61,7 @@ import onnx_ir as ir
 from rope_passes.analysis.graph import ancestors, const_tensor
 from rope_passes.analysis.inv_freq import inv_freq_product
 from rope_passes.analysis.longrope import longrope_where
+from rope_passes.passes._cos_sin_cone import Cone
 from rope_passes.passes._rewrite import NodeTape, add_initializer, remove_dead
 from rope_passes.passes.base import RopePass, option
 from rope_passes.report import MatchFailure, PassReport
@@ -68,12 +72,6 @@ MAX_POSITIONS_KEY = "rope_passes.cos_sin_max_positions"
 #: Ops followed down from Cos/Sin into the chain's end: unary, or binary with a scalar constant.
 _UNARY = ("Cast", "Identity", "Neg")
 _SCALAR_BINARY = ("Mul", "Div", "Add", "Sub")
-#: Ops that make a row depend on other positions of the call (or on control flow): never precomputed.
-_MIXING = (
-    "ReduceMax", "ReduceMin", "ReduceSum", "ReduceMean", "ReduceProd", "ReduceL1", "ReduceL2", "ReduceLogSum",
-    "ReduceLogSumExp", "ReduceSumSquare", "ArgMax", "ArgMin", "TopK", "CumSum", "NonZero", "Unique", "If", "Loop",
-    "Scan",
-)
 
 
 @dataclasses.dataclass
@@ -210,21 +208,19 @@ class PrecomputeCosSinPass(RopePass):
 
     @staticmethod
     def _check_static(model: ir.Model, chain: _Chain) -> None:
-        """MatchFailure.refuse when the chain's ops make a row depend on more than its own position."""
+        """MatchFailure.refuse unless the cone accounting proves each row a function of its own position."""
         lr = longrope_where(model)
         if lr is not None and any(n.op_type == "Where" and n.name == lr.switch_node for n in chain.nodes):
             raise MatchFailure.refuse(
                 f"LongRoPE chosen per call: {lr.switch} (node {lr.switch_node!r}) picks the long or short inv_freq "
                 "from the largest position of the call, so a row depends on the other positions (dynamic: no single "
                 "table)", chain.trig.name, inv_freq=chain.inv_freq.name)
-        mixing = [n for n in chain.nodes if n.op_type in _MIXING]
-        if mixing:
-            first = mixing[0]
-            src = ", ".join(i.name or "?" for i in first.inputs if i is not None)
-            raise MatchFailure.refuse(
-                f"{first.op_type} {first.name!r} ({src}) reads across the positions of the call, so a row depends "
-                "on more than its own position (dynamic frequencies, e.g. dynamic NTK: no single table)",
-                chain.trig.name, inv_freq=chain.inv_freq.name)
+        opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx", 18))
+        try:
+            Cone(chain.positions, opset).prove(chain.end, chain.trig)
+        except MatchFailure as failure:
+            raise MatchFailure.refuse(failure.reason, chain.trig.name, inv_freq=chain.inv_freq.name,
+                                      node=failure.target) from None
 
     # -- evaluating -------------------------------------------------------------------------------------------
     def _tables(self, model: ir.Model, chains: list[_Chain], rows: int, report: PassReport) -> dict[int, np.ndarray]:
@@ -275,27 +271,47 @@ class PrecomputeCosSinPass(RopePass):
         remove_dead(graph, old)
 
 
+def probes(rows: int, three: bool, switches: tuple[int, ...] = ()) -> list[tuple[str, np.ndarray]]:
+    """Calls differing in what callers vary: the table (0..rows-1), permuted, batch 1..3, one and two tokens at the
+    smallest and largest positions, windows across every power of two and every ``switches`` position, and random
+    calls; for ``[3, B, S]`` positions also with the three axes differing."""
+    rng = np.random.RandomState(0)
+    last = rows - 1
+    edges = sorted({b for b in [*(1 << k for k in range(1, 40) if (1 << k) < rows), *switches] if 0 < b < rows})
+    out = [("positions 0..max_positions-1", np.arange(rows)[None, :]),
+           ("permuted positions", rng.permutation(rows)[None, :]),
+           ("a batch of 2 full-length calls", np.stack([np.arange(rows)[::-1], rng.permutation(rows)])),
+           ("one token at position 0", np.array([[0]])),
+           (f"one token at position {last}", np.array([[last]])),
+           ("one token, batch 3", np.array([[min(5, last)], [last], [0]])),
+           ("two tokens at the end", np.array([[max(last - 1, 0), last]])),
+           ("two tokens, batch 2", np.array([[0, min(1, last)], [last, min(3, last)]])),
+           ("positions of another batch and length", rng.randint(0, rows, size=(2, 3))),
+           ("positions of batch 3, length 5", rng.randint(0, rows, size=(3, 5)))]
+    for b in edges:
+        window = np.clip(np.arange(b - 2, b + 2), 0, last)
+        out += [(f"4 tokens across {b}", window[None, :]), (f"one token at {b - 1}", np.array([[b - 1]])),
+                (f"one token at {b}", np.array([[b]])), (f"offset calls across {b}", np.stack([window, window[::-1]]))]
+    if not three:
+        return out
+    shifted = [(f"{label}, axes differing", np.stack([p, (p + 7) % rows, p[:, ::-1]])) for label, p in out[1:]]
+    return [(label, np.stack([p, p, p])) for label, p in out] + shifted
+
+
 def _evaluate(model: ir.Model, positions: ir.Value, ends: list[ir.Value],
               rows: int) -> tuple[list[np.ndarray], list[str], list[list[np.ndarray]]]:
     """(probes, their labels, the ends' values per probe): the subgraph from ``positions`` to ``ends`` run on
-    onnxruntime CPU at positions ``0..rows-1``, permuted, and of another shape; MatchFailure.absent if it cannot be."""
-    three = len(positions.shape) == 3
+    onnxruntime CPU on the :func:`probes` calls; MatchFailure.absent if it cannot be."""
     dtype = np.int64 if positions.dtype == ir.DataType.INT64 else np.int32
-    rng = np.random.RandomState(0)
-    probes = [np.arange(rows)[None, :], rng.permutation(rows)[None, :], rng.randint(0, rows, size=(2, 3))]
-    labels = ["positions 0..max_positions-1", "permuted positions", "positions of another batch and length"]
-    if three:  # [3, B, S]: equal axes first, then different values on each axis
-        probes = [np.stack([p, p, p]) for p in probes[:2]] + [
-            np.stack([rng.permutation(rows)[None, :] for _ in range(3)]), rng.randint(0, rows, size=(3, 2, 3))]
-        labels = [*labels[:2], "different positions on each axis", "another batch and length, axes differing"]
+    calls = probes(rows, len(positions.shape) == 3)
     try:
-        results = [evaluate_subgraph(model, [positions], ends, [p.astype(dtype)]) for p in probes]
+        results = [evaluate_subgraph(model, [positions], ends, [p.astype(dtype)]) for _, p in calls]
     except ValueError as exc:  # extract(): the ends are not bounded by the positions
         raise MatchFailure.absent(f"the chain is not a function of {positions.name!r} alone ({exc})") from exc
     except Exception as exc:  # noqa: BLE001 - any onnxruntime failure becomes a reason in the report
         raise MatchFailure.absent(f"cannot evaluate the cos/sin subgraph on onnxruntime CPU "
                                   f"({type(exc).__name__}: {str(exc).splitlines()[0][:160]})") from exc
-    return probes, labels, results
+    return [p for _, p in calls], [label for label, _ in calls], results
 
 
 def _table(chain: _Chain, probes: list[np.ndarray], labels: list[str], results: list[np.ndarray]) -> np.ndarray:
