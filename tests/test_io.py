@@ -107,6 +107,35 @@ def test_unchanged_save_copies_bytes(tiny, tmp_path):
     assert (tiny / "model.onnx").stat().st_mtime_ns == stamp
 
 
+def test_save_bundle_decides_unchanged(tiny, tmp_path):
+    """The caller says whether the graph changed; save_bundle decides the rest (config, IR version) in one place."""
+    save_bundle(load_bundle(tiny), tmp_path / "same", graph_modified=False)
+    assert digest(tmp_path / "same") == digest(tiny)
+    edited = load_bundle(tiny)
+    edited.genai_config.data["model"]["note"] = "edited"
+    save_bundle(edited, tmp_path / "edited", graph_modified=False)
+    assert json.loads((tmp_path / "edited" / "genai_config.json").read_text())["model"]["note"] == "edited"
+    lowered = load_bundle(tiny)
+    lowered.model.ir_version = 14
+    save_bundle(lowered, tmp_path / "lowered", graph_modified=False)
+    assert onnx.load(tmp_path / "lowered" / "model.onnx", load_external_data=False).ir_version == MAX_IR_VERSION
+
+
+def test_layers_import_downward():
+    """io <- pipeline <- lint <- api <- cli: no module imports one above it (no cycle hidden by a lazy import)."""
+    import subprocess
+    import sys
+
+    below = {"rope_passes.io": ["rope_passes.pipeline", "rope_passes.lint", "rope_passes.api", "rope_passes.cli"],
+             "rope_passes.pipeline": ["rope_passes.lint", "rope_passes.api", "rope_passes.cli"],
+             "rope_passes.lint": ["rope_passes.api", "rope_passes.cli"],
+             "rope_passes.api": ["rope_passes.cli"]}
+    for module, above in below.items():
+        code = f"import sys, {module}; print([m for m in {above!r} if m in sys.modules])"
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0 and result.stdout.strip() == "[]", (module, result.stdout, result.stderr)
+
+
 def test_output_inside_input_folder_refused(tiny):
     with pytest.raises(ModelSaveError, match="inside the input folder"):
         save_bundle(load_bundle(tiny), tiny / "out" / "deeper")
