@@ -1,6 +1,7 @@
 """Serializing a model without rewriting the weights the passes did not touch (issue 14).
 
-``--weights`` (``weights=`` of ``save_bundle``) says how the input's external data reaches the output:
+``--weights`` (``weights=`` of ``save_bundle``) says how the input's external data reaches the output (and with
+it every file carried unchanged: a folder's tokenizer files and other models, an unchanged model's files):
 
 * ``reflink`` (default): the data file is cloned copy-on-write where the filesystem can (btrfs, XFS, ...), else
   copied; ``copy``: always a real copy (streaming, sparse-aware, no slower than ``cp``); ``link``: a hard link, so
