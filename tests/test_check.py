@@ -52,6 +52,8 @@ def set_initializer_row(name: str, row: int, delta: float):
 # ---------------------------------------------------------------- self-consistency: check M M
 
 
+@pytest.mark.corpus
+@pytest.mark.webgpu
 @pytest.mark.parametrize("name", LOADABLE)
 def test_self_consistency(name):
     capture = name in GRAPH_BUILDS
@@ -78,6 +80,7 @@ def test_self_consistency(name):
             assert any("graph capture is not available" in n for n in report.notes)
 
 
+@pytest.mark.corpus
 @pytest.mark.parametrize("name", ["current/qwen25_vl/webgpu_fp16", "current/qwen3/webgpu_fp16"])
 def test_unloadable_original_is_reported_not_compared(name):
     report = rope_passes.check(GENAI / name, GENAI / name, isolate=False)
@@ -86,6 +89,8 @@ def test_unloadable_original_is_reported_not_compared(name):
     assert any("--reference-logits" in n for n in report.notes)
 
 
+@pytest.mark.corpus
+@pytest.mark.webgpu
 def test_unloadable_original_against_reference_logits():
     """current/qwen25_vl (MRotaryEmbedding, not in 1.27) vs the legacy build's explicit mRoPE, which takes
     inputs_embeds: fed the original's own embedding table, checked against the Hugging Face logits."""
@@ -103,6 +108,7 @@ def test_unloadable_original_against_reference_logits():
 # ---------------------------------------------------------------- inputs are the corpus README's
 
 
+@pytest.mark.corpus
 @pytest.mark.parametrize("name,hf,embeds", [
     ("current/llama/cpu_fp32", "llama", None),
     ("current/qwen3/cpu_fp32", "qwen3", None),
@@ -121,6 +127,7 @@ def test_cpu_reference_reproduces_hugging_face(name, hf, embeds):
     assert report.verdict == EQUIVALENT
 
 
+@pytest.mark.corpus
 def test_decode_steps_reproduce_the_prefill():
     """A prefill of 3 + 5 single-token steps gives the logits of a prefill of 8 (KV feed-back and positions)."""
     folder = GENAI / "current/llama/cpu_fp32"
@@ -132,6 +139,7 @@ def test_decode_steps_reproduce_the_prefill():
     assert [s["present.0.key"].shape[2] for s in steps] == [3, 4, 5, 6, 7, 8]
 
 
+@pytest.mark.corpus
 def test_token_ids_are_the_corpus_ones():
     np.testing.assert_array_equal(token_ids(5), np.random.RandomState(0).randint(4, 492, size=(1, 5)))
     assert embedding_table(GENAI / "current/qwen25_vl/cpu_fp32/model.onnx").shape == (500, 128)
@@ -140,6 +148,8 @@ def test_token_ids_are_the_corpus_ones():
 # ---------------------------------------------------------------- mutations: it can fail, at the right step
 
 
+@pytest.mark.corpus
+@pytest.mark.webgpu
 def test_perturbed_cos_row_fails_at_the_prefill(tmp_path):
     bad = mutate("current/llama/cpu_fp32", tmp_path / "m", set_initializer_row("cos_cache", 3, 1e-2))
     report = check(GENAI / "current/llama/cpu_fp32", bad)
@@ -148,6 +158,8 @@ def test_perturbed_cos_row_fails_at_the_prefill(tmp_path):
     assert diff.step == 0 and cmp.name == "rewritten@webgpu vs original@webgpu"
 
 
+@pytest.mark.corpus
+@pytest.mark.webgpu
 def test_flipped_rotary_interleaved_fails(tmp_path):
     def flip(model, _config):
         for node in nodes_of(model, "GroupQueryAttention"):
@@ -159,6 +171,8 @@ def test_flipped_rotary_interleaved_fails(tmp_path):
     assert report.first_failure[1].step == 0
 
 
+@pytest.mark.corpus
+@pytest.mark.webgpu
 def test_decode_only_error_fails_at_its_step(tmp_path):
     """cos_cache row 9 is used only by the second decode step (prefill = positions 0..7, step 1 = position 8)."""
     bad = mutate("current/llama/cpu_fp32", tmp_path / "m", set_initializer_row("cos_cache", 9, 1e-2))
@@ -171,6 +185,8 @@ def test_decode_only_error_fails_at_its_step(tmp_path):
     assert not all(d.ok for d in same_ep.diffs if d.step == 2 and d.output == "logits")
 
 
+@pytest.mark.corpus
+@pytest.mark.webgpu
 def test_stale_buffer_under_capture_fails_at_the_first_replay(monkeypatch):
     """The capture comparison can fail: the attention-mask buffer not advanced after the captured step (the classic
     capture bug: a replay reads whatever its fixed buffers hold) must show at step 2, the first replay, and only in
@@ -198,11 +214,13 @@ def test_stale_buffer_under_capture_fails_at_the_first_replay(monkeypatch):
     assert plain.ok
 
 
+@pytest.mark.corpus
+@pytest.mark.webgpu
 def test_wrong_longrope_offset_fails_past_it(tmp_path):
     """phi3 concatenated cache, offset 32 -> 16: identical up to 16 tokens, wrong from token 17 = decode step 9."""
 
     def offset16(_model, config):
-        config["model"]["decoder"]["session_options"]["provider_options"][0]["webgpu"][
+        config.data["model"]["decoder"]["session_options"]["provider_options"][0]["webgpu"][
             "multiRotaryCacheConcatOffset"] = "16"
 
     src = "current/phi3_mini_128k/webgpu_fp16_graph"
@@ -224,6 +242,8 @@ def set_switch(value: int):
     return edit
 
 
+@pytest.mark.corpus
+@pytest.mark.webgpu
 def test_wrong_longrope_switch_fails_past_it(tmp_path):
     """phi3 fp32 If(Greater(total, 32)) between two tables: switching after 30 tokens instead is wrong from 31
     tokens on (decode step 23 after a prefill of 8)."""
@@ -235,6 +255,8 @@ def test_wrong_longrope_switch_fails_past_it(tmp_path):
     assert report.first_failure[1].step == 31 - report.prefill
 
 
+@pytest.mark.corpus
+@pytest.mark.webgpu
 def test_run_that_fails_mid_decode_is_a_failure_at_that_step(tmp_path):
     """Switching at 34: the 32-row short table is too small at 33 tokens; GQA raises there (step 25)."""
     src = "current/phi3_mini_128k/webgpu_fp32"
@@ -251,6 +273,7 @@ def test_run_that_fails_mid_decode_is_a_failure_at_that_step(tmp_path):
 # ---------------------------------------------------------------- runtime defects and isolation
 
 
+@pytest.mark.corpus
 def test_software_adapter_caps_the_webgpu_prefill():
     info = adapter_info()
     report = check(GENAI / "current/llama/cpu_fp32", GENAI / "current/llama/cpu_fp32", prefill=12, steps=1,
@@ -272,6 +295,8 @@ def test_software_adapter_can_be_forced_off(monkeypatch):
         adapter_info.cache_clear()
 
 
+@pytest.mark.corpus
+@pytest.mark.webgpu
 def test_segfault_in_a_run_is_reported(monkeypatch):
     monkeypatch.setenv("ROPE_PASSES_CHECK_WORKER_FAULT", "original@webgpu")
     report = check(GENAI / "current/llama/cpu_fp32", GENAI / "current/llama/cpu_fp32", steps=1)
@@ -285,6 +310,8 @@ def test_segfault_in_a_run_is_reported(monkeypatch):
 # ---------------------------------------------------------------- CLI
 
 
+@pytest.mark.corpus
+@pytest.mark.webgpu
 def test_cli_json_and_exit_codes(tmp_path, capsys):
     model = str(GENAI / "current/llama/cpu_fp32")
     assert main(["check", model, model, "--steps", "2", "--in-process", "--json"]) == 0
@@ -301,6 +328,7 @@ def test_cli_json_and_exit_codes(tmp_path, capsys):
     assert main(["check", model, model, "--dim", "oops"]) == 2
 
 
+@pytest.mark.corpus
 def test_cli_entry_point_runs():
     model = str(GENAI / "current/llama/cpu_fp32")
     proc = subprocess.run([sys.executable, "-m", "rope_passes", "check", model, model, "--ep", "cpu", "--steps", "1"],
@@ -309,6 +337,7 @@ def test_cli_entry_point_runs():
     assert "equivalent (exit 0)" in proc.stdout
 
 
+@pytest.mark.webgpu
 def test_non_decoder_graph_gets_random_inputs_sized_by_dim(tmp_path):
     import onnx
     from onnx import TensorProto, helper
@@ -330,6 +359,8 @@ def test_non_decoder_graph_gets_random_inputs_sized_by_dim(tmp_path):
     assert "--dim n=VALUE" in unsized.run("original@cpu").reason
 
 
+@pytest.mark.corpus
+@pytest.mark.webgpu
 def test_original_under_another_python(tmp_path):
     """--reference-python: the original's runs use that interpreter (here the same one, to exercise the path)."""
     model = GENAI / "current/llama/cpu_fp32"
@@ -341,6 +372,7 @@ def test_original_under_another_python(tmp_path):
     assert missing.verdict == COULD_NOT_RUN and "cannot start" in missing.run("original@cpu").reason
 
 
+@pytest.mark.corpus
 def test_bad_reference_logits_is_a_usage_error(tmp_path):
     np.save(tmp_path / "ints.npy", np.zeros((8, 500), np.int64))
     model = GENAI / "current/llama/cpu_fp32"
@@ -350,6 +382,7 @@ def test_bad_reference_logits_is_a_usage_error(tmp_path):
         check(model, model, reference_logits=tmp_path / "missing.npy")
 
 
+@pytest.mark.corpus
 def test_tolerance_follows_the_original_precision():
     from rope_passes.check.compare import precision_of
 
