@@ -191,10 +191,6 @@ def attention_graph(
     return ir.Model(graph, ir_version=10)
 
 
-def to_bytes(model: ir.Model) -> bytes:
-    return ir.serde.serialize_model(model).SerializeToString()
-
-
 def mrotary_graph(
     *,
     sections: Sequence[int],

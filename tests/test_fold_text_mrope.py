@@ -19,8 +19,9 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 import pytest
+from _utils import serialize
 from conftest import GENAI
-from mrope_graphs import attention_graph, to_bytes
+from mrope_graphs import attention_graph
 
 from rope_passes.analysis.graph import MS_DOMAIN, attr, nodes_of
 from rope_passes.check.decode import DecoderSpec, embedding_table, run_decode, token_ids
@@ -87,7 +88,7 @@ def _reference_bytes(model: ir.Model, form: str) -> bytes:
     """What the original computes, runnable on onnxruntime 1.27."""
     if form == "mrotary":
         LowerMRoPEPass()(model)
-    return to_bytes(model)
+    return serialize(model)
 
 
 @pytest.mark.parametrize("case", SMALL)
@@ -101,27 +102,28 @@ def test_small_graph_fold_is_numerically_the_original_on_cpu(case):
     ir_dt = ir.DataType.FLOAT16 if dtype == "float16" else ir.DataType.FLOAT
     assert_folded(folded, interleaved=interleaved, half=sum(sections), dtype=ir_dt)
     ref = run_attention(_reference_bytes(attention_graph(**kw), form), "cpu", positions=positions, batch=2)
-    got = run_attention(to_bytes(folded), "cpu", positions=positions, batch=2)
+    got = run_attention(serialize(folded), "cpu", positions=positions, batch=2)
     tol = 2e-2 if dtype == "float16" else 1e-5
     for step, (r, g) in enumerate(zip(ref, got, strict=True)):
         np.testing.assert_allclose(g, r, rtol=0, atol=tol, err_msg=f"call {step}")
 
 
+@pytest.mark.webgpu
 def test_small_graph_fold_on_webgpu_matches_original_on_cpu():
     kw = dict(form="mrotary", sections=[24, 20, 20], layout=1, head=128, interleaved=False, positions="3d", packed=True)
     folded = attention_graph(**kw)
     FoldTextMRoPEPass(text_only=True)(folded)
     ref = run_attention(_reference_bytes(attention_graph(**kw), "mrotary"), "cpu", positions="3d")
-    got = run_attention(to_bytes(folded), "webgpu", positions="3d")
+    got = run_attention(serialize(folded), "webgpu", positions="3d")
     for r, g in zip(ref, got, strict=True):
         np.testing.assert_allclose(g, r, rtol=0, atol=1e-5)
 
 
 def test_3d_positions_without_text_only_are_refused_and_untouched():
     model = attention_graph(form="mrotary", sections=[16, 24, 24], positions="3d")
-    before = to_bytes(model)
+    before = serialize(model)
     result = FoldTextMRoPEPass(PassContext(GenaiConfig({"model": {"decoder": {"inputs": {"position_ids": "position_ids"}}}})))(model)
-    assert not result.modified and to_bytes(model) == before
+    assert not result.modified and serialize(model) == before
     (finding,) = result.report.findings
     assert finding.outcome is Outcome.REFUSED
     assert "[3, batch, seq] graph input" in finding.reason and "--text-only" in finding.reason
@@ -129,9 +131,9 @@ def test_3d_positions_without_text_only_are_refused_and_untouched():
 
 def test_rotary_dim_not_multiple_of_8_is_refused():
     model = attention_graph(form="mrotary", sections=[4, 4, 4], head=24, positions="tiled")
-    before = to_bytes(model)
+    before = serialize(model)
     result = FoldTextMRoPEPass()(model)
-    assert to_bytes(model) == before
+    assert serialize(model) == before
     assert result.report.status == "refused: rotary_dim/2 = 12 is not a multiple of 8 (GroupQueryAttention's fused rotary needs that)"
 
 
@@ -150,11 +152,12 @@ def test_unrelated_dead_code_is_left_alone_but_own_dead_code_is_removed():
     assert not {"cos_cache", "sin_cache", "h_mask", "w_mask", "reps"} & set(model.graph.initializers)
 
 
+@pytest.mark.corpus
 def test_model_without_mrope_is_bit_identical(genai_corpus):
     bundle = load_bundle(genai_corpus / "current/llama/cpu_fp32")
-    before = to_bytes(bundle.model)
+    before = serialize(bundle.model)
     result = FoldTextMRoPEPass(PassContext(bundle.genai_config), text_only=True)(bundle.model)
-    assert not result.modified and to_bytes(bundle.model) == before
+    assert not result.modified and serialize(bundle.model) == before
     assert result.report.status == "not matched: GroupQueryAttention already rotates (do_rotary=1)"
 
 
@@ -187,15 +190,17 @@ def _reference_model(name: str, tmp_path) -> str:
     return str(save_bundle(bundle, tmp_path / "reference"))
 
 
+@pytest.mark.corpus
+@pytest.mark.webgpu
 @pytest.mark.parametrize("name", CORPUS)
 def test_corpus_fold(name, genai_corpus, tmp_path):
     needs_text_only, embed_from = CORPUS[name]
     bundle = load_bundle(genai_corpus / name)
     if needs_text_only:  # without --text-only the 3D-position graph is refused and left as it is
         probe = load_bundle(genai_corpus / name)
-        before = to_bytes(probe.model)
+        before = serialize(probe.model)
         refused = FoldTextMRoPEPass(PassContext(probe.genai_config))(probe.model)
-        assert not refused.modified and to_bytes(probe.model) == before
+        assert not refused.modified and serialize(probe.model) == before
         assert refused.report.count(Outcome.REFUSED) == 2 and "--text-only" in refused.report.status
     result = FoldTextMRoPEPass(PassContext(bundle.genai_config), text_only=needs_text_only)(bundle.model)
     report = result.report
@@ -269,6 +274,7 @@ def _assert_capture_replays(path, genai_config, embed, plain_steps, tmp_path):
         np.testing.assert_array_equal(c["logits"], p["logits"], err_msg=f"captured step {step}")
 
 
+@pytest.mark.corpus
 def test_legacy_qwen35_3d_input_without_text_only_is_unchanged_in_the_pipeline(genai_corpus):
     bundle = load_bundle(genai_corpus / "legacy/qwen35/cpu_fp32")
     nodes_before = [(n.name, n.op_type) for n in bundle.model.graph]
@@ -285,6 +291,7 @@ def test_legacy_qwen35_3d_input_without_text_only_is_unchanged_in_the_pipeline(g
     assert [i.name for i in bundle.model.graph.inputs] == inputs_before
 
 
+@pytest.mark.corpus
 def test_webgpu_preset_folds_with_text_only_and_lowers_without(genai_corpus):
     folded = load_bundle(genai_corpus / "current/qwen25_vl/cpu_fp32")
     report = run_pipeline(folded, target="webgpu", options={"text_only": True})
@@ -295,6 +302,7 @@ def test_webgpu_preset_folds_with_text_only_and_lowers_without(genai_corpus):
     assert len(nodes_of(lowered.model, "RotaryEmbedding")) == 4 and not nodes_of(lowered.model, "MRotaryEmbedding")
 
 
+@pytest.mark.corpus
 def test_fold_also_reads_a_lowered_graph(genai_corpus):
     """lower-mrope's output is the per-token RotaryEmbedding form, so --text-only can still fold it afterwards."""
     bundle = load_bundle(genai_corpus / "current/qwen35/webgpu_fp32")
@@ -320,9 +328,9 @@ def test_tables_that_mix_tokens_are_not_folded():
     model.graph.insert_after(cos_flat.producer(), mix)
     for node in nodes_of(model, "RotaryEmbedding", MS_DOMAIN):
         node.replace_input_with(2, mix.outputs[0])
-    before = to_bytes(model)
+    before = serialize(model)
     result = FoldTextMRoPEPass()(model)
-    assert to_bytes(model) == before
+    assert serialize(model) == before
     assert result.report.status.endswith("cos/sin rows do not depend on each token's own position alone")
 
 
@@ -336,8 +344,8 @@ def test_graph_the_pass_does_not_understand_is_not_matched_and_bit_identical(for
     model = attention_graph(form=form, sections=[16, 24, 24], positions="tiled")
     for node in model.graph:
         edit(node)
-    before = to_bytes(model)
+    before = serialize(model)
     result = FoldTextMRoPEPass(text_only=True)(model)
-    assert not result.modified and to_bytes(model) == before
+    assert not result.modified and serialize(model) == before
     assert result.report.status.startswith("not matched: ") and why in result.report.status, result.report.status
     assert result.report.count(Outcome.REFUSED) == 0 and result.report.count(Outcome.REWRITTEN) == 0

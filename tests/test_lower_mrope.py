@@ -10,8 +10,9 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 import pytest
+from _utils import run, serialize
 from conftest import GENAI
-from mrope_graphs import mrotary_graph, to_bytes
+from mrope_graphs import mrotary_graph
 from oracles import mrope_reference
 
 from rope_passes.analysis.graph import attr, nodes_of
@@ -69,7 +70,7 @@ def test_lowered_matches_numpy_mrope_for_distinct_positions_on_cpu(case):
     rng = np.random.RandomState(1)
     shape = (2, heads, S, head) if rank4 else (2, S, heads * head)
     x = rng.randn(*shape).astype(np.float16 if dtype == "float16" else np.float32)
-    (y,) = create_session(to_bytes(model), "cpu").run(None, {"x": x, "position_ids": pos})
+    (y,) = run(model, {"x": x, "position_ids": pos}, "cpu")
     want = reference(x, pos, cos, sin, sections=sections, layout=layout, heads=heads, interleaved=interleaved,
                      rotary_dim=rotary_dim, scale=scale or 1.0, rank4=rank4)
     tol = 2e-3 if dtype == "float16" else 1e-5
@@ -80,13 +81,14 @@ def test_lowered_matches_numpy_mrope_for_distinct_positions_on_cpu(case):
     assert np.abs(plain.astype(np.float32) - want.astype(np.float32)).max() > 0.05
 
 
+@pytest.mark.webgpu
 def test_lowered_matches_numpy_mrope_on_webgpu():
     sections, layout, head = [16, 24, 24], 0, 128
     model, cos, sin = mrotary_graph(sections=sections, layout=layout, head=head, heads=2)
     LowerMRoPEPass()(model)
     pos = distinct_positions()
     x = np.random.RandomState(2).randn(2, S, 2 * head).astype(np.float32)
-    (y,) = create_session(to_bytes(model), "webgpu").run(None, {"x": x, "position_ids": pos})
+    (y,) = run(model, {"x": x, "position_ids": pos}, "webgpu")
     want = reference(x, pos, cos, sin, sections=sections, layout=layout, heads=2, interleaved=False,
                      rotary_dim=None, scale=1.0, rank4=False)
     np.testing.assert_allclose(y, want, rtol=0, atol=1e-5)
@@ -95,9 +97,9 @@ def test_lowered_matches_numpy_mrope_on_webgpu():
 def test_model_without_mrotary_is_untouched():
     model, _, _ = mrotary_graph(sections=[2, 3, 3], layout=0, head=16)
     LowerMRoPEPass()(model)
-    before = to_bytes(model)
+    before = serialize(model)
     result = LowerMRoPEPass()(model)
-    assert not result.modified and to_bytes(model) == before
+    assert not result.modified and serialize(model) == before
     assert result.report.status == "not matched: no com.microsoft::MRotaryEmbedding node"
 
 
@@ -105,10 +107,10 @@ def test_refuses_packed_batching_with_reason():
     model, _, _ = mrotary_graph(sections=[2, 3, 3], layout=0, head=16)
     node = nodes_of(model, "MRotaryEmbedding")[0]
     node.attributes["is_packed_batching"] = ir.AttrInt64("is_packed_batching", 1)
-    before = to_bytes(model)
+    before = serialize(model)
     result = LowerMRoPEPass()(model)
     assert result.report.findings[0].outcome is Outcome.REFUSED
-    assert "is_packed_batching" in result.report.status and to_bytes(model) == before
+    assert "is_packed_batching" in result.report.status and serialize(model) == before
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -132,6 +134,8 @@ def _expose_rotations(model: ir.Model) -> list[dict]:
     return info
 
 
+@pytest.mark.corpus
+@pytest.mark.webgpu
 @pytest.mark.parametrize("name", CURRENT)
 def test_corpus_lowered_loads_on_webgpu_and_rotates_like_mrope(name, genai_corpus, tmp_path):
     bundle = load_bundle(genai_corpus / name)
@@ -182,7 +186,7 @@ def test_lowering_works_below_opset_15():
     assert any(n.op_type == "Slice" for n in model.graph)
     pos = distinct_positions()
     x = np.random.RandomState(4).randn(2, S, 2 * head).astype(np.float32)
-    (y,) = create_session(to_bytes(model), "cpu").run(None, {"x": x, "position_ids": pos})
+    (y,) = run(model, {"x": x, "position_ids": pos}, "cpu")
     want = reference(x, pos, cos, sin, sections=sections, layout=layout, heads=2, interleaved=False,
                      rotary_dim=None, scale=1.0, rank4=False)
     np.testing.assert_allclose(y, want, rtol=0, atol=1e-5)

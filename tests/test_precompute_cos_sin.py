@@ -21,11 +21,11 @@ import onnx
 import onnx_ir as ir
 import onnxruntime as ort
 import pytest
+from _utils import serialize
 from conftest import TORCH
 
 from rope_passes.config import GenaiConfig
 from rope_passes.errors import UsageError
-from rope_passes.io import MAX_IR_VERSION
 from rope_passes.passes import ALL_PASSES, PassContext, PrecomputeCosSinPass
 from rope_passes.passes.precompute_cos_sin import MAX_POSITIONS_KEY
 from rope_passes.pipeline import run_pipeline
@@ -54,6 +54,7 @@ STATIC = [e["path"] for e in ENTRIES if not _is_dynamic(e)]
 DYNAMIC = [e["path"] for e in ENTRIES if _is_dynamic(e)]
 
 
+@pytest.mark.corpus
 def test_corpus_is_there():
     assert len(ENTRIES) == 62, f"the torch corpus is missing or changed: {TORCH} ({len(ENTRIES)} graphs)"
     assert len(STATIC) == 58 and len(DYNAMIC) == 4
@@ -62,12 +63,6 @@ def test_corpus_is_there():
 # ----------------------------------------------------------------------------------------------------------------
 # Helpers
 # ----------------------------------------------------------------------------------------------------------------
-
-
-def _bytes(model: ir.Model) -> bytes:
-    proto = ir.serde.serialize_model(model)
-    proto.ir_version = min(proto.ir_version, MAX_IR_VERSION)
-    return proto.SerializeToString()
 
 
 def _ops(model: ir.Model) -> collections.Counter:
@@ -123,6 +118,7 @@ def _rewrite(path: str, genai_config: dict | None = None, **options) -> tuple[by
 # ----------------------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.corpus
 @pytest.mark.parametrize("path", STATIC)
 def test_corpus_static_rewritten_and_equal(path):
     original, model, result = _rewrite(path, max_positions=MAX_POS)
@@ -153,10 +149,11 @@ def test_corpus_static_rewritten_and_equal(path):
         assert table is not None and table.shape[0] == MAX_POS and table.dtype == ir.DataType.FLOAT
         assert g.inputs[1].is_graph_input() and g.inputs[1].name == "position_ids"
     kind = "prefill" if path.endswith("prefill.onnx") else "decode"
-    worst = _run_cases(original, _bytes(model), kind)
+    worst = _run_cases(original, serialize(model), kind)
     assert worst == 0.0, f"max |rewritten - original| = {worst}"  # same kernels on the same values: bit-identical
 
 
+@pytest.mark.corpus
 @pytest.mark.parametrize("path", DYNAMIC)
 def test_corpus_longrope_where_refused(path):
     original, model, result = _rewrite(path, max_positions=MAX_POS)
@@ -165,27 +162,29 @@ def test_corpus_longrope_where_refused(path):
     assert report.count(Outcome.REFUSED) == 2 and report.count(Outcome.REWRITTEN) == 0
     for f in report.findings:
         assert f.reason.startswith("LongRoPE chosen per call: Where(Greater(position_ids → ReduceMax → Add, 64))"), f
-    assert _bytes(model) == _bytes(ir.serde.deserialize_model(onnx.load_from_string(original)))
+    assert serialize(model) == serialize(ir.serde.deserialize_model(onnx.load_from_string(original)))
     assert MAX_POSITIONS_KEY not in model.metadata_props
 
 
+@pytest.mark.corpus
 def test_positions_past_the_table(tmp_path):
     """README case 4 (positions 300-301, past 256): a 512-row table is still exact; a 256-row one fails loudly."""
     path = "tf5/dynamo/llama_yarn/decode.onnx"
     original, model, _ = _rewrite(path, max_positions=512)
-    assert _run_cases(original, _bytes(model), "decode", cases=[(1, 2, 300)]) <= 1e-5
+    assert _run_cases(original, serialize(model), "decode", cases=[(1, 2, 300)]) <= 1e-5
     _, small, _ = _rewrite(path, max_positions=MAX_POS)
-    sess = create_session(_bytes(small), "cpu")
+    sess = create_session(serialize(small), "cpu")
     with pytest.raises(Exception, match="out of bounds|indices"):
         sess.run(None, _feeds(sess, 1, 2, 300))
 
 
+@pytest.mark.corpus
 def test_mrope_positions_differing_per_axis():
     """mRoPE [3,B,S]: the table is gathered per axis before the section split, so vision-style positions (three
     different axes) stay exact too, not only text."""
     path = "tf5/dynamo/qwen2_5_vl_text/decode.onnx"
     original, model, _ = _rewrite(path, max_positions=MAX_POS)
-    ref_sess, new_sess = create_session(original, "cpu"), create_session(_bytes(model), "cpu")
+    ref_sess, new_sess = create_session(original, "cpu"), create_session(serialize(model), "cpu")
     feeds = _feeds(ref_sess, 2, 5, 6)
     rng = np.random.RandomState(7)
     feeds["position_ids"] = np.stack([feeds["position_ids"][0], rng.randint(0, 40, (2, 5)), rng.randint(0, 40, (2, 5))])
@@ -193,6 +192,7 @@ def test_mrope_positions_differing_per_axis():
         np.testing.assert_array_equal(n, r)
 
 
+@pytest.mark.corpus
 def test_genai_context_length_sizes_the_table_and_second_run_is_a_no_op():
     path = "tf4/torchscript/llama/decode.onnx"
     _, model, result = _rewrite(path, genai_config={"model": {"context_length": 128}})
@@ -203,15 +203,17 @@ def test_genai_context_length_sizes_the_table_and_second_run_is_a_no_op():
     assert model.metadata_props[MAX_POSITIONS_KEY] == "128"
 
 
+@pytest.mark.corpus
+@pytest.mark.webgpu
 @pytest.mark.parametrize("path", ["tf5/dynamo/qwen2_5_vl_text/decode.onnx", "tf4/torchscript/gemma3_text/prefill.onnx"])
 def test_webgpu_equal_to_original(path):
     """The rewritten graph on WebGPU against the original on WebGPU and on CPU (prefills stay <= 8 tokens)."""
     original, model, _ = _rewrite(path, max_positions=MAX_POS)
     kind = "prefill" if path.endswith("prefill.onnx") else "decode"
     cases = [(2, 7, 0), (1, 1, 80)] if kind == "prefill" else [(2, 7, 5), (1, 1, 80)]
-    new_sess = create_session(_bytes(model), "webgpu")
+    new_sess = create_session(serialize(model), "webgpu")
     assert new_sess.get_providers()[0] == WEBGPU
-    assert _run_cases(original, _bytes(model), kind, ep="webgpu", cases=cases) <= 1e-5
+    assert _run_cases(original, serialize(model), kind, ep="webgpu", cases=cases) <= 1e-5
     # and against the original on WebGPU (what the user ran before the rewrite)
     ref_sess = create_session(original, "webgpu")
     for batch, seq, past in cases:
@@ -283,7 +285,7 @@ def _chain_graph(kind: str = "static", extra_input: bool = False, fp16: bool = F
 
 
 def _run_small(model: ir.Model, positions: np.ndarray) -> np.ndarray:
-    sess = create_session(_bytes(model), "cpu")
+    sess = create_session(serialize(model), "cpu")
     rng = np.random.RandomState(1)
     fp16 = sess.get_inputs()[0].type == "tensor(float16)"
     x = rng.randn(*positions.shape, 2 * HALF).astype(np.float16 if fp16 else np.float32)
@@ -324,7 +326,7 @@ def test_small_fp16_graph_gets_an_fp16_table():
     assert table.dtype == ir.DataType.FLOAT16 and table.shape == ir.Shape([32, 2 * HALF])
     assert _ops(model)["Cast"] == 0  # the Cast to float16 is inside the table
     x = np.random.RandomState(1).randn(1, 4, 2 * HALF).astype(np.float16)
-    ref, new = (ReferenceEvaluator(onnx.load_from_string(_bytes(m))).run(None, {"x": x, "position_ids": positions})[0]
+    ref, new = (ReferenceEvaluator(onnx.load_from_string(serialize(m))).run(None, {"x": x, "position_ids": positions})[0]
                 for m in (original, model))
     assert new.dtype == np.float16
     np.testing.assert_array_equal(new, ref)
@@ -335,12 +337,12 @@ def test_small_fp16_graph_gets_an_fp16_table():
 
 def test_small_dynamic_ntk_refused():
     model = _chain_graph("ntk")
-    before = _bytes(model)
+    before = serialize(model)
     result = PrecomputeCosSinPass(max_positions=32)(model)
     assert not result.modified and result.report.count(Outcome.REFUSED) == 2
     reason = result.report.findings[0].reason
     assert reason.startswith("ReduceMax 'reducemax_") and "reads across the positions of the call" in reason
-    assert _bytes(model) == before
+    assert serialize(model) == before
 
 
 def test_small_token_mixing_refused_by_the_cone():
@@ -369,7 +371,8 @@ def test_small_table_size_unknown_refused():
     result = PrecomputeCosSinPass()(model)
     assert not result.modified
     assert result.report.status == (
-        "refused: table size unknown: give max_positions (or model.context_length in genai_config.json)")
+        "refused: table size unknown: give max_positions (or model.context_length in genai_config.json, or "
+        "max_position_embeddings in the config.json beside the model)")
 
 
 def test_small_second_input_not_matched():
@@ -432,13 +435,13 @@ CONE_CASES = {
 def test_cone_accounting(case):
     body, refusal = CONE_CASES[case]
     model = _cone_graph(body)
-    before = _bytes(model)
+    before = serialize(model)
     result = PrecomputeCosSinPass(max_positions=64)(model)
     if refusal is None:
         assert result.report.count(Outcome.REWRITTEN) == 2, result.report.status
         positions = np.array([[0, 3, 17, 40], [1, 1, 63, 9]], np.int64)
         ref = create_session(before, "cpu").run(None, {"position_ids": positions})
-        new = create_session(_bytes(model), "cpu").run(None, {"position_ids": positions})
+        new = create_session(serialize(model), "cpu").run(None, {"position_ids": positions})
         for r, n in zip(ref, new, strict=True):
             np.testing.assert_array_equal(n, r)
     else:
@@ -457,7 +460,7 @@ def test_registered_and_runs_in_a_pipeline(tmp_path):
 
     assert ALL_PASSES["precompute-cos-sin"] is PrecomputeCosSinPass
     path = tmp_path / "m.onnx"
-    path.write_bytes(_bytes(_chain_graph()))
+    path.write_bytes(serialize(_chain_graph()))
     bundle = load_bundle(str(path))
     report = run_pipeline(bundle, passes=["precompute-cos-sin", "cleanup"], options={"max_positions": 16})
     assert report.passes[0].status == "rewritten 2"
@@ -473,7 +476,7 @@ def test_cli_sizes_the_table_from_genai_config(tmp_path):
 
     folder = tmp_path / "model"
     folder.mkdir()
-    (folder / "model.onnx").write_bytes(_bytes(_chain_graph()))
+    (folder / "model.onnx").write_bytes(serialize(_chain_graph()))
     (folder / "genai_config.json").write_text(json.dumps(
         {"model": {"context_length": 24, "decoder": {"filename": "model.onnx"}}}))
 
@@ -490,12 +493,13 @@ def test_cli_sizes_the_table_from_genai_config(tmp_path):
     assert {p.key: p.value for p in saved.metadata_props}[MAX_POSITIONS_KEY] == "24"
     assert sorted(i.name for i in saved.graph.initializer) == ["rope_passes.cos_table", "rope_passes.sin_table"]
     (tmp_path / "bare").mkdir()
-    (tmp_path / "bare" / "m.onnx").write_bytes(_bytes(_chain_graph()))  # no genai_config.json beside it
+    (tmp_path / "bare" / "m.onnx").write_bytes(serialize(_chain_graph()))  # no genai_config.json beside it
     bare = optimize(tmp_path / "bare" / "m.onnx", tmp_path / "bare_out.onnx")
     assert bare["status"] == "refused: table size unknown: give max_positions (or model.context_length in " \
-                             "genai_config.json)"
+                             "genai_config.json, or max_position_embeddings in the config.json beside the model)"
 
 
+@pytest.mark.webgpu
 def test_positions_outside_the_table_behave_as_documented():
     """The documented hazard, pinned: past the table CPU fails, WebGPU silently reads zeros, negatives wrap."""
     model = _chain_graph()
@@ -503,12 +507,13 @@ def test_positions_outside_the_table_behave_as_documented():
     x = np.ones((1, 3, 2 * HALF), np.float32)
     feeds = {"x": x, "position_ids": np.array([[15, 16, -1]], np.int64)}  # last row, one past it, negative
     with pytest.raises(Exception, match="indices element out of data bounds"):
-        create_session(_bytes(model), "cpu").run(None, feeds)
-    y = create_session(_bytes(model), "webgpu").run(None, feeds)[0]
+        create_session(serialize(model), "cpu").run(None, feeds)
+    y = create_session(serialize(model), "webgpu").run(None, feeds)[0]
     assert np.all(y[0, 1] == 0)  # cos = sin = 0 at position 16
     np.testing.assert_allclose(y[0, 2], y[0, 0], rtol=0, atol=1e-6)  # -1 reads row 15
 
 
+@pytest.mark.corpus
 def test_builder_manual_mrope_rewritten_and_fold_text_mrope_still_folds(tmp_path):
     """A builder 0.15.2 graph computing mRoPE cos/sin from inv_freq per call (legacy/qwen25_vl): the tables size
     from genai_config's context_length, the output stays bit-identical with three different position axes, and
