@@ -70,6 +70,7 @@ EXPECTED: dict[str, dict] = {
 }
 
 
+@pytest.mark.corpus
 def test_expectations_cover_the_corpus(genai_corpus):
     assert sorted(EXPECTED) == MODELS and len(MODELS) == 19
 
@@ -83,6 +84,7 @@ def censuses() -> dict:
     return out
 
 
+@pytest.mark.corpus
 @pytest.mark.parametrize("name", MODELS)
 def test_readme_facts(name, censuses):
     c, want = censuses[name], EXPECTED[name]
@@ -168,6 +170,7 @@ def test_readme_facts(name, censuses):
             assert p.tile_node == "/model/position_ids_expand/Tile"
 
 
+@pytest.mark.corpus
 @pytest.mark.parametrize("name", MODELS)
 def test_agrees_with_analysis_json(name, censuses):
     """Everything analysis.json (the corpus generator's own onnx-based summary) also states."""
@@ -208,6 +211,7 @@ def test_agrees_with_analysis_json(name, censuses):
                     assert getattr(r, key, r.attributes.get(key)) == value
 
 
+@pytest.mark.corpus
 def test_feeds_name_the_rope_inputs(censuses):
     phi3 = censuses["current/phi3_mini_128k/cpu_fp32"]
     (shape,) = phi3.dynamic_nodes["Shape"]
@@ -221,6 +225,7 @@ def test_feeds_name_the_rope_inputs(censuses):
     assert r.position_source.startswith("Range: synthetic positions")
 
 
+@pytest.mark.corpus
 def test_reads_no_weights(monkeypatch):
     """Cache shapes come from metadata: only small constants (section sizes, masks) are ever read."""
     read: list[tuple[str, int]] = []
@@ -244,6 +249,7 @@ def test_reads_no_weights(monkeypatch):
 # ------------------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.corpus
 @pytest.mark.parametrize("name, flavours, inv_shape, sections, threshold", [
     ("tf4/torchscript/llama/decode.onnx", ["inv-freq-matmul"], [1, 8, 1], None, None),
     ("tf4/torchscript/qwen2_5_vl_text/decode.onnx", ["manual-mrope", "inv-freq-matmul"], [1, 1, 8, 1], [2, 3, 3],
@@ -336,6 +342,7 @@ def test_no_attention_no_rope():
     json.dumps(c.to_dict())
 
 
+@pytest.mark.corpus
 def test_concat_offset_without_long_cache_is_a_note(censuses):
     bundle = load_bundle(GENAI / "current/llama/cpu_fp32")
     config = json.loads(json.dumps(bundle.genai_config.data))
@@ -358,6 +365,7 @@ def _run_cli(*args: str) -> tuple[int, str]:
     return rc, out.getvalue()
 
 
+@pytest.mark.corpus
 def test_cli_json_one_model(genai_corpus):
     rc, out = _run_cli(str(genai_corpus / "current/qwen25_vl/cpu_fp32"), "--json")
     assert rc == 0
@@ -370,6 +378,7 @@ def test_cli_json_one_model(genai_corpus):
     assert d["dynamic_counts"] == {"Shape": 1, "If": 0, "Range": 0, "Loop": 0}
 
 
+@pytest.mark.corpus
 def test_cli_json_several_models_and_a_file(genai_corpus):
     phi3 = genai_corpus / "current/phi3_mini_128k/webgpu_fp16_graph"
     rc, out = _run_cli(str(phi3), str(genai_corpus / "current/llama/cpu_fp32/model.onnx"), "--json")
@@ -381,6 +390,7 @@ def test_cli_json_several_models_and_a_file(genai_corpus):
     assert second["flavours"] == ["fused-gqa"] and second["context_length"] == 256
 
 
+@pytest.mark.corpus
 def test_cli_human_output(genai_corpus):
     console = Console(file=io.StringIO(), width=200)
     bundle = load_bundle(genai_corpus / "legacy/qwen25_vl/cpu_fp32")

@@ -274,6 +274,7 @@ def test_run_that_fails_mid_decode_is_a_failure_at_that_step(tmp_path):
 
 
 @pytest.mark.corpus
+@pytest.mark.webgpu
 def test_software_adapter_caps_the_webgpu_prefill():
     info = adapter_info()
     report = check(GENAI / "current/llama/cpu_fp32", GENAI / "current/llama/cpu_fp32", prefill=12, steps=1,
@@ -383,6 +384,7 @@ def test_bad_reference_logits_is_a_usage_error(tmp_path):
 
 
 @pytest.mark.corpus
+@pytest.mark.webgpu
 def test_tolerance_follows_the_original_precision():
     from rope_passes.check.compare import precision_of
 

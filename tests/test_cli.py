@@ -108,6 +108,7 @@ def test_optimize_report_file_and_output(tiny, tmp_path):
         assert entry["status"], entry  # every pass says what it did or why not
 
 
+@pytest.mark.corpus
 def test_exporter_preset_with_max_positions(tmp_path):
     from conftest import TORCH
 
@@ -154,6 +155,7 @@ def test_optimize_and_lint_a_tree_of_models(tiny, tmp_path):
     assert sorted(json.loads(lint.stdout)) == sorted([str(tree / "a"), str(tree / "deep" / "b")])
 
 
+@pytest.mark.corpus
 def test_optimize_explain_lists_every_attempt(tmp_path):
     """--explain prints each pass's status and every finding under it: here the two GQA layers of a 3D-position
     graph are each refused with the reason, and the passes with nothing to do say what they looked for."""

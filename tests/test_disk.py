@@ -276,6 +276,7 @@ def test_killed_run_is_cleaned_up_by_the_next(tiny, tmp_path):
 # ---------------------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.corpus
 @pytest.mark.parametrize("command,delay", [("optimize", 0.5), ("tree", 0.5), ("tree", 1.0), ("lint", 0.5)])
 def test_ctrl_c(command, delay, genai_corpus, tmp_path):
     """SIGINT during start-up (imports), the passes, or a save: exit 130 and one line; what was written is complete
@@ -424,6 +425,7 @@ def decode_outputs(model_path: Path) -> list[np.ndarray]:
     return [step[name] for step in steps for name in spec.outputs]
 
 
+@pytest.mark.corpus
 def test_reused_weights_give_the_rewrite_outputs(genai_corpus, tmp_path):
     """A corpus model whose passes make new tables: the default output reuses the data file byte for byte, puts the
     tables in a small model.onnx.rope.data, and computes exactly what the rewrite output computes (CPU)."""
@@ -441,6 +443,7 @@ def test_reused_weights_give_the_rewrite_outputs(genai_corpus, tmp_path):
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.corpus
 def test_in_place_leaves_the_data_file_alone(genai_corpus, tmp_path):
     work = Path(shutil.copytree(genai_corpus / "legacy/qwen35/cpu_fp32_text", tmp_path / "m"))
     for p in work.iterdir():

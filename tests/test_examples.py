@@ -36,6 +36,7 @@ def test_onnx_ir_pass_manager_example_gives_optimize_bytes(model, text_only, tmp
     assert model_proto.ir_version <= 13
 
 
+@pytest.mark.webgpu
 def test_optimize_and_check_example_on_tiny_model():
     result = subprocess.run([sys.executable, str(REPO / "examples/optimize_and_check.py")],
                             capture_output=True, text=True, timeout=300)

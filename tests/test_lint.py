@@ -38,10 +38,12 @@ EXPECTED = {
 }
 
 
+@pytest.mark.corpus
 def test_expected_table_covers_the_corpus():
     assert sorted(EXPECTED) == genai_models()
 
 
+@pytest.mark.corpus
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_rules_on_corpus(name):
     codes = {d.code for d in lint_bundle(GENAI / name)}
@@ -54,6 +56,7 @@ def test_every_rule_has_code_message_explanation():
         assert code.startswith("RP") and len(code) == 5 and r.name and r.summary and len(r.explanation) > 60
 
 
+@pytest.mark.corpus
 def test_ir_version_rule_fires_and_fixes(tmp_path):
     import onnx
 
@@ -71,6 +74,7 @@ def test_ir_version_rule_fires_and_fixes(tmp_path):
     assert "0 problems" in result.stdout
 
 
+@pytest.mark.corpus
 def test_formats_are_machine_readable():
     results = {"m.onnx": lint_bundle(GENAI / "current/phi3_mini_128k/cpu_fp32")}
     data = json.loads(FORMATS["json"](results))
@@ -85,6 +89,7 @@ def test_formats_are_machine_readable():
     assert len(github) == 4 and all(line.startswith("::warning file=m.onnx,title=RP20") for line in github)
 
 
+@pytest.mark.corpus
 def test_cli_exit_codes():
     clean = subprocess.run([sys.executable, "-m", "rope_passes", "lint", str(GENAI / "current/llama/webgpu_fp16_graph")],
                            capture_output=True, text=True)
@@ -105,6 +110,8 @@ def test_docs_list_every_rule():
     assert not missing, f"docs/lint.md lacks {missing}"
 
 
+@pytest.mark.corpus
+@pytest.mark.webgpu
 @pytest.mark.parametrize("name", ["legacy/qwen35/cpu_fp32_text", "current/phi3_mini_128k/webgpu_fp32"])
 def test_fix_makes_the_model_lint_clean_and_capture_ready(name, tmp_path):
     from rope_passes.runtime.placement_probe import probe_placement
@@ -120,6 +127,7 @@ def test_fix_makes_the_model_lint_clean_and_capture_ready(name, tmp_path):
     assert probe.capture_ok and not probe.memcpy, probe.summary()
 
 
+@pytest.mark.corpus
 def test_pre_commit_hook_runs_as_pre_commit_calls_it():
     """The hook in .pre-commit-hooks.yaml, called the way pre-commit calls it (entry + args + the staged files its
     `files` pattern selects): the .onnx files are linted, weights files are not passed, a problem fails the commit."""

@@ -33,6 +33,8 @@ from rope_passes.pipeline import run_pipeline
 from rope_passes.report import Outcome
 from rope_passes.runtime.sessions import create_session
 
+pytestmark = [pytest.mark.corpus]  # every test here: see tests/conftest.py
+
 PHI3 = GENAI / "current/phi3_mini_128k"
 HF = GENAI.parent / "genai" / "hf" / "phi3_mini_128k"
 ORIGINAL = 32  # original_max_position_embeddings
@@ -78,6 +80,7 @@ def test_if_replaced_by_concatenated_tables(rewritten, variant):
     assert placement.capture_ok and not placement.memcpy and not placement.control_flow
 
 
+@pytest.mark.webgpu
 def test_captured_webgpu_decode_8_to_44_matches_original_on_cpu(rewritten):
     """WebGPU with capture and the offset (from genai_config), prefill 8 then 36 steps: totals 8..44, across 32."""
     report = check(PHI3 / "webgpu_fp32", rewritten["webgpu_fp32"], prefill=8, steps=36, graph_capture=True)
@@ -131,6 +134,7 @@ def test_original_on_cpu_matches_hugging_face(genai_corpus):
         np.testing.assert_allclose(logits, np.load(HF / ref_file), atol=1e-4)
 
 
+@pytest.mark.webgpu
 def test_rewritten_webgpu_prefill_matches_hugging_face(rewritten):
     bundle = load_bundle(rewritten["webgpu_fp32"])
     options = {k: str(v) for k, v in _webgpu_options(bundle.genai_config.data).items()}
@@ -218,6 +222,7 @@ def _unpack_qkv(model: ir.Model) -> None:
             gqa.replace_input_with(i, split.outputs[i])
 
 
+@pytest.mark.webgpu
 def test_separate_qkv_packed_then_captured_decode_matches(genai_corpus, tmp_path):
     """A LongRoPE graph whose GQAs take separate q/k/v: the pass packs them (the offset only acts on packed QKV),
     and the captured WebGPU decode across the switch matches the unpacked If-graph on CPU."""

@@ -189,6 +189,7 @@ def _table():
         Path(path).with_suffix(".json").write_text(json.dumps(RESULTS, indent=1))
 
 
+@pytest.mark.corpus
 @pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: m.name)
 def test_mutant(mutant: Mutant, tmp_path: Path):
     start = time.perf_counter()
@@ -252,6 +253,7 @@ def test_mrotary_oracle_matches_numpy(layout, interleaved, rotary_dim):
     np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.corpus
 def test_offset_reference_sees_the_offset(tmp_path):
     """The emulated WebGPU offset is a sound reference: the corpus Phi-3 graph's longrope-concat output with the
     offset equals the If graph on every LongRoPE call; without the offset it does not (past 32)."""
@@ -270,6 +272,7 @@ def test_offset_reference_sees_the_offset(tmp_path):
     assert not bad.ok, bad.detail
 
 
+@pytest.mark.corpus
 def test_mrotary_reference_agrees_with_the_fold_on_the_corpus(tmp_path):
     """The unmutated builder 0.18 Qwen2.5-VL graph: fold-text-mrope's output equals the oracle-lowered original,
     so a disagreement on a mutant is the mutant's doing."""

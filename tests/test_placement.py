@@ -31,10 +31,13 @@ def probes(genai_corpus) -> dict[tuple[str, bool], Placement]:
     return dict(zip(jobs, results))
 
 
+@pytest.mark.corpus
 def test_corpus_has_19_models(genai_corpus):
     assert len(MODELS) == 19
 
 
+@pytest.mark.corpus
+@pytest.mark.webgpu
 @pytest.mark.parametrize("capture", [True, False], ids=["capture", "no-capture"])
 def test_static_prediction_equals_probe(probes, capture):
     models = MODELS if capture else CAPTURE_OFF_TOO
@@ -53,6 +56,7 @@ def test_static_prediction_equals_probe(probes, capture):
     assert not mismatches, "\n".join(mismatches)
 
 
+@pytest.mark.corpus
 def test_load_failures_are_predicted_with_onnxruntime_reason(probes):
     for rel, why in UNLOADABLE.items():
         probe, static = probes[(rel, True)], predict_placement(GENAI / rel / "model.onnx")
@@ -61,6 +65,8 @@ def test_load_failures_are_predicted_with_onnxruntime_reason(probes):
         assert key in probe.load_error and key in static.load_error, (rel, probe.load_error, static.load_error)
 
 
+@pytest.mark.corpus
+@pytest.mark.webgpu
 def test_known_corpus_facts(probes):
     """The measured facts the passes rely on, pinned: builder non-_graph graphs need 2 Memcpy for GQA's lengths,
     LongRoPE graphs are refused for control flow, `_graph` builds capture."""

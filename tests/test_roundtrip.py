@@ -16,6 +16,8 @@ import rope_passes
 from rope_passes.check.decode import DecoderSpec, run_decode, token_ids
 from rope_passes.runtime.sessions import create_session
 
+pytestmark = [pytest.mark.corpus]  # every test here: see tests/conftest.py
+
 
 def node_signature(model: onnx.ModelProto) -> list[tuple]:
     """Nodes as (op, name, inputs, outputs); trailing omitted optional inputs ('') are not significant."""
@@ -39,6 +41,7 @@ def run_two_steps(model_path: Path, genai_config: dict) -> list[np.ndarray]:
     return [step[name] for step in steps for name in spec.outputs]
 
 
+@pytest.mark.webgpu
 @pytest.mark.parametrize("name", genai_models())
 def test_noop_optimize_round_trips(name, tmp_path):
     src = GENAI / name

@@ -55,6 +55,7 @@ def _load(rel: str) -> ir.Model:
 # --- rules and refusals ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.corpus
 def test_rewrites_builder_mask_subgraph_into_int32_reduce(genai_corpus):
     model, report = _rewrite(_load("current/llama/webgpu_fp16"))
     assert report.count(Outcome.REWRITTEN) == 1, report.status
@@ -70,6 +71,8 @@ def test_rewrites_builder_mask_subgraph_into_int32_reduce(genai_corpus):
     assert placement.capture_ok and not placement.memcpy and not nodes_of(model, "Shape")
 
 
+@pytest.mark.corpus
+@pytest.mark.webgpu
 def test_a_dead_shape_chain_still_gets_memcpy(genai_corpus, tmp_path):
     """Why the pass removes the old chain (and cleanup runs last): onnxruntime places dead nodes and copies for them."""
     model = _load("current/llama/webgpu_fp16")
@@ -85,12 +88,14 @@ def test_a_dead_shape_chain_still_gets_memcpy(genai_corpus, tmp_path):
     assert not probe.capture_ok and predict_placement(tmp_path / "model.onnx").same_memcpy(probe)
 
 
+@pytest.mark.corpus
 def test_graph_variant_is_not_matched(genai_corpus):
     _model, report = _rewrite(_load("current/llama/webgpu_fp16_graph"))
     assert report.count(Outcome.REWRITTEN) == 0 and not report.modified
     assert "ReduceMax" in report.findings[0].reason
 
 
+@pytest.mark.corpus
 def test_refuses_other_dimension(genai_corpus):
     model = _load("current/llama/cpu_fp32")
     gather = next(n for n in model.graph if n.op_type == "Gather" and "attn_mask" in (n.name or ""))
@@ -101,6 +106,7 @@ def test_refuses_other_dimension(genai_corpus):
     assert report.count(Outcome.REFUSED) == 1 and "reads dimension 0" in report.findings[0].reason
 
 
+@pytest.mark.corpus
 def test_refuses_mask_that_is_not_a_graph_input(genai_corpus):
     model = _load("current/llama/cpu_fp32")
     mask = next(v for v in model.graph.inputs if v.name == "attention_mask")
@@ -127,6 +133,7 @@ def test_no_gqa_is_not_matched():
 # --- exactness ---------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.corpus
 def test_bit_identical_on_cpu(genai_corpus, tmp_path):
     """All-ones mask: seqlens_k and total_sequence_length are the same numbers, so CPU outputs are the same bits."""
     src = GENAI / "current/llama/cpu_fp32"
@@ -142,6 +149,7 @@ def test_bit_identical_on_cpu(genai_corpus, tmp_path):
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.corpus
 def test_padded_mask_gives_row_length_not_width(genai_corpus, tmp_path):
     """Under capture genai binds the mask at its maximum length, zeros past the current one: total_sequence_length
     must be the row length (what the rewrite computes), not the buffer width (what Shape gave)."""
@@ -187,10 +195,13 @@ def capture_probes(optimized) -> dict[str, object]:
     return dict(zip(ready, probes))
 
 
+@pytest.mark.corpus
 def test_loadable_corpus_count():
     assert len(LOADABLE) == 13
 
 
+@pytest.mark.corpus
+@pytest.mark.webgpu
 @pytest.mark.parametrize("rel", CAPTURE_READY)
 def test_webgpu_graph_output_captures_with_zero_memcpy(optimized, capture_probes, rel):
     assert not isinstance(optimized[rel], str), optimized[rel]
@@ -202,6 +213,8 @@ def test_webgpu_graph_output_captures_with_zero_memcpy(optimized, capture_probes
     assert static.capture_ok and static.same_memcpy(probe)
 
 
+@pytest.mark.corpus
+@pytest.mark.webgpu
 @pytest.mark.parametrize("rel", CAPTURE_READY)
 def test_captured_decode_matches_original(optimized, rel):
     """The checker's runs: original on CPU and WebGPU, rewritten on WebGPU without and with graph capture."""
@@ -219,6 +232,7 @@ def test_captured_decode_matches_original(optimized, rel):
         assert all(d.max_abs == 0.0 for d in same_ep.diffs) and len(same_ep.diffs) > 0
 
 
+@pytest.mark.corpus
 def test_int64_movement_narrowed_on_3d_vl_graph(genai_corpus):
     bundle = load_bundle(GENAI / "legacy/qwen35/cpu_fp32")
     report = run_pipeline(bundle, passes=["total-seq-on-gpu", "narrow-int64", "cleanup"])
@@ -237,6 +251,8 @@ VL_MODELS = ["current/qwen25_vl/cpu_fp32", "current/qwen25_vl/webgpu_fp16", "cur
              "current/qwen35/webgpu_fp16_graph", "current/qwen35/webgpu_fp32", *VL_3D]
 
 
+@pytest.mark.corpus
+@pytest.mark.webgpu
 def test_text_only_vl_models_capture_with_zero_memcpy(genai_corpus, tmp_path):
     outs = []
     for rel in VL_MODELS:
@@ -267,6 +283,7 @@ def _edit_shape_start(model):
     _mask_node(model, "Shape").attributes["start"] = ir.AttrInt64("start", 1)
 
 
+@pytest.mark.corpus
 @pytest.mark.parametrize("edit,reason", [
     (_edit_sub_by_two, "subtracts something other than the constant 1"),
     (_edit_keepdims, "with keepdims=1, expected axes [1], keepdims 0"),
@@ -281,6 +298,8 @@ def test_refusals(genai_corpus, edit, reason):
     assert [(g.inputs[5], g.inputs[6]) for g in nodes_of(rewritten, "GroupQueryAttention")] == before
 
 
+@pytest.mark.corpus
+@pytest.mark.webgpu
 def test_lowered_mrope_graph_captures_and_keeps_its_bits(genai_corpus, tmp_path):
     """A builder-0.18 VL graph (MRotaryEmbedding, unloadable as is): `lower-mrope` alone vs the whole `webgpu-graph`
     preset. The preset's extra work (int32 position movement, GPU lengths) changes no bit on WebGPU and captures."""

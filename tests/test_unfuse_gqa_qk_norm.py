@@ -19,6 +19,8 @@ from rope_passes.passes.unfuse_gqa_qk_norm import UnfuseGQAQKNormPass
 from rope_passes.report import Outcome
 from rope_passes.runtime.sessions import create_session
 
+pytestmark = [pytest.mark.corpus]  # every test here: see tests/conftest.py
+
 FUSED = "current/qwen3/webgpu_fp16"
 BUILDER_UNFUSED = "current/qwen3/webgpu_fp16_noqknormfuse"
 FP16_HF_TOL = 0.03  # fp16 builds vs the fp32 Hugging Face reference, measured on this corpus (README)
@@ -48,7 +50,6 @@ def _logits(path, ep: str, genai_config) -> list[np.ndarray]:
     return [s["logits"] for s in run_decode(sess, spec, token_ids(12), prefill=8, steps=4)]
 
 
-@pytest.mark.corpus
 @pytest.mark.webgpu
 @pytest.mark.parametrize("packed", [False, True], ids=["separate-qkv", "packed-qkv"])
 def test_unfused_corpus_model_equals_the_builders_unfused_build(packed, tmp_path):

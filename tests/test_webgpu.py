@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnxruntime as ort
+import pytest
 
 from rope_passes.runtime.adapter import probe, tiny_add_model
 from rope_passes.runtime.sessions import WEBGPU, create_session
@@ -16,6 +17,7 @@ def test_webgpu_provider_is_in_this_onnxruntime():
     assert WEBGPU in ort.get_available_providers(), ort.get_available_providers()
 
 
+@pytest.mark.webgpu
 def test_webgpu_session_runs_on_webgpu():
     reason = probe()
     assert reason is None, f"no WebGPU adapter: {reason}"
@@ -25,6 +27,7 @@ def test_webgpu_session_runs_on_webgpu():
     np.testing.assert_array_equal(sess.run(None, {"x": x})[0], 2 * x)  # exact in fp32
 
 
+@pytest.mark.webgpu
 def test_webgpu_profile_shows_the_node_ran_on_webgpu(tmp_path):
     """The profiler's own record: the Add kernel executed on the WebGPU EP, not on CPU."""
     import json
