@@ -20,6 +20,7 @@ from conftest import GENAI
 
 from rope_passes.analysis.graph import nodes_of
 from rope_passes.analysis.placement import predict_placement
+from rope_passes.api import optimize
 from rope_passes.check import check
 from rope_passes.check.decode import DecoderSpec, run_decode, token_ids
 from rope_passes.io import load_bundle
@@ -28,7 +29,6 @@ from rope_passes.passes.longrope_concat import (
     WEBGPU_ONLY_KEY,
     LongRoPEConcatPass,
 )
-from rope_passes.api import optimize
 from rope_passes.pipeline import run_pipeline
 from rope_passes.report import Outcome
 from rope_passes.runtime.sessions import create_session

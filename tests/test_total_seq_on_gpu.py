@@ -22,12 +22,12 @@ from conftest import GENAI, UNLOADABLE, genai_models
 
 from rope_passes.analysis.graph import nodes_of
 from rope_passes.analysis.placement import predict_placement
+from rope_passes.api import optimize
 from rope_passes.check import check
 from rope_passes.check.core import PAST_SWITCH
 from rope_passes.check.decode import DecoderSpec, run_decode, token_ids
 from rope_passes.io import load_bundle, save_bundle
 from rope_passes.passes.total_seq_on_gpu import TotalSeqOnGpuPass
-from rope_passes.api import optimize
 from rope_passes.pipeline import run_pipeline
 from rope_passes.report import Outcome
 from rope_passes.runtime.placement_probe import probe_placement
