@@ -114,10 +114,12 @@ class Comparison:
     diffs: list[OutputDiff] = dataclasses.field(default_factory=list)
     status: str = "compared"  # compared | skipped
     reason: str = ""  # why skipped, or which steps were left out and why
+    kind: str = "decode"  # decode (OutputDiff.step = decode step) | sweep (OutputDiff.step = position)
 
     @property
     def name(self) -> str:
-        return f"{self.actual} vs {self.reference}"
+        return f"{self.actual} vs {self.reference}" if self.kind == "decode" else \
+            f"{self.kind}: {self.actual} vs {self.reference}"
 
     @property
     def ok(self) -> bool:
@@ -139,13 +141,14 @@ class Comparison:
     def to_dict(self) -> dict[str, Any]:
         first = self.first_failure
         return {
-            "actual": self.actual, "reference": self.reference, "counts": self.counts, "status": self.status,
+            "actual": self.actual, "reference": self.reference, "kind": self.kind, "counts": self.counts,
+            "status": self.status,
             "reason": self.reason, "ok": self.ok,
             "tolerance": {"atol": self.tolerance.atol, "rtol": self.tolerance.rtol,
                           "precision": self.tolerance.precision},
             "first_failure": first.to_dict() if first else None,
             "per_output": {k: v.to_dict() for k, v in self.worst().items()},
-            "steps_compared": sorted({d.step for d in self.diffs}),
+            ("steps_compared" if self.kind == "decode" else "positions_compared"): sorted({d.step for d in self.diffs}),
         }
 
 

@@ -8,14 +8,21 @@ Runs (each in its own subprocess unless ``isolate=False``), all on one decode sc
 4. ``rewritten@webgpu+capture`` with ``graph_capture=True``: the rewritten graph under ``enableGraphCapture=1``,
    captured on its first step and replayed after (see :mod:`.capture`).
 
-Comparisons that decide the verdict: rewritten@webgpu vs original@webgpu (same EP, so only the rewrite differs),
-rewritten@webgpu vs original@cpu (not for int4: quantised graphs are compared with their own original only), the
-captured run vs the plain one, and the rewritten run vs ``reference_logits`` when given. original@webgpu vs
+Besides the decode, every run but the captured one makes a *position sweep* (:mod:`.sweep`): single steps at
+positions spread over the whole table (its switches, its end, log-spaced ones in between), each after a random past
+of that length. And before anything runs, the cos/sin rows both graphs read at every position are compared at the
+tables' precision (:mod:`.tables`, :mod:`.table_diff`).
+
+Comparisons that decide the verdict (:mod:`.verdict`): rewritten@webgpu vs original@webgpu (same EP, so only the
+rewrite differs), rewritten@webgpu vs original@cpu (not for int4), the same two for the sweep, the captured run vs
+the plain one, the rewritten run vs ``reference_logits`` when given, and the rotation tables. original@webgpu vs
 original@cpu is shown, not counted: it is the EP's error, not the rewrite's.
 
-Where the original cannot load (an op onnxruntime-webgpu 1.27 lacks, e.g. ``MRotaryEmbedding``), the report says
-so and the rewritten graph is compared with whatever reference is left (CPU, or ``reference_logits``); with no
-reference at all the result is "could not run" (exit code 2).
+Where the original cannot load (an op onnxruntime-webgpu 1.27 lacks, e.g. ``MRotaryEmbedding``), the report says so
+and the rewritten graph is compared with what is left: the original's CPU run, else the original on the second
+WebGPU runtime (:mod:`.plugin`: runs ``original@webgpu:plugin`` and ``original@cpu:plugin``), else the rotation
+tables alone; ``report.reference`` says which. With no reference at all the result is "could not run" (exit 2),
+with the reason in ``report.reason``.
 
 Schedule adjustments, each recorded in ``report.notes``:
 * software WebGPU adapter (lavapipe): prefill capped at :func:`.adapter.max_webgpu_prefill` tokens, the rest of the
@@ -29,170 +36,48 @@ Schedule adjustments, each recorded in ``report.notes``:
 from __future__ import annotations
 
 import dataclasses
-import json
 import tempfile
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from rope_passes.check.compare import (
-    TOLERANCES,
-    Comparison,
-    OutputDiff,
-    Tolerance,
-    compare_reference_logits,
-    compare_steps,
-    precision_of,
-)
-from rope_passes.check.decode import embedding_table
-from rope_passes.check.runner import RunResult, RunSpec, execute_run, run_isolated
-from rope_passes.config import GenaiConfig
+from rope_passes.check import plugin
+from rope_passes.check.compare import TOLERANCES, Tolerance
+from rope_passes.check.models import ModelInfo, embedding_for, load_reference, read_model
+from rope_passes.check.report import COULD_NOT_RUN, EQUIVALENT, EXIT_CODES, NOT_EQUIVALENT, EquivalenceReport
+from rope_passes.check.runner import LOAD_FAILED, RunResult, RunSpec, execute_run, run_isolated
+from rope_passes.check.sweep import DEFAULT_SWEEP, sweep_positions
+from rope_passes.check.table_diff import TableComparison, compare_tables
+from rope_passes.check.tables import GraphTables, graph_tables
+from rope_passes.check.verdict import PLUGIN, Evidence, compare_all, decide
 from rope_passes.errors import UsageError
-from rope_passes.io import load_model, resolve_model_path
-from rope_passes.runtime.adapter import AdapterInfo, adapter_info, max_webgpu_prefill
+from rope_passes.runtime.adapter import adapter_info, max_webgpu_prefill
 
-EQUIVALENT, NOT_EQUIVALENT, COULD_NOT_RUN = "equivalent", "not equivalent", "could not run"
-EXIT_CODES = {EQUIVALENT: 0, NOT_EQUIVALENT: 1, COULD_NOT_RUN: 2}
+__all__ = ["COULD_NOT_RUN", "EQUIVALENT", "EXIT_CODES", "NOT_EQUIVALENT", "PAST_SWITCH", "EquivalenceReport",
+           "ModelInfo", "check", "rotation_tables"]
+
 #: decode steps past a LongRoPE switch point
 PAST_SWITCH = 4
 
 
-@dataclasses.dataclass
-class ModelInfo:
-    path: Path
-    genai_config: dict | None
-    precision: str
-    webgpu_options: dict[str, str]
-    longrope: dict[str, Any] | None  # {"kind": "if"|"concat", "switch": int}
-    takes_embeds: bool
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"path": str(self.path), "precision": self.precision, "webgpu_options": self.webgpu_options,
-                "longrope": self.longrope}
+def _graph_tables(info: ModelInfo, ep: str) -> GraphTables:
+    try:
+        return graph_tables(info.model, info.genai_config, ep=ep)
+    except Exception as exc:  # noqa: BLE001 - a graph the reader trips on is reported, not a crash of the checker
+        return GraphTables(unavailable=f"reading its rotations failed ({type(exc).__name__}: "
+                                       f"{' '.join(str(exc).split())[:200]})")
 
 
-def _read_model(path: str | Path) -> ModelInfo:
-    import onnx
-
-    model_path, folder = resolve_model_path(path)
-    config = GenaiConfig.load(folder or model_path.parent)
-    webgpu = config.provider_options("webgpu")
-    # the checker decides capture itself: a plain run under enableGraphCapture=1 silently returns zeros
-    webgpu.pop("enableGraphCapture", None)
-    load_model(model_path)  # one-line errors for a non-ONNX or truncated file, or missing/short external data
-    proto = onnx.load(str(model_path), load_external_data=False)
-    return ModelInfo(model_path, config.data, precision_of(str(model_path)), webgpu,
-                     _longrope(proto, webgpu), any(i.name == "inputs_embeds" for i in proto.graph.input))
-
-
-def _load_reference(reference: str | Path | np.ndarray) -> np.ndarray:
-    """``[rows, vocab]`` float logits (a leading batch axis of 1 is dropped)."""
-    if isinstance(reference, np.ndarray):
-        ref = reference
-    else:
-        try:
-            ref = np.load(reference, allow_pickle=False)
-        except (OSError, ValueError) as exc:
-            raise UsageError(f"{reference}: cannot read reference logits ({type(exc).__name__}: {exc})") from None
-    if ref.ndim == 3 and ref.shape[0] == 1:
-        ref = ref[0]
-    if ref.ndim != 2 or ref.dtype.kind != "f":
-        raise UsageError(f"reference logits must be a float [rows, vocab] array, got {ref.dtype} {list(ref.shape)}")
-    return ref
-
-
-def _longrope(proto: Any, webgpu: Mapping[str, str]) -> dict[str, Any] | None:
-    """A LongRoPE cache and its switch point: ``If(Greater(total_len, C))`` picking cos/sin tables (read by the
-    LongRoPE detector, :func:`rope_passes.analysis.longrope.find_longrope`), or a concatenated table whose offset is
-    in ``multiRotaryCacheConcatOffset`` (the offset onnxruntime will apply, whatever the table)."""
-    offset = int(webgpu.get("multiRotaryCacheConcatOffset", "0") or 0)
-    if offset > 0:
-        return {"kind": "concat", "switch": offset}
-    import onnx_ir as ir
-
-    from rope_passes.analysis.longrope import find_longrope
-
-    found = find_longrope(ir.serde.deserialize_model(proto))  # weights stay unread: only the threshold is
-    if found is not None and found.kind == "if" and found.threshold is not None:
-        return {"kind": "if", "switch": found.threshold}
-    return None
-
-
-@dataclasses.dataclass
-class EquivalenceReport:
-    verdict: str
-    original: ModelInfo
-    rewritten: ModelInfo
-    ep: str
-    prefill: int
-    steps: int
-    runs: list[RunResult]
-    comparisons: list[Comparison]
-    notes: list[str]
-    adapter: AdapterInfo | None
-    wall_s: float
-
-    @property
-    def equivalent(self) -> bool:
-        return self.verdict == EQUIVALENT
-
-    @property
-    def exit_code(self) -> int:
-        return EXIT_CODES[self.verdict]
-
-    @property
-    def first_failure(self) -> tuple[Comparison, Any] | None:
-        """(comparison, OutputDiff) of the earliest failing step among the comparisons that count."""
-        best = None
-        for c in self.comparisons:
-            d = c.first_failure if c.counts and c.status == "compared" else None
-            if d is not None and (best is None or d.step < best[1].step):
-                best = (c, d)
-        return best
-
-    def run(self, label: str) -> RunResult | None:
-        return next((r for r in self.runs if r.label == label), None)
-
-    def comparison(self, actual: str, reference: str) -> Comparison | None:
-        return next((c for c in self.comparisons if c.actual == actual and c.reference == reference), None)
-
-    def to_dict(self) -> dict[str, Any]:
-        first = self.first_failure
-        return {
-            "verdict": self.verdict, "exit_code": self.exit_code, "ep": self.ep,
-            "schedule": {"prefill": self.prefill, "steps": self.steps, "total_tokens": self.prefill + self.steps},
-            "original": self.original.to_dict(), "rewritten": self.rewritten.to_dict(),
-            "adapter": self.adapter.summary if self.adapter else None,
-            "runs": [r.to_dict() for r in self.runs],
-            "comparisons": [c.to_dict() for c in self.comparisons],
-            "first_failure": None if first is None else {"comparison": first[0].name, **first[1].to_dict()},
-            "notes": self.notes, "wall_s": round(self.wall_s, 3),
-        }
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=1)
-
-
-def _embedding_for(info: ModelInfo, other: ModelInfo, option: str | None, tmp: Path) -> str | None:
-    """Embedding table file for an inputs_embeds graph: the user's, else the other graph's own, else None (the
-    fixed-seed default table)."""
-    if not info.takes_embeds:
-        return None
-    table = None
-    if option:
-        table = embedding_table(option)
-        if table is None:
-            raise UsageError(f"{option}: no Gather(table, input_ids) to take token embeddings from")
-    elif not other.takes_embeds:
-        table = embedding_table(other.path)
-    if table is None:
-        return None
-    path = tmp / f"embeddings_{abs(hash(str(info.path)))}.npy"
-    np.save(path, table)
-    return str(path)
+def rotation_tables(original: str | Path | ModelInfo, rewritten: str | Path | ModelInfo, *, ep: str = "webgpu",
+                    ulps: float = 1.0) -> TableComparison:
+    """The rotation-level comparison alone (no session): the cos/sin rows both graphs read at every position
+    ``0..context_length-1``, compared at the tables' precision; ``.ok``, ``.first`` (the first differing row,
+    value and input), ``.summary()``."""
+    orig = original if isinstance(original, ModelInfo) else read_model(original)
+    rew = rewritten if isinstance(rewritten, ModelInfo) else read_model(rewritten)
+    return compare_tables(_graph_tables(orig, ep), _graph_tables(rew, ep), orig.context_length, ulps)
 
 
 def check(
@@ -211,24 +96,41 @@ def check(
     timeout: float = 300,
     reference_python: str | None = None,
     progress: Callable[[str, int, int], None] | None = None,
+    sweep: int = DEFAULT_SWEEP,
+    fallback_python: str | None = "auto",
+    tables: bool = True,
 ) -> EquivalenceReport:
     """Compare ``rewritten`` with ``original`` step by step on ``ep`` (see the module docstring).
 
     ``tolerance`` overrides ``atol``/``rtol`` of the dtype default; ``progress(label, step, n_steps)`` is called
-    after each decode step of each run. ``reference_python``: run the original with this Python interpreter (another
-    onnxruntime installation, e.g. one that has an op this one lacks), in a subprocess.
+    after each decode step of each run (label ``"<run> sweep"`` for sweep positions). ``reference_python``: run the
+    original with this Python interpreter (another onnxruntime installation), in a subprocess. ``sweep``: number of
+    sweep positions (0: no sweep). ``fallback_python``: the second runtime for an original that does not load here
+    (``"auto"``: :func:`.plugin.default_python`; None: none). ``tables``: compare the rotation tables.
     """
     start = time.perf_counter()
     if ep not in ("webgpu", "cpu"):
         raise UsageError(f"unknown execution provider {ep!r} (choose webgpu or cpu)")
-    if prefill < 1 or steps < 0:
-        raise UsageError("--prefill must be >= 1 and --steps >= 0")
+    if prefill < 1 or steps < 0 or sweep < 0:
+        raise UsageError("--prefill must be >= 1, --steps and --sweep >= 0")
     if graph_capture and ep != "webgpu":
         raise UsageError("--graph-capture needs --ep webgpu")
-    orig, rew = _read_model(original), _read_model(rewritten)
-    ref_logits = None if reference_logits is None else _load_reference(reference_logits)
+    orig, rew = read_model(original), read_model(rewritten)
+    ref_logits = None if reference_logits is None else load_reference(reference_logits)
     notes: list[str] = []
     adapter = adapter_info() if ep == "webgpu" else None
+
+    # --- the rotation tables (no session) and the sweep positions ---
+    orig_t, rew_t = (_graph_tables(orig, ep), _graph_tables(rew, ep)) if tables or sweep else (None, None)
+    table_cmp = compare_tables(orig_t, rew_t, orig.context_length) if tables else None
+    end = table_cmp.positions if table_cmp is not None and table_cmp.status == "compared" else (
+        (orig_t.covers if orig_t is not None and not orig_t.unavailable else None) or orig.context_length)
+    switches = set(orig_t.switches if orig_t else []) | set(rew_t.switches if rew_t else [])
+    switches |= {m.longrope["switch"] for m in (orig, rew) if m.longrope}
+    positions = sweep_positions(end, switches, sweep) if sweep and end else []
+    if sweep and not end:
+        notes.append("no position sweep: the table length is unknown (no context_length in genai_config.json, and "
+                     "the rotation tables were not read)")
 
     # --- the schedule every run shares ---
     switch = max((m.longrope["switch"] for m in (orig, rew) if m.longrope), default=None)
@@ -249,7 +151,6 @@ def check(
         notes.append(f"{orig.path.name}: concatenated LongRoPE cache with offset {orig.longrope['switch']}: the CPU "
                      f"EP has no multiRotaryCacheConcatOffset, so comparisons with original@cpu stop at "
                      f"{orig.longrope['switch']} tokens")
-
     if ep == "webgpu" and rew.longrope and rew.longrope["kind"] == "concat" and not (
             orig.longrope and orig.longrope["kind"] == "concat"):
         notes.append(f"{rew.path.name}: concatenated LongRoPE cache (offset {rew.longrope['switch']}): WebGPU-only "
@@ -260,12 +161,12 @@ def check(
     tol = dict(dataclasses.asdict(TOLERANCES[orig.precision]))
     tol.update(tolerance or {})
     tolerance_used = Tolerance(float(tol["atol"]), float(tol["rtol"]), orig.precision)
-    ref_tol = tolerance_used if orig.precision != "int4" else TOLERANCES["fp16"]
 
+    fallback = plugin.default_python() if fallback_python == "auto" else fallback_python
     with tempfile.TemporaryDirectory(prefix="rope-check-") as tmpdir:
         tmp = Path(tmpdir)
-        emb_orig = _embedding_for(orig, rew, embeddings, tmp)
-        emb_rew = _embedding_for(rew, orig, embeddings, tmp)
+        emb_orig = embedding_for(orig, rew, embeddings, tmp)
+        emb_rew = embedding_for(rew, orig, embeddings, tmp)
         if emb_orig and not emb_rew and rew.takes_embeds:
             emb_rew = emb_orig
         if emb_rew and not emb_orig and orig.takes_embeds:
@@ -275,7 +176,22 @@ def check(
             return RunSpec(label=label, model=str(info.path), ep=run_ep, prefill=prefill, steps=steps,
                            genai_config=info.genai_config,
                            webgpu_options=dict(info.webgpu_options) if run_ep == "webgpu" else {},
-                           graph_capture=capture, max_length=prefill + steps, dims=dict(dims or {}), embedding=emb)
+                           graph_capture=capture, max_length=prefill + steps, dims=dict(dims or {}), embedding=emb,
+                           sweep=[] if capture else list(positions))
+
+        def execute(s: RunSpec, python: str | None) -> RunResult:
+            def on_step(k: int) -> None:
+                if progress is not None:
+                    progress(s.label, k, steps + 1)
+
+            def on_sweep(k: int) -> None:
+                if progress is not None:
+                    progress(f"{s.label} sweep", k, len(s.sweep))
+
+            if isolate or python:
+                env = {plugin.ALLOW_SOFTWARE_ENV: "1"} if python and adapter is not None and adapter.software else {}
+                return run_isolated(s, on_step, timeout, python=python, on_sweep=on_sweep, env_extra=env)
+            return execute_run(s, on_step, on_sweep=on_sweep)
 
         specs = [spec("original@cpu", orig, "cpu", emb_orig)]
         if ep == "webgpu":
@@ -283,106 +199,27 @@ def check(
         specs.append(spec(f"rewritten@{ep}", rew, ep, emb_rew))
         if graph_capture:
             specs.append(spec("rewritten@webgpu+capture", rew, "webgpu", emb_rew, capture=True))
-
-        runs: list[RunResult] = []
-        for s in specs:
-            def on_step(k: int, _label: str = s.label) -> None:
-                if progress is not None:
-                    progress(_label, k, steps + 1)
-
-            python = reference_python if s.label.startswith("original@") else None
-            if isolate or python:
-                runs.append(run_isolated(s, on_step, timeout, python=python))
-            else:
-                runs.append(execute_run(s, on_step))
+        runs = [execute(s, reference_python if s.label.startswith("original@") else None) for s in specs]
+        by = {r.label: r for r in runs}
+        originals = [r for r in runs if r.label.startswith("original@")]
+        fallback_used = None
+        if (not reference_python and fallback and not any(r.ok for r in originals)
+                and all(r.status == LOAD_FAILED for r in originals) and by[f"rewritten@{ep}"].ok):
+            # the original does not load on this runtime, the rewritten graph does: run the original on the other
+            extra = [spec(f"original@webgpu{PLUGIN}", orig, "webgpu", emb_orig)] if ep == "webgpu" else []
+            extra.append(spec(f"original@cpu{PLUGIN}", orig, "cpu", emb_orig))
+            runs.extend(execute(s, fallback) for s in extra)
+            fallback_used = fallback
     if reference_python:
         versions = sorted({r.runtime for r in runs if r.label.startswith("original@") and r.runtime})
         notes.append(f"the original ran under {reference_python} ({', '.join(versions) or 'no onnxruntime result'})")
-    by = {r.label: r for r in runs}
-    originals = [r for r in runs if r.label.startswith("original@")]
-    for r in runs:
-        if r.ok or (r in originals and not any(o.ok for o in originals)):  # summarised below
-            continue
-        if r.label.endswith("+capture") and r.status == "load-failed":
-            notes.append(f"graph capture is not available for the rewritten graph: onnxruntime says: {r.reason}")
-        else:
-            notes.append(f"{r.label}: {r.status}: {r.reason}")
 
-    # --- comparisons ---
-    comparisons: list[Comparison] = []
-    rew_label = f"rewritten@{ep}"
-    cpu_steps = None
-    if orig.longrope and orig.longrope["kind"] == "concat":
-        cpu_steps = [k for k in range(steps + 1) if prefill + k <= orig.longrope["switch"]]
-
-    def add(actual: str, reference: str, counts: bool, tol_: Tolerance, only: list[int] | None = None,
-            why_not: str = "") -> None:
-        c = Comparison(actual, reference, tol_, counts)
-        a, b = by.get(actual), by.get(reference)
-        if why_not:
-            c.status, c.reason = "skipped", why_not
-        elif a is None or b is None or not (a.ok or a.steps) or not (b.ok or b.steps):
-            bad = next(r for r in (a, b) if r is None or not (r.ok or r.steps))
-            c.status, c.reason = "skipped", f"{bad.label if bad else actual} did not run" + (
-                f" ({bad.status})" if bad else "")
-        else:
-            compare_steps(a.steps, b.steps, c, only)
-            if a.failed_step is not None and a.failed_step < len(b.steps) and (only is None or a.failed_step in only):
-                c.diffs.append(OutputDiff(a.failed_step, "(run)", float("inf"), float("inf"), False,
-                                          f"{actual} failed at this step: {a.reason}"))
-            if b.failed_step is not None:
-                c.reason = f"{reference} failed at step {b.failed_step}: compared the steps before it"
-            if only is not None:
-                c.reason = (c.reason + "; " if c.reason else "") + f"steps {only[0]}..{only[-1]} only" if only else \
-                    "no step before the LongRoPE offset"
-                if not only:
-                    c.status = "skipped"
-        comparisons.append(c)
-
-    if ep == "webgpu":
-        add(rew_label, "original@webgpu", True, tolerance_used)
-        add(rew_label, "original@cpu", orig.precision != "int4", ref_tol, cpu_steps,
-            "" if orig.precision != "int4" else "int4: compared with its own original on the same EP only")
-        add("original@webgpu", "original@cpu", False, ref_tol, cpu_steps)
-    else:
-        add(rew_label, "original@cpu", True, tolerance_used)
-    if graph_capture:
-        add("rewritten@webgpu+capture", rew_label, True, tolerance_used)
-    if ref_logits is not None:
-        ref = ref_logits
-        c = Comparison(rew_label, "reference-logits", ref_tol if orig.precision != "fp32" else TOLERANCES["fp32"],
-                       True)
-        r = by[rew_label]
-        if r.ok:
-            compare_reference_logits(r.steps, ref, prefill, c)
-        else:
-            c.status, c.reason = "skipped", f"{rew_label} did not run ({r.status})"
-        comparisons.append(c)
-
-    if not any(r.ok for r in originals):
-        import onnxruntime
-
-        where = reference_python or f"onnxruntime {onnxruntime.__version__}"
-        notes.append(f"the original does not run here ({where}): "
-                     f"{originals[0].reason}" + ("" if reference_logits is not None else
-                                                 "; give --reference-logits FILE.npy to check the rewritten graph"))
-
-    # --- verdict ---
-    counted = [c for c in comparisons if c.counts and c.status == "compared"]
-    if any(not c.ok for c in counted):
-        verdict = NOT_EQUIVALENT
-    elif not by[rew_label].ok and any(by[lab].ok for lab in ("original@webgpu", "original@cpu") if lab in by
-                                        and lab.endswith(ep)):
-        verdict = NOT_EQUIVALENT
-        notes.append(f"the original runs on {ep} but the rewritten graph does not")
-    elif graph_capture and by["rewritten@webgpu+capture"].status not in ("ok", "load-failed"):
-        verdict = NOT_EQUIVALENT
-        notes.append("the rewritten graph's session accepts graph capture but does not run under it")
-    elif not counted:
-        verdict = COULD_NOT_RUN
-        if not by[rew_label].ok:
-            notes.append("nothing to compare: the rewritten graph did not run")
-    else:
-        verdict = EQUIVALENT
+    evidence = Evidence(runs=runs, ep=ep, orig=orig, rew=rew, prefill=prefill, steps=steps,
+                        tolerance=tolerance_used, graph_capture=graph_capture, reference_logits=ref_logits,
+                        positions=positions, tables=table_cmp, reference_python=reference_python,
+                        fallback_python=fallback_used, fallback_wanted=fallback, notes=notes)
+    comparisons = compare_all(evidence)
+    verdict, reason, reference = decide(evidence, comparisons)
     return EquivalenceReport(verdict, orig, rew, ep, prefill, steps, runs, comparisons, notes, adapter,
-                             time.perf_counter() - start)
+                             time.perf_counter() - start, tables=table_cmp, sweep_positions=positions,
+                             reference=reference, reason=reason)

@@ -5,8 +5,10 @@ A run is described by a :class:`RunSpec` (plain data, JSON-serialisable) so the 
 segfault on some graphs (and under graph capture); in a subprocess a crash is a reported result
 (``status="crashed"``, with the signal), not the end of the checker.
 
-The worker prints ``STEP k`` after each call so the parent can drive a progress bar, writes every output of every
-step to ``step<k>.npz`` and the outcome to ``result.json``.
+The worker prints ``STEP k`` after each call (``SWEEP k`` after each sweep position) so the parent can drive a
+progress bar, writes every output of every step to ``step<k>.npz`` (of every swept position to ``sweep<p>.npz``) and
+the outcome to ``result.json``. Under another interpreter (``python=``) whose onnxruntime is the WebGPU plugin EP
+(:mod:`.plugin`), WebGPU runs open their session through :func:`.plugin.plugin_session`.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from rope_passes.check.decode import DecoderSpec, random_feeds, run_decode, toke
 
 #: status values of a run
 OK, LOAD_FAILED, RUN_FAILED, CRASHED, TIMED_OUT = "ok", "load-failed", "run-failed", "crashed", "timed-out"
+#: how the reason of a load-failed run starts when its interpreter could not even be started
+NOT_STARTED = "cannot start"
 
 
 @dataclasses.dataclass
@@ -47,6 +51,7 @@ class RunSpec:
     dims: dict[str, int] = dataclasses.field(default_factory=dict)
     embedding: str | None = None  # .npy embedding table for inputs_embeds graphs
     seed: int = 0
+    sweep: list[int] = dataclasses.field(default_factory=list)  # positions of single steps after a random past
 
 
 @dataclasses.dataclass
@@ -60,6 +65,8 @@ class RunResult:
     notes: list[str] = dataclasses.field(default_factory=list)
     failed_step: int | None = None  # run-failed: the step whose call raised (the steps before it are kept)
     runtime: str = ""  # "onnxruntime <version>" that ran it
+    sweep: dict[int, dict[str, np.ndarray]] = dataclasses.field(default_factory=dict)  # position -> outputs
+    sweep_errors: dict[int, str] = dataclasses.field(default_factory=dict)  # position -> why its call raised
 
     @property
     def ok(self) -> bool:
@@ -68,7 +75,8 @@ class RunResult:
     def to_dict(self) -> dict[str, Any]:
         return {"label": self.label, "status": self.status, "reason": self.reason, "providers": self.providers,
                 "steps_run": len(self.steps), "failed_step": self.failed_step, "runtime": self.runtime,
-                "wall_s": round(self.wall_s, 3), "notes": self.notes}
+                "wall_s": round(self.wall_s, 3), "notes": self.notes, "sweep_positions": sorted(self.sweep),
+                "sweep_errors": {str(p): e for p, e in sorted(self.sweep_errors.items())}}
 
 
 def _one_line(exc: BaseException) -> str:
@@ -76,18 +84,19 @@ def _one_line(exc: BaseException) -> str:
     return text[:600]
 
 
-def execute_run(spec: RunSpec, on_step: Callable[[int], None] | None = None, capture_log: bool = False) -> RunResult:
+def execute_run(spec: RunSpec, on_step: Callable[[int], None] | None = None, capture_log: bool = False,
+                on_sweep: Callable[[int], None] | None = None) -> RunResult:
     """Run ``spec`` in this process; every failure becomes a status with a one-line reason.
 
     ``capture_log``: log the capture session at info level (the worker does, so the parent can count replays).
     """
-    import onnxruntime
-
+    from rope_passes.check import plugin
     from rope_passes.runtime.sessions import create_session
 
     start = time.perf_counter()
-    result = RunResult(spec.label, OK, runtime=f"onnxruntime {onnxruntime.__version__}")
+    result = RunResult(spec.label, OK, runtime=plugin.runtime_name())
     table = np.load(spec.embedding) if spec.embedding else None
+    dspec = None
     try:
         if spec.graph_capture:
             from rope_passes.check.capture import CaptureDriver
@@ -95,7 +104,10 @@ def execute_run(spec: RunSpec, on_step: Callable[[int], None] | None = None, cap
             driver = CaptureDriver(spec, table, log_severity=1 if capture_log else 3)
             result.providers = driver.providers
         else:
-            sess = create_session(spec.model, spec.ep, webgpu_options=spec.webgpu_options)
+            if spec.ep == "webgpu" and plugin.is_plugin_runtime():
+                sess = plugin.plugin_session(spec.model, spec.webgpu_options)
+            else:
+                sess = create_session(spec.model, spec.ep, webgpu_options=spec.webgpu_options)
             result.providers = list(sess.get_providers())
     except Exception as exc:  # noqa: BLE001 - a model that does not load is a result
         result.status, result.reason = LOAD_FAILED, _one_line(exc)
@@ -118,20 +130,26 @@ def execute_run(spec: RunSpec, on_step: Callable[[int], None] | None = None, cap
     except Exception as exc:  # noqa: BLE001
         result.status, result.reason = RUN_FAILED, _one_line(exc)
         result.failed_step = len(result.steps)
+    if spec.sweep and dspec is not None and dspec.is_decoder and not spec.graph_capture:
+        from rope_passes.check.sweep import run_sweep
+
+        run_sweep(sess, dspec, spec.sweep, spec.seed, result.sweep, result.sweep_errors, on_sweep)
     result.wall_s = time.perf_counter() - start
     return result
 
 
 def run_isolated(
-    spec: RunSpec, on_step: Callable[[int], None] | None = None, timeout: float = 600, python: str | None = None
+    spec: RunSpec, on_step: Callable[[int], None] | None = None, timeout: float = 600, python: str | None = None,
+    on_sweep: Callable[[int], None] | None = None, env_extra: dict[str, str] | None = None,
 ) -> RunResult:
     """Run ``spec`` in a subprocess; a segfault or a hang is a result (``crashed`` / ``timed-out``).
 
     ``python``: the interpreter to run it with (another onnxruntime installation); this package is put on its
-    ``PYTHONPATH``, numpy and onnx must be importable there.
+    ``PYTHONPATH``, numpy and onnx must be importable there. ``env_extra``: variables set for the subprocess.
     """
     start = time.perf_counter()
     env = dict(os.environ)
+    env.update(env_extra or {})
     if python:
         root = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
@@ -144,12 +162,14 @@ def run_isolated(
                 proc = subprocess.Popen([python or sys.executable, "-m", "rope_passes.check.runner", str(spec_path),
                                          tmp], stdout=subprocess.PIPE, stderr=err, text=True, env=env)
             except OSError as exc:
-                return RunResult(spec.label, LOAD_FAILED, f"cannot start {python or sys.executable}: {exc.strerror}")
+                return RunResult(spec.label, LOAD_FAILED, f"{NOT_STARTED} {python or sys.executable}: {exc.strerror}")
             try:
                 assert proc.stdout is not None
                 for line in proc.stdout:
                     if line.startswith("STEP ") and on_step is not None:
                         on_step(int(line.split()[1]))
+                    elif line.startswith("SWEEP ") and on_sweep is not None:
+                        on_sweep(int(line.split()[1]))
                     if time.perf_counter() - start > timeout:
                         raise subprocess.TimeoutExpired(proc.args, timeout)
                 rc = proc.wait(timeout=max(1.0, timeout - (time.perf_counter() - start)))
@@ -183,7 +203,12 @@ def run_isolated(
             with np.load(Path(tmp) / f"step{k}.npz") as z:
                 steps.append({name: z[name] for name in z.files})
         data.pop("steps_run", None)
-        return RunResult(steps=steps, **data)
+        sweep = {}
+        for p in data.pop("sweep_positions"):
+            with np.load(Path(tmp) / f"sweep{p}.npz") as z:
+                sweep[p] = {name: z[name] for name in z.files}
+        errors = {int(p): e for p, e in data.pop("sweep_errors").items()}
+        return RunResult(steps=steps, sweep=sweep, sweep_errors=errors, **data)
 
 
 def _worker(spec_path: str, out_dir: str) -> int:
@@ -194,10 +219,17 @@ def _worker(spec_path: str, out_dir: str) -> int:
     def on_step(k: int) -> None:
         print(f"STEP {k}", flush=True)
 
-    result = execute_run(spec, on_step, capture_log=True)
-    for k, outs in enumerate(result.steps):  # npz has no bfloat16: such outputs travel as float32
-        np.savez(os.path.join(out_dir, f"step{k}.npz"),
-                 **{n: (v.astype(np.float32) if v.dtype.name == "bfloat16" else v) for n, v in outs.items()})
+    def on_sweep(k: int) -> None:
+        print(f"SWEEP {k}", flush=True)
+
+    def save(path: str, outs: dict[str, np.ndarray]) -> None:  # npz has no bfloat16: such outputs travel as float32
+        np.savez(path, **{n: (v.astype(np.float32) if v.dtype.name == "bfloat16" else v) for n, v in outs.items()})
+
+    result = execute_run(spec, on_step, capture_log=True, on_sweep=on_sweep)
+    for k, outs in enumerate(result.steps):
+        save(os.path.join(out_dir, f"step{k}.npz"), outs)
+    for p, outs in result.sweep.items():
+        save(os.path.join(out_dir, f"sweep{p}.npz"), outs)
     data = result.to_dict()
     data.pop("steps_run")
     data["wall_s"] = result.wall_s

@@ -49,6 +49,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--in-process", action="store_true",
                    help="run the sessions in this process (faster; an EP crash then ends the checker)")
     p.add_argument("--timeout", type=float, default=300, help="seconds per run before it counts as hung (default 300)")
+    p.add_argument("--sweep", type=int, default=32, metavar="N",
+                   help="single decode steps at N positions spread over the whole cos/sin table, each after a random "
+                   "past (default 32)")
+    p.add_argument("--no-sweep", dest="sweep", action="store_const", const=0, help="no position sweep")
+    p.add_argument("--fallback-python", default="auto", metavar="PYTHON",
+                   help="second onnxruntime (the WebGPU plugin venv) for an original that does not load here "
+                   "(default: $ROPE_PASSES_PLUGIN_PYTHON, else .venv-plugin/bin/python if present; none: off)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=run)
 
@@ -75,7 +82,8 @@ def run(args: argparse.Namespace) -> int:
                        graph_capture=args.graph_capture, reference_logits=args.reference_logits,
                        dims=parse_dims(args.dim), embeddings=args.embeddings, tolerance=tolerance,
                        isolate=not args.in_process, timeout=args.timeout,
-                       reference_python=args.reference_python, progress=on_step)
+                       reference_python=args.reference_python, progress=on_step, sweep=args.sweep,
+                       fallback_python=None if args.fallback_python.lower() == "none" else args.fallback_python)
     if args.json:
         print(report.to_json())
     else:
@@ -93,6 +101,10 @@ def render(report, console: Console) -> None:
     console.print(f"rewritten: {report.rewritten.path} ({report.rewritten.precision})")
     console.print(f"decode: prefill {report.prefill} + {report.steps} single-token steps "
                   f"= {report.prefill + report.steps} tokens")
+    if report.sweep_positions:
+        console.print(f"sweep: {len(report.sweep_positions)} single steps after a random past, positions "
+                      f"{', '.join(map(str, report.sweep_positions))}")
+    console.print(f"reference: {escape(report.reference)}")
     tolerances = dict.fromkeys(str(c.tolerance) for c in report.comparisons)
     console.print("tolerance (pass when |a - b| <= atol + rtol * |reference|): " + "; ".join(tolerances))
     runs = Table(title="runs", title_justify="left")
@@ -108,7 +120,8 @@ def render(report, console: Console) -> None:
             console.print(f"{title}: skipped: {c.reason}")
             continue
         table = Table(title=title, title_justify="left")
-        for col in ("output", "max abs", "max rel", "worst step", "first failing step"):
+        unit = "step" if c.kind == "decode" else "position"
+        for col in ("output", "max abs", "max rel", f"worst {unit}", f"first failing {unit}"):
             table.add_column(col)
         firsts: dict[str, int] = {}
         for d in c.diffs:
@@ -121,6 +134,8 @@ def render(report, console: Console) -> None:
         console.print(table)
         if c.reason:
             console.print(f"  {c.reason}")
+    if report.tables is not None:
+        console.print(f"rotation tables: {escape(report.tables.summary())}")
     for note in report.notes:
         console.print(f"note: {escape(note)}")
     first = report.first_failure
@@ -128,6 +143,10 @@ def render(report, console: Console) -> None:
         c, d = first
         console.print(f"first failure: step {d.step}, output {d.output}, {c.name}: max abs {_fmt(d.max_abs)}"
                       + (f" ({d.reason})" if d.reason else ""))
+    for line in report.first_differences()[1 if first is not None else 0:]:
+        console.print(f"first failure: {escape(line)}")
+    if report.reason:
+        console.print(f"could not run: {escape(report.reason)}")
     console.print(f"[{colour}]{report.verdict}[/{colour}] (exit {report.exit_code}) in {report.wall_s:.1f} s")
 
 

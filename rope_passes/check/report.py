@@ -1,0 +1,101 @@
+"""The checker's answer: runs, comparisons (decode steps, sweep positions), the rotation-table comparison, the
+reference used, and the verdict (exit code 0 equivalent / 1 not equivalent / 2 could not run)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from rope_passes.check.compare import Comparison, OutputDiff
+from rope_passes.check.models import ModelInfo
+from rope_passes.check.runner import RunResult
+from rope_passes.check.table_diff import TableComparison
+from rope_passes.runtime.adapter import AdapterInfo
+
+EQUIVALENT, NOT_EQUIVALENT, COULD_NOT_RUN = "equivalent", "not equivalent", "could not run"
+EXIT_CODES = {EQUIVALENT: 0, NOT_EQUIVALENT: 1, COULD_NOT_RUN: 2}
+
+
+@dataclasses.dataclass
+class EquivalenceReport:
+    verdict: str
+    original: ModelInfo
+    rewritten: ModelInfo
+    ep: str
+    prefill: int
+    steps: int
+    runs: list[RunResult]
+    comparisons: list[Comparison]
+    notes: list[str]
+    adapter: AdapterInfo | None
+    wall_s: float
+    tables: TableComparison | None = None  # the rotation-level comparison (None: not asked for)
+    sweep_positions: list[int] = dataclasses.field(default_factory=list)
+    reference: str = ""  # what the rewritten graph was compared with, in one line
+    reason: str = ""  # could not run: why, in one line
+
+    @property
+    def equivalent(self) -> bool:
+        return self.verdict == EQUIVALENT
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES[self.verdict]
+
+    def _first(self, kind: str) -> tuple[Comparison, OutputDiff] | None:
+        best = None
+        for c in self.comparisons:
+            d = c.first_failure if c.counts and c.status == "compared" and c.kind == kind else None
+            if d is not None and (best is None or d.step < best[1].step):
+                best = (c, d)
+        return best
+
+    @property
+    def first_failure(self) -> tuple[Comparison, OutputDiff] | None:
+        """(comparison, OutputDiff) of the earliest failing decode step among the comparisons that count."""
+        return self._first("decode")
+
+    @property
+    def first_sweep_failure(self) -> tuple[Comparison, OutputDiff] | None:
+        """(comparison, OutputDiff) of the lowest failing sweep position (``OutputDiff.step`` is the position)."""
+        return self._first("sweep")
+
+    def first_differences(self) -> list[str]:
+        """One line per kind of evidence that failed: decode step, sweep position, table row."""
+        lines = []
+        for label, found in (("decode step", self.first_failure), ("sweep position", self.first_sweep_failure)):
+            if found is not None:
+                c, d = found
+                lines.append(f"{label} {d.step}, output {d.output}, {c.name}: max abs {d.max_abs:.3g}"
+                             + (f" ({d.reason})" if d.reason else ""))
+        if self.tables is not None and self.tables.status == "compared" and not self.tables.ok:
+            lines.append(f"rotation tables: {self.tables.first.line()}")
+        return lines
+
+    def run(self, label: str) -> RunResult | None:
+        return next((r for r in self.runs if r.label == label), None)
+
+    def comparison(self, actual: str, reference: str, kind: str = "decode") -> Comparison | None:
+        return next((c for c in self.comparisons if c.actual == actual and c.reference == reference
+                     and c.kind == kind), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        first = self.first_failure
+        return {
+            "verdict": self.verdict, "exit_code": self.exit_code, "ep": self.ep, "reference": self.reference,
+            "reason": self.reason,
+            "schedule": {"prefill": self.prefill, "steps": self.steps, "total_tokens": self.prefill + self.steps,
+                         "sweep_positions": self.sweep_positions},
+            "original": self.original.to_dict(), "rewritten": self.rewritten.to_dict(),
+            "adapter": self.adapter.summary if self.adapter else None,
+            "runs": [r.to_dict() for r in self.runs],
+            "comparisons": [c.to_dict() for c in self.comparisons],
+            "tables": self.tables.to_dict() if self.tables is not None else None,
+            "first_failure": None if first is None else {"comparison": first[0].name, **first[1].to_dict()},
+            "first_differences": self.first_differences(),
+            "notes": self.notes, "wall_s": round(self.wall_s, 3),
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1)

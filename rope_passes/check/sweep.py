@@ -1,0 +1,137 @@
+"""The position sweep: single decode steps at positions spread over the whole table, not just the first few.
+
+The decode (:mod:`.decode`) reaches ``prefill + steps`` positions; a table row past them is never read there. Each
+sweep step is one token at position ``p`` after a *random* past of ``p`` tokens: ``past_key_values.*`` of shape
+``[B, kv_heads, p, head]`` drawn from a fixed-seed N(0, 1) (the same for both graphs: drawn in sorted input-name
+order from a seed of ``p``), the attention mask ``p + 1`` ones, position ``p``. The new token's query and key are
+rotated with row ``p`` (the row the graph picks for total ``p + 1``), so a wrong row shows in ``logits`` and in the
+new key of ``present.*``.
+
+Positions (:func:`sweep_positions`): every table switch (LongRoPE: total ``C`` reads the short table, ``C + 1`` the
+long one) with its neighbours, the table's last two rows, and log-spaced positions in between, ``n`` in all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from rope_passes.check.compare import Comparison, OutputDiff, diff_arrays
+from rope_passes.check.decode import TOKEN_HIGH, TOKEN_LOW, DecoderSpec, _dim, step_feeds
+
+#: default number of sweep positions
+DEFAULT_SWEEP = 32
+
+
+def sweep_positions(limit: int, switches: Iterable[int] = (), n: int = DEFAULT_SWEEP) -> list[int]:
+    """Up to ``n`` positions in ``1..limit-1`` (position ``p`` = a total of ``p + 1`` tokens): for each switch
+    ``C`` positions ``C-2 .. C+1``, then ``limit-2``, ``limit-1``, then log-spaced ones filling up to ``n``."""
+    if n <= 0 or limit < 2:
+        return []
+    must: list[int] = []
+    for c in sorted(set(switches)):
+        must += [c - 2, c - 1, c, c + 1]
+    must += [limit - 2, limit - 1]
+    chosen = sorted({p for p in must if 0 < p < limit})
+    if len(chosen) >= n:
+        return chosen
+    k = n - len(chosen)
+    while True:  # enough log-spaced candidates that, merged with the boundaries, n distinct positions result
+        spread = np.unique(np.round(np.geomspace(1, limit - 1, k)).astype(int)).tolist()
+        merged = sorted(set(chosen) | set(spread))
+        if len(merged) >= n or k >= limit:
+            break
+        k += 1
+    extra = [p for p in spread if p not in chosen]
+    return sorted(set(chosen) | set(extra[: n - len(chosen)]))
+
+
+def sweep_feeds(spec: DecoderSpec, position: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """One token at ``position`` after a random past of ``position`` tokens (the same for every graph)."""
+    rng = np.random.RandomState(seed * 100_003 + position)
+    token = rng.randint(TOKEN_LOW, TOKEN_HIGH, size=(1, 1)).astype(np.int64)
+    past = None
+    if position:
+        past = {}
+        for name in sorted(spec.past_names):
+            i = spec.input(name)
+            kv_heads = _dim(i, 1, spec.dims, "number of KV heads")
+            known = dict(spec.dims)
+            if spec.head_size and isinstance(i.shape[3], str):
+                known.setdefault(i.shape[3], spec.head_size)
+            head = _dim(i, 3, known, "head size")
+            past[name] = rng.standard_normal((1, kv_heads, position, head)).astype(i.dtype)
+    return step_feeds(spec, token, position, past)
+
+
+def run_sweep(session: Any, spec: DecoderSpec, positions: Sequence[int], seed: int = 0,
+              results: dict[int, dict[str, np.ndarray]] | None = None, errors: dict[int, str] | None = None,
+              on_step: Callable[[int], None] | None = None) -> dict[int, dict[str, np.ndarray]]:
+    """Every output of one call per position; a call that raises is recorded in ``errors`` and the sweep goes on."""
+    results = {} if results is None else results
+    errors = {} if errors is None else errors
+    for k, p in enumerate(positions):
+        try:
+            outs = session.run(spec.outputs, sweep_feeds(spec, p, seed))
+            results[p] = dict(zip(spec.outputs, outs))
+        except Exception as exc:  # noqa: BLE001 - a failing position is a result
+            errors[p] = " ".join(str(exc).split())[:400] or type(exc).__name__
+        if on_step is not None:
+            on_step(k)
+    return results
+
+
+def compare_sweep(actual: Any, reference: Any, comparison: Comparison, only: Callable[[int], bool] | None = None
+                  ) -> Comparison:
+    """Fill ``comparison`` (kind "sweep") from two runs' sweeps; ``OutputDiff.step`` is the position.
+
+    A position where the actual run raised and the reference did not is a ``(run)`` failure; positions the
+    reference could not run (or ``only`` leaves out) are not compared, and the reason says so.
+    """
+    positions = sorted(set(actual.sweep) | set(actual.sweep_errors))
+    skipped = []
+    for p in positions:
+        if only is not None and not only(p):
+            continue
+        if p in reference.sweep_errors or p not in reference.sweep:
+            skipped.append(p)
+            continue
+        if p in actual.sweep_errors:
+            comparison.diffs.append(OutputDiff(p, "(run)", float("inf"), float("inf"), False,
+                                               f"{actual.label} failed at this position: {actual.sweep_errors[p]}"))
+            continue
+        for name, ref in reference.sweep[p].items():
+            got = actual.sweep[p].get(name)
+            if got is None:
+                comparison.diffs.append(OutputDiff(p, name, float("inf"), float("inf"), False,
+                                                   "output missing from this run"))
+            else:
+                comparison.diffs.append(diff_arrays(got, ref, comparison.tolerance, p, name))
+    if skipped:
+        comparison.reason = (f"{reference.label} could not run position(s) {_spans(skipped)}"
+                             + (f": {reference.sweep_errors[skipped[0]]}" if skipped[0] in reference.sweep_errors
+                                else ""))
+    if not comparison.diffs:
+        comparison.status = "skipped"
+        comparison.reason = comparison.reason or "no position to compare"
+    return comparison
+
+
+def _spans(values: Sequence[int]) -> str:
+    out, start, prev = [], None, None
+    for v in sorted(values):
+        if start is None:
+            start = prev = v
+        elif v == prev + 1:
+            prev = v
+        else:
+            out.append(f"{start}" if start == prev else f"{start}..{prev}")
+            start = prev = v
+    if start is not None:
+        out.append(f"{start}" if start == prev else f"{start}..{prev}")
+    return ", ".join(out)
+
+
+__all__ = ["DEFAULT_SWEEP", "compare_sweep", "run_sweep", "sweep_feeds", "sweep_positions"]

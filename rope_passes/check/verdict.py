@@ -1,0 +1,251 @@
+"""From runs to a verdict: which comparisons are made (decode steps, sweep positions), which count, what the
+reference was, and the verdict with its one-line reason.
+
+Counted: the rewritten run vs the original on the same EP, vs the original on CPU (not for int4; a concatenated
+LongRoPE original only up to its offset on CPU), the same two for the sweep positions, the captured run vs the
+plain one, the reference logits, and the rotation tables. When the original does not load here but on the second
+runtime (:mod:`.plugin`), its runs there (``original@webgpu:plugin``, ``original@cpu:plugin``) are the references.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from rope_passes.check.compare import (
+    TOLERANCES,
+    Comparison,
+    OutputDiff,
+    Tolerance,
+    compare_reference_logits,
+    compare_steps,
+)
+from rope_passes.check.models import ModelInfo
+from rope_passes.check.report import COULD_NOT_RUN, EQUIVALENT, NOT_EQUIVALENT
+from rope_passes.check.runner import NOT_STARTED, RunResult
+from rope_passes.check.sweep import compare_sweep
+from rope_passes.check.table_diff import TableComparison
+
+#: label suffix of the original's runs on the second runtime
+PLUGIN = ":plugin"
+
+
+@dataclasses.dataclass
+class Evidence:
+    runs: list[RunResult]
+    ep: str
+    orig: ModelInfo
+    rew: ModelInfo
+    prefill: int
+    steps: int
+    tolerance: Tolerance
+    graph_capture: bool
+    reference_logits: np.ndarray | None
+    positions: list[int]
+    tables: TableComparison | None
+    reference_python: str | None
+    fallback_python: str | None  # the second runtime's interpreter, when the original ran there
+    fallback_wanted: str | None  # the one that would have been used
+    notes: list[str]
+
+    @property
+    def by(self) -> dict[str, RunResult]:
+        return {r.label: r for r in self.runs}
+
+    @property
+    def rewritten_label(self) -> str:
+        return f"rewritten@{self.ep}"
+
+    @property
+    def concat_offset(self) -> int | None:
+        lr = self.orig.longrope
+        return lr["switch"] if lr and lr["kind"] == "concat" else None
+
+
+def _short(reason: str) -> str:
+    text = reason.split("failed:", 1)[1].strip() if "failed:" in reason else reason
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def _ran(run: RunResult | None) -> bool:
+    return run is not None and (run.ok or bool(run.steps))
+
+
+def compare_all(ev: Evidence) -> list[Comparison]:
+    by, ep, rew_label = ev.by, ev.ep, ev.rewritten_label
+    int4 = ev.orig.precision == "int4"
+    ref_tol = ev.tolerance if not int4 else TOLERANCES["fp16"]
+    offset = ev.concat_offset
+    cpu_steps = [k for k in range(ev.steps + 1) if ev.prefill + k <= offset] if offset else None
+    comparisons: list[Comparison] = []
+
+    def add(actual: str, reference: str, counts: bool, tol: Tolerance, only: list[int] | None = None,
+            why_not: str = "") -> None:
+        c = Comparison(actual, reference, tol, counts)
+        a, b = by.get(actual), by.get(reference)
+        if why_not:
+            c.status, c.reason = "skipped", why_not
+        elif not _ran(a) or not _ran(b):
+            bad = next(r for r in (a, b) if not _ran(r))
+            c.status, c.reason = "skipped", f"{bad.label if bad else actual} did not run" + (
+                f" ({bad.status})" if bad else "")
+        else:
+            compare_steps(a.steps, b.steps, c, only)
+            if a.failed_step is not None and a.failed_step < len(b.steps) and (only is None or a.failed_step in only):
+                c.diffs.append(OutputDiff(a.failed_step, "(run)", float("inf"), float("inf"), False,
+                                          f"{actual} failed at this step: {a.reason}"))
+            if b.failed_step is not None:
+                c.reason = f"{reference} failed at step {b.failed_step}: compared the steps before it"
+            if only is not None:
+                c.reason = (c.reason + "; " if c.reason else "") + f"steps {only[0]}..{only[-1]} only" if only else \
+                    "no step before the LongRoPE offset"
+                if not only:
+                    c.status = "skipped"
+        comparisons.append(c)
+
+    def add_sweep(actual: str, reference: str, counts: bool, tol: Tolerance, why_not: str = "") -> None:
+        c = Comparison(actual, reference, tol, counts, kind="sweep")
+        a, b = by.get(actual), by.get(reference)
+        if why_not:
+            c.status, c.reason = "skipped", why_not
+        elif a is None or b is None or a.status == "load-failed" or b.status == "load-failed":
+            bad = next(r for r in (a, b) if r is None or r.status == "load-failed")
+            c.status, c.reason = "skipped", f"{bad.label if bad else actual} did not run"
+        else:
+            only = (lambda p: p + 1 <= offset) if offset and reference.startswith("original@cpu") else None
+            compare_sweep(a, b, c, only)
+            if only is not None:
+                c.reason = (c.reason + "; " if c.reason else "") + f"positions below the LongRoPE offset {offset} only"
+        comparisons.append(c)
+
+    int4_why = "int4: compared with its own original on the same EP only"
+    suffixes = [""] + ([PLUGIN] if ev.fallback_python else [])
+    for suffix in suffixes:
+        web, cpu = f"original@webgpu{suffix}", f"original@cpu{suffix}"
+        if ep == "webgpu":
+            add(rew_label, web, True, ev.tolerance)
+            add(rew_label, cpu, not int4, ref_tol, cpu_steps, int4_why if int4 else "")
+            add(web, cpu, False, ref_tol, cpu_steps)
+        else:
+            add(rew_label, cpu, True, ev.tolerance)
+        if suffix == "":
+            if ev.graph_capture:
+                add("rewritten@webgpu+capture", rew_label, True, ev.tolerance)
+            if ev.reference_logits is not None:
+                c = Comparison(rew_label, "reference-logits",
+                               ref_tol if ev.orig.precision != "fp32" else TOLERANCES["fp32"], True)
+                r = by[rew_label]
+                if r.ok:
+                    compare_reference_logits(r.steps, ev.reference_logits, ev.prefill, c)
+                else:
+                    c.status, c.reason = "skipped", f"{rew_label} did not run ({r.status})"
+                comparisons.append(c)
+    if ev.positions:
+        for suffix in suffixes:
+            web, cpu = f"original@webgpu{suffix}", f"original@cpu{suffix}"
+            if ep == "webgpu":
+                add_sweep(rew_label, web, True, ev.tolerance)
+                add_sweep(rew_label, cpu, not int4, ref_tol, int4_why if int4 else "")
+            else:
+                add_sweep(rew_label, cpu, True, ev.tolerance)
+    return comparisons
+
+
+def _run_notes(ev: Evidence) -> None:
+    import onnxruntime
+
+    primary = [r for r in ev.runs if r.label.startswith("original@") and not r.label.endswith(PLUGIN)]
+    for r in ev.runs:
+        if r.ok or (r in primary and not any(o.ok for o in primary)):  # summarised below
+            continue
+        if r.label.endswith("+capture") and r.status == "load-failed":
+            ev.notes.append(f"graph capture is not available for the rewritten graph: onnxruntime says: {r.reason}")
+        else:
+            ev.notes.append(f"{r.label}: {r.status}: {r.reason}")
+    for r in ev.runs:
+        if r.sweep_errors and not r.label.endswith("+capture"):
+            first = min(r.sweep_errors)
+            ev.notes.append(f"{r.label}: {len(r.sweep_errors)} sweep position(s) raised, the first {first}: "
+                            f"{r.sweep_errors[first]}")
+    if primary and not any(o.ok for o in primary):
+        where = ev.reference_python or f"onnxruntime {onnxruntime.__version__}"
+        line = f"the original does not run here ({where}): {primary[0].reason}"
+        fallback_ok = [r for r in ev.runs if r.label.endswith(PLUGIN) and _ran(r)]
+        if fallback_ok:
+            line += f"; it ran on {fallback_ok[0].runtime} ({ev.fallback_python}) instead"
+        elif ev.reference_logits is None:
+            line += "; give --reference-logits FILE.npy to check the rewritten graph"
+            if ev.fallback_wanted is None and not ev.reference_python:
+                line += ", or set up the second runtime (scripts/setup-plugin-runtime.sh)"
+        ev.notes.append(line)
+
+
+def _reference(ev: Evidence) -> str:
+    by = ev.by
+    parts: list[str] = []
+    labels = [f"original@{e}" for e in (("webgpu", "cpu") if ev.ep == "webgpu" else ("cpu",))]
+    here = [lab for lab in labels if _ran(by.get(lab))]
+    there = [lab + PLUGIN for lab in labels if _ran(by.get(lab + PLUGIN))]
+    failed = next((by[lab] for lab in labels if lab in by and not _ran(by[lab])), None)
+    if here:
+        line = f"the original on {by[here[0]].runtime} ({', '.join(lab.split('@')[1] for lab in here)})"
+        if ev.reference_python:
+            line += f" under {ev.reference_python}"
+        if failed is not None:
+            line += f"; it does not run on {failed.label.split('@')[1]} here: {_short(failed.reason)}"
+        parts.append(line)
+    elif there:
+        parts.append(f"the original on {by[there[0]].runtime} "
+                     f"({', '.join(lab.split('@')[1] for lab in there)}, {ev.fallback_python}), since "
+                     f"{by[labels[0]].runtime or 'this onnxruntime'} cannot load it: "
+                     f"{_short(failed.reason) if failed else '?'}")
+    if ev.reference_logits is not None:
+        parts.append("the given reference logits")
+    tables = ev.tables
+    if tables is not None and tables.status == "compared":
+        what = f"the rotation tables of both graphs (every position 0..{tables.positions - 1})"
+        if not here and not there:
+            why = _short(failed.reason) if failed is not None else "no run of the original"
+            what = (f"the rotation tables alone (every position 0..{tables.positions - 1}; the original's cos/sin "
+                    f"rows read as data): the original runs nowhere here ({why})")
+        parts.append(what)
+    return "; ".join(parts) or "none"
+
+
+def decide(ev: Evidence, comparisons: list[Comparison]) -> tuple[str, str, str]:
+    """(verdict, reason when it could not run, the reference in one line); adds the run notes to ``ev.notes``."""
+    _run_notes(ev)
+    by, ep, rew_label = ev.by, ev.ep, ev.rewritten_label
+    rew = by[rew_label]
+    counted = [c for c in comparisons if c.counts and c.status == "compared"]
+    originals = [r for r in ev.runs if r.label.startswith("original@")]
+    tables = ev.tables if ev.tables is not None and ev.tables.status == "compared" else None
+    reason = ""
+    if any(not c.ok for c in counted) or (tables is not None and not tables.ok):
+        verdict = NOT_EQUIVALENT
+    elif not rew.ok and any(by[lab].ok for lab in ("original@webgpu", "original@cpu") if lab in by
+                            and lab.endswith(ep)):
+        verdict = NOT_EQUIVALENT
+        ev.notes.append(f"the original runs on {ep} but the rewritten graph does not")
+    elif ev.graph_capture and by["rewritten@webgpu+capture"].status not in ("ok", "load-failed"):
+        verdict = NOT_EQUIVALENT
+        ev.notes.append("the rewritten graph's session accepts graph capture but does not run under it")
+    elif not rew.ok and not any(c.kind == "decode" for c in counted):
+        verdict = COULD_NOT_RUN
+        reason = f"the rewritten graph does not run on {ep} here ({rew.status}: {_short(rew.reason)})"
+        ev.notes.append("nothing to compare: the rewritten graph did not run")
+    elif not counted and (tables is None or any(r.reason.startswith(NOT_STARTED) for r in originals)):
+        verdict = COULD_NOT_RUN
+        if tables is not None:  # the runtime asked for did not start: whether the original loads is unknown
+            reason = f"no reference: {next(r.reason for r in originals if r.reason.startswith(NOT_STARTED))}"
+        else:
+            why_tables = ev.tables.reason if ev.tables is not None else "not compared (tables=False)"
+            reason = (f"no reference: the original runs nowhere here and its rotation tables are not comparable "
+                      f"({why_tables})")
+    else:
+        verdict = EQUIVALENT
+    return verdict, reason, _reference(ev)
+
+
+__all__ = ["PLUGIN", "Evidence", "compare_all", "decide"]
