@@ -1,7 +1,19 @@
 #!/usr/bin/env bash
-# Set up (venv + package + WebGPU driver when missing), check style (ruff), and run the test suite. Extra arguments go to pytest.
+# Set up (venv + package + WebGPU driver when missing), check style (ruff), and run the test suite.
+# Extra arguments go to pytest:
+#   scripts/test.sh                                  # everything: what CI runs
+#   scripts/test.sh -m "not corpus and not webgpu"   # the fast inner loop (markers: tests/conftest.py)
+# Setup runs when the venv is missing or was set up from other setup inputs (pyproject.toml, scripts/setup.sh,
+# scripts/install-webgpu-cpu.sh: their hash is stamped in the venv); ROPE_PASSES_SETUP=1 forces it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
-.venv/bin/ruff check rope_passes tests bench examples
-exec .venv/bin/python -m pytest -q "$@"
+VENV=${VENV:-.venv}
+stamp="$VENV/.rope-passes-setup"
+inputs=$(cat pyproject.toml scripts/setup.sh scripts/install-webgpu-cpu.sh | sha256sum | cut -d' ' -f1)
+if [ "${ROPE_PASSES_SETUP:-0}" = 1 ] || [ ! -x "$VENV/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$inputs" ]; then
+  rm -f "$stamp"
+  bash scripts/setup.sh
+  echo "$inputs" >"$stamp"
+fi
+"$VENV/bin/ruff" check rope_passes tests bench examples tools
+exec "$VENV/bin/python" -m pytest -q "$@"
