@@ -16,6 +16,7 @@ LongRoPE cache switch's condition).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection
 from typing import Any
 
 import onnx_ir as ir
@@ -24,6 +25,7 @@ from onnxscript.rewriter import pattern as orp
 from rope_passes.analysis.graph import attr, const_array
 
 __all__ = [
+    "MASK_INPUT",
     "LongRoPESwitchCondition",
     "SeqlensFromMaskSum",
     "TotalSeqFromMaskShape",
@@ -48,9 +50,18 @@ def _single_int(value: ir.Value | None) -> int | None:
     return int(arr.reshape(-1)[0])
 
 
-def _mask_problem(mask: ir.Value) -> str | None:
+#: the attention mask's graph input name where no genai_config names it
+MASK_INPUT = "attention_mask"
+
+
+def _mask_problem(mask: ir.Value, names: Collection[str]) -> str | None:
+    """Why ``mask`` is not the attention mask: a rank-2 integer graph input named as genai_config's
+    ``attention_mask`` input (``names``). A rank-2 integer input alone proves nothing: ``input_ids`` has that look."""
     if not mask.is_graph_input():
         return f"{mask.name!r} is not a graph input (the attention mask is expected as one)"
+    if mask.name not in names:
+        return (f"{mask.name!r} is not the attention mask (the graph input {' / '.join(map(repr, sorted(names)))}, "
+                "genai_config's decoder input attention_mask)")
     if mask.dtype not in (ir.DataType.INT64, ir.DataType.INT32):
         return f"mask {mask.name!r} has dtype {mask.dtype}, expected int64/int32"
     if mask.shape is not None and len(mask.shape) != 2:
@@ -81,7 +92,15 @@ class ValuePattern(orp.PatternBase):
         return ValueMatch(False, reason=f"{what} comes from {node.op_type} {node.name!r}, not {self.expected}{detail}")
 
 
-class TotalSeqFromMaskShape(ValuePattern):
+class MaskPattern(ValuePattern):
+    """A pattern over the attention mask: ``mask_names`` are the graph input names the mask may have."""
+
+    def __init__(self, mask_names: Collection[str] = (MASK_INPUT,)) -> None:
+        super().__init__()
+        self.mask_names = frozenset(mask_names)
+
+
+class TotalSeqFromMaskShape(MaskPattern):
     """``Cast<int32>(Gather(Shape(mask), 1))``: onnxruntime-genai's total_sequence_length (the mask's width, on CPU)."""
 
     expected = "Cast<int32>(Gather(Shape(mask), 1))"
@@ -98,11 +117,11 @@ class TotalSeqFromMaskShape(ValuePattern):
         position = _single_int(index)
         if attr(gather, "axis", 0) != 0 or position not in (1, -1):
             return result.fail(f"Gather {gather.name!r} reads dimension {position}, not the mask's dimension 1", gather)
-        problem = _mask_problem(mask)
+        problem = _mask_problem(mask, self.mask_names)
         return result.fail(problem, mask) if problem else result
 
 
-class SeqlensFromMaskSum(ValuePattern):
+class SeqlensFromMaskSum(MaskPattern):
     """``Cast<int32>(Sub(ReduceSum(mask, axes=[1], keepdims=0), 1))``: onnxruntime-genai's seqlens_k (int64 on CPU)."""
 
     expected = "Cast<int32>(Sub(ReduceSum(mask), 1))"
@@ -123,12 +142,18 @@ class SeqlensFromMaskSum(ValuePattern):
         if axes_list not in ([1], [-1]) or keepdims != 0:
             return result.fail(f"ReduceSum {reduce.name!r} reduces axes {axes_list} with keepdims={keepdims}, "
                                "expected axes [1], keepdims 0", reduce)
-        problem = _mask_problem(mask)
+        problem = _mask_problem(mask, self.mask_names)
         return result.fail(problem, mask) if problem else result
 
 
 class LongRoPESwitchCondition(ValuePattern):
-    """``Greater(total_length, original)``: the condition of onnxruntime-genai's LongRoPE cache ``If``."""
+    """``Greater(length, original)``: the condition of onnxruntime-genai's LongRoPE cache ``If`` (and of the ``Where``
+    on inv_freq in transformers exports), read for its constant threshold.
+
+    Structure only: ``length`` is bound to whatever Greater compares. That it is the total sequence length, and that
+    the condition is ``total > offset`` for one offset, is proved numerically by
+    :func:`rope_passes.analysis.longrope.switch_offset` before anything is rewritten on it.
+    """
 
     expected = "Greater(total_length, original)"
 

@@ -24,10 +24,18 @@ so too. ``tests/test_longrope.py`` pins both the WebGPU match and the CPU mismat
 there): one ``Concat(q, k, v, axis=-1)`` becomes its query and key/value are left empty, which is GQA's packed
 layout (it splits num_heads, kv_num_heads, kv_num_heads heads back out): exact, at the cost of one copy per layer.
 
-**Refuses** (graph unchanged, reason in the report): separate Q/K/V that cannot be packed (one of key/value
-missing, not rank 3, mixed dtypes); branches that are not constant tables of matching
-width/dtype; a then-branch that is not the longer table; a small table with fewer than ``original`` rows; a
-condition other than ``Greater(x, constant)``.
+**The offset is proved**, not read off the constant (:func:`rope_passes.analysis.longrope.switch_offset`): the
+condition's cone may read only the total sequence length the GroupQueryAttention nodes get (their
+``total_sequence_length`` input, through Cast/Identity) and small constants, through elementwise ops; it is evaluated
+exactly for every total 1..rows and must be ``total > o`` for one ``o``, which becomes the offset. So
+``Greater(total + 8, 32)`` is rewritten with offset 24 and ``GreaterOrEqual(total, 32)`` with 31, while a condition on
+the call length (``Shape(input_ids)``) or on anything but the total is refused.
+
+**Refuses** (graph unchanged, reason in the report, naming the node that broke the proof): separate Q/K/V that cannot
+be packed (one of key/value missing, not rank 3, mixed dtypes, head sizes that differ); branches that are not constant
+tables of matching width/dtype; a then-branch that is not the longer table; a small table with fewer than ``o`` rows;
+a condition that reads anything but the total length, is not elementwise, or is not ``total > o`` (``Greater(x, y)``
+with a non-constant ``y`` is refused as such).
 """
 
 from __future__ import annotations
@@ -35,8 +43,8 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from rope_passes.analysis.graph import MS_DOMAIN, const_array
-from rope_passes.analysis.longrope import LongRoPE, if_switch
+from rope_passes.analysis.graph import MS_DOMAIN, attr, const_array
+from rope_passes.analysis.longrope import LongRoPE, if_switch, separate_qkv, switch_offset
 from rope_passes.config import CONCAT_OFFSET_OPTION, GenaiConfig
 from rope_passes.passes.base import RopePass
 from rope_passes.report import MatchFailure, PassReport
@@ -77,13 +85,9 @@ def record_offset(model: ir.Model, genai_config: GenaiConfig, offset: int, repor
             report.genai_config_changes.append(change)
 
 
-def _separate_qkv(gqa: ir.Node) -> bool:
-    return any(len(gqa.inputs) > i and gqa.inputs[i] is not None for i in (1, 2))
-
-
-def _packable(gqa: ir.Node, target: str) -> None:
+def packable(gqa: ir.Node, target: str) -> None:
     """Refuse (MatchFailure) when a GQA with separate Q/K/V cannot be packed exactly into one input."""
-    if not _separate_qkv(gqa):
+    if not separate_qkv(gqa):
         return
     q, k, v = (gqa.inputs[i] if len(gqa.inputs) > i else None for i in range(3))
     if q is None or k is None or v is None:
@@ -94,6 +98,12 @@ def _packable(gqa: ir.Node, target: str) -> None:
                                       "seq, hidden] to pack Q/K/V", target)
     if len({value.dtype for value in (q, k, v)}) != 1:
         raise MatchFailure.refuse(f"{gqa.name}: query/key/value dtypes differ; cannot pack Q/K/V", target)
+    widths = [value.shape[2] if value.shape is not None else None for value in (q, k, v)]
+    heads = (attr(gqa, "num_heads"), attr(gqa, "kv_num_heads"), attr(gqa, "kv_num_heads"))
+    known = all(isinstance(w, int) for w in widths) and all(isinstance(h, int) and h > 0 for h in heads)
+    if known and (widths[1] != widths[2] or widths[0] * heads[1] != widths[1] * heads[0]):
+        raise MatchFailure.refuse(f"{gqa.name}: query/key/value widths {widths} are not num_heads/kv_num_heads "
+                                  f"{heads[0]}/{heads[1]} heads of one head size; cannot pack Q/K/V", target)
 
 
 def pack_qkv(graph: ir.Graph, gqa: ir.Node) -> ir.Node:
@@ -132,34 +142,32 @@ class LongRoPEConcatPass(RopePass):
                 report.not_matched(node.name or "If", "If does not feed GroupQueryAttention cos/sin caches")
                 continue
             found = True
+            switch = if_switch(model, node)
             try:
-                offset, tables = self._match(if_switch(model, node), gqas)
+                offset, tables = self._match(model, switch, gqas)
             except MatchFailure as failure:
                 report.record(failure)
                 continue
-            packed = [pack_qkv(graph, gqa) for gqa in gqas if _separate_qkv(gqa)]
+            packed = [pack_qkv(graph, gqa) for gqa in gqas if separate_qkv(gqa)]
             if packed:
                 report.note(node.name or "If", f"packed separate query/key/value into one input (Concat on the hidden "
                             f"axis) for {len(packed)} GroupQueryAttention node(s): {OFFSET_KEY} acts on packed QKV only")
             self._rewrite(graph, node, tables)
             record_offset(model, self.genai_config, offset, report)
+            proved = "" if offset == switch.threshold else f" (the condition is total > {offset})"
             report.rewritten(node.name or "If", f"If replaced by concatenated caches [{offset} short; "
-                             f"{tables[0].shape[0] - offset} long] rows, offset {offset}",
+                             f"{tables[0].shape[0] - offset} long] rows, offset {offset}{proved}",
                              offset=offset, rows=int(tables[0].shape[0]), gqa=len(gqas))
         if not found:
             report.not_matched("<model>", "no If switching GroupQueryAttention cos/sin caches")
 
     @staticmethod
-    def _match(switch: LongRoPE, gqas: list[ir.Node]) -> tuple[int, list[np.ndarray]]:
+    def _match(model: ir.Model, switch: LongRoPE, gqas: list[ir.Node]) -> tuple[int, list[np.ndarray]]:
         """The offset and the ``[small[:offset]; large]`` tables for the If ``switch``; MatchFailure.refuse if not."""
         node = switch.node
         target = node.name or "If"
-        condition = switch.condition.match if switch.condition is not None else None
-        if condition is None:
+        if not node.inputs or node.inputs[0] is None:
             raise MatchFailure.refuse("If has no condition input", target)
-        if not condition.ok or switch.threshold is None:
-            raise MatchFailure.refuse(condition.reason, target)
-        offset = switch.threshold
         then_tables = _branch_tables(switch.then_tables, target)
         else_tables = _branch_tables(switch.else_tables, target)
         if len(then_tables) != len(node.outputs) or len(else_tables) != len(node.outputs):
@@ -170,7 +178,10 @@ class LongRoPEConcatPass(RopePass):
                     raise MatchFailure.refuse(f"{out.name!r} is read by {user.name or user.op_type} input {index}, "
                                               "not as a GQA cos/sin cache", target)
         for gqa in gqas:
-            _packable(gqa, target)  # refuses when separate Q/K/V cannot be packed
+            packable(gqa, target)  # refuses when separate Q/K/V cannot be packed
+        # every total a GQA can be called with indexes the longer table: the condition is proved over all of them
+        max_total = max(t.shape[0] for t in then_tables + else_tables if t.ndim >= 1)
+        offset = switch_offset(model, switch, gqas, max_total)
         tables = []
         for large, small in zip(then_tables, else_tables):
             if large.ndim != 2 or small.ndim != 2 or large.shape[1] != small.shape[1] or large.dtype != small.dtype:

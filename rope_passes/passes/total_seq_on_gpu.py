@@ -26,10 +26,17 @@ value and the width is not — the reason the builder computes it this way.
 Int64 position movement that also lands on CPU (mRoPE position math) is the separate pass ``narrow-int64``,
 which the ``webgpu-graph`` preset runs right after this one.
 
-**Refuses** (graph unchanged there, reason in the report): a mask that is not a rank-2 integer graph input;
+**The mask** is the graph input genai_config names as the decoder's ``attention_mask`` (``attention_mask`` without
+a genai_config): a rank-2 integer input alone proves nothing (``input_ids`` has that look, and its row sums are
+token ids). Where ``seqlens_k`` is computed some other way (not matched), only ``total_sequence_length`` is rewritten,
+and only when ``seqlens_k`` provably reads that same mask and no other graph input.
+
+**Refuses** (graph unchanged there, reason in the report): a mask that is not the attention mask graph input
+(rank 2, integer);
 ``Shape`` with ``start``/``end``; ``Gather`` of another dimension than 1; a ``ReduceSum`` over other axes or with
-``keepdims``; a Sub of something other than 1; the two chains reading different masks. GQA length inputs computed
-otherwise are "not matched" with what was found.
+``keepdims``; a Sub of something other than 1; the two chains reading different masks; a ``seqlens_k`` computed
+otherwise that reads a graph input other than the mask (or none). GQA length inputs computed otherwise are "not
+matched" with what was found.
 """
 
 from __future__ import annotations
@@ -37,17 +44,13 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from rope_passes.analysis.graph import MS_DOMAIN, nodes_of
-from rope_passes.analysis.patterns import SeqlensFromMaskSum, TotalSeqFromMaskShape, ValuePattern
+from rope_passes.analysis.graph import MS_DOMAIN, ancestors, nodes_of
+from rope_passes.analysis.patterns import MASK_INPUT, SeqlensFromMaskSum, TotalSeqFromMaskShape, ValuePattern
 from rope_passes.passes._rewrite import NodeTape, add_initializer
 from rope_passes.passes.base import RopePass
 from rope_passes.report import MatchFailure, PassReport
 
 SEQLENS_K, TOTAL_SEQ = 5, 6
-
-_TOTAL_SEQ = TotalSeqFromMaskShape()
-_SEQLENS_K = SeqlensFromMaskSum()
-
 
 def _match(pattern: ValuePattern, model: ir.Model, value: ir.Value, what: str) -> tuple[ir.Value, list[ir.Node]]:
     """(mask, the chain's nodes); MatchFailure.refuse (structure there, unsound) or .absent (structure absent)."""
@@ -59,14 +62,30 @@ def _match(pattern: ValuePattern, model: ir.Model, value: ir.Value, what: str) -
     return found.bindings["mask"], found.nodes
 
 
-def match_total_seq(model: ir.Model, value: ir.Value) -> tuple[ir.Value, list[ir.Node]]:
-    """``Cast<int32>(Gather(Shape(M), 1))`` → (M, the chain's nodes). Raises MatchFailure."""
-    return _match(_TOTAL_SEQ, model, value, "total_sequence_length")
+def match_total_seq(model: ir.Model, value: ir.Value, mask: str = MASK_INPUT) -> tuple[ir.Value, list[ir.Node]]:
+    """``Cast<int32>(Gather(Shape(M), 1))`` → (M, the chain's nodes), M the graph input ``mask``. Raises
+    MatchFailure."""
+    return _match(TotalSeqFromMaskShape((mask,)), model, value, "total_sequence_length")
 
 
-def match_seqlens_k(model: ir.Model, value: ir.Value) -> tuple[ir.Value, list[ir.Node]]:
-    """``Cast<int32>(Sub(ReduceSum(M, axes=[1], keepdims=0), 1))`` → (M, nodes). Raises MatchFailure."""
-    return _match(_SEQLENS_K, model, value, "seqlens_k")
+def match_seqlens_k(model: ir.Model, value: ir.Value, mask: str = MASK_INPUT) -> tuple[ir.Value, list[ir.Node]]:
+    """``Cast<int32>(Sub(ReduceSum(M, axes=[1], keepdims=0), 1))`` → (M, nodes), M the graph input ``mask``.
+    Raises MatchFailure."""
+    return _match(SeqlensFromMaskSum((mask,)), model, value, "seqlens_k")
+
+
+def reads_only(value: ir.Value, mask: ir.Value) -> None:
+    """MatchFailure.refuse unless ``value`` is computed from ``mask`` and from no other graph input."""
+    nodes = ancestors([value])
+    inputs = {id(v): v for n in nodes for v in n.inputs if v is not None and v.is_graph_input()}
+    if value.is_graph_input():
+        inputs[id(value)] = value
+    others = sorted(v.name or "?" for v in inputs.values() if v is not mask)
+    if others or id(mask) not in inputs:
+        reads = f"reads {', '.join(map(repr, others))}" if others else f"does not read {mask.name!r}"
+        raise MatchFailure.refuse(f"seqlens_k {value.name!r} is not matched and {reads}: not provably the row "
+                                  f"lengths of the mask {mask.name!r} the new total_sequence_length is computed from",
+                                  value.name or "seqlens_k")
 
 
 class TotalSeqOnGpuPass(RopePass):
@@ -78,6 +97,7 @@ class TotalSeqOnGpuPass(RopePass):
         gqas = nodes_of(graph, "GroupQueryAttention", MS_DOMAIN)
         if not gqas:
             raise MatchFailure.absent("no com.microsoft::GroupQueryAttention node")
+        mask_name = self.genai_config.decoder_inputs.get("attention_mask", MASK_INPUT)
         by_pair: dict[tuple[int, int], tuple[ir.Value | None, ir.Value]] = {}
         failed: set[tuple[int, int]] = set()  # one finding per (seqlens_k, total) pair, not per layer
         stale: list[ir.Node] = []
@@ -93,14 +113,15 @@ class TotalSeqOnGpuPass(RopePass):
                 new_seqlens, new_total = by_pair[key]
             else:
                 try:
-                    mask, old_nodes = match_total_seq(model, total)
+                    mask, old_nodes = match_total_seq(model, total, mask_name)
                     try:
-                        seq_mask, seq_nodes = match_seqlens_k(model, seqlens)
+                        seq_mask, seq_nodes = match_seqlens_k(model, seqlens, mask_name)
                         old_nodes = old_nodes + seq_nodes
                     except MatchFailure as failure:
                         if failure.refused:
                             raise
                         seq_mask = None  # seqlens_k already computed some other way: leave it, fix total only
+                        reads_only(seqlens, mask)  # ... if it provably reads the same mask
                     if seq_mask is not None and seq_mask is not mask:
                         raise MatchFailure.refuse(f"seqlens_k reads mask {seq_mask.name!r} but total_sequence_length "
                                                   f"reads {mask.name!r}", seqlens.name or "seqlens_k")
