@@ -1,7 +1,8 @@
 """Where rotary positions come from: the position inputs, and the in-graph tile of a 2D input to three mRoPE axes.
 
 The "2D positions tiled to 3 identical axes" test lives here once (:func:`tiled_from_2d`): the census reports it
-(``tiled_to_3d``), and :func:`position_source` builds the text-only proof of ``fold-text-mrope`` on it.
+(``tiled_to_3d``), and :func:`exact_positions` (what an ``MRotaryEmbedding`` must read for ``fold-text-mrope``) and
+:func:`position_source` (the looser census / check view) build on it.
 """
 
 from __future__ import annotations
@@ -177,3 +178,57 @@ def position_source(values: Iterable[ir.Value]) -> PositionSource:
         how = f"2D {pos.name!r} is tiled to 3 identical axes in the graph (text only)"
         return PositionSource(pos, tiles[0], True, how)
     raise MatchFailure.absent(f"position input {pos.name!r} has shape {pos.shape}, neither [3, batch, seq] nor [batch, seq]")
+
+
+#: Integer types a position input may have.
+_INT_POSITIONS = (ir.DataType.INT64, ir.DataType.INT32)
+
+
+def _copies(node: ir.Node) -> bool:
+    """Identity, or a Cast to the type its input already has: the output is the input, bit for bit."""
+    if node.domain not in ("", "ai.onnx") or not node.inputs or node.inputs[0] is None:
+        return False
+    if node.op_type == "Identity":
+        return True
+    to = attr(node, "to")
+    return node.op_type == "Cast" and to is not None and node.inputs[0].dtype is not None and (
+        ir.DataType(to) == node.inputs[0].dtype and node.inputs[0].dtype in _INT_POSITIONS)
+
+
+def exact_positions(value: ir.Value, reader: ir.Node) -> PositionSource:
+    """The position graph input ``value`` *is*: the ``[3, B, S]`` input itself, or the exact in-graph tile of a 2D
+    input (:func:`tiled_from_2d`), through Identity / Cast-to-the-same-integer-type only.
+
+    Anything else between the input and ``reader`` (arithmetic, Slice/Concat, a reduction, a Shape-derived value,
+    a tile followed by an edit) is a :class:`MatchFailure` *refuse* naming that node: ``reader`` would then read
+    positions the caller did not pass, and a table indexed by the caller's positions is not what it computes.
+    """
+    v = value
+    while not v.is_graph_input():
+        node = v.producer()
+        if node is None:
+            raise MatchFailure.refuse(f"{reader.op_type} {reader.name!r} reads positions {v.name!r}, a constant, "
+                                      "not the position input", reader.name or "<model>")
+        if _copies(node):
+            v = node.inputs[0]
+            continue
+        src = tiled_from_2d(v)
+        if src is not None:
+            if src.dtype not in _INT_POSITIONS:
+                raise MatchFailure.refuse(f"position input {src.name!r} is {src.dtype}, not an integer tensor",
+                                          src.name or "<model>")
+            how = f"2D {src.name!r} is tiled to 3 identical axes by {node.op_type} {node.name!r} (text only)"
+            return PositionSource(src, v, True, how)
+        ins = ", ".join(repr(i.name) for i in node.inputs if i is not None)
+        raise MatchFailure.refuse(
+            f"{node.op_type} {node.name!r} ({ins}) sits between the position input and {reader.op_type} "
+            f"{reader.name!r}: the rotation reads positions computed in the graph, not the caller's, so its cache "
+            "rows are not the rows GroupQueryAttention would read", node.name or "<model>")
+    if v.dtype not in _INT_POSITIONS:
+        raise MatchFailure.refuse(f"position input {v.name!r} is {v.dtype}, not an integer tensor", v.name or "<model>")
+    shape = v.shape
+    if shape is None or len(shape) != 3 or shape[0] != 3:
+        raise MatchFailure.refuse(f"{reader.op_type} {reader.name!r} reads graph input {v.name!r} of shape {shape} "
+                                  "as its positions, not a [3, batch, seq] input", reader.name or "<model>")
+    how = f"{v.name!r} is a [3, batch, seq] graph input (positions set by the caller)"
+    return PositionSource(v, v, False, how)

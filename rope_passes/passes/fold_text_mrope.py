@@ -1,55 +1,81 @@
 """``fold-text-mrope``: fold text-only multimodal RoPE into GroupQueryAttention's own rotation.
 
 **Rewrites.** For every ``com.microsoft::GroupQueryAttention`` with ``do_rotary=0`` whose q and k inputs are
-produced by a rotation (through Cast/Reshape/Transpose adapters that are undone after it):
+produced by a rotation (through layout ops and casts, :func:`rope_passes.analysis.mrope.trace_rotation`):
 
 * ``com.microsoft::MRotaryEmbedding`` (builder 0.18: sections and layout read from its attributes), or
 * ``com.microsoft::RotaryEmbedding`` reading per-token cos/sin tables built by a manual mRoPE subgraph and the
   token index ``Range(0, batch*seq)`` as positions (builder 0.15.2: the Qwen2.5-VL inv_freq → sectioned flatten
-  form and the Qwen3.5 cos/sin-cache + h/w masks + Where form),
+  form and the Qwen3.5 cos/sin-cache + h/w masks + Where form; ``lower-mrope``'s output),
 
 the pass sets ``do_rotary=1``, ``rotary_interleaved`` from the rotation's *pairing* (its ``interleaved``
 attribute; the mRoPE section layout is a different thing), adds 2D ``cos_cache``/``sin_cache`` initializers
-(GQA inputs 7/8, in the query dtype, ``rotary_dim/2`` columns, partial rotary kept), feeds GQA the pre-rotation
-q/k (a new Concat for packed QKV), then removes every node and initializer only the old path needed, and the
-position input when nothing else reads it (``genai_config.json``'s ``model.decoder.inputs`` follows).
+(GQA inputs 7/8, in the query dtype, ``rotary_dim/2`` columns, partial rotary kept; one pair per distinct table),
+feeds GQA the unrotated q/k (the value before the rotation, through copies of the ops after it that nothing before
+it undoes, e.g. a Cast to float16; a new Concat for packed QKV), then removes every node and initializer only the
+old path needed, and the position input when nothing else reads it (``genai_config.json``'s
+``model.decoder.inputs`` follows).
 
-The 1D tables come from the graph's own constants: for MRotaryEmbedding they are its cos/sin caches (times its
-``scale``); for the manual form the graph's cos/sin subgraph is evaluated on onnxruntime CPU with the three axes
-all ``0..max_pos-1`` (``max_pos`` = rows of the cache it gathers from, else ``model.context_length``), and a run
-with permuted positions proves each row depends on its own token's position only.
+**The proof, before any number.** MRotaryEmbedding copies cache rows, so its position input must be the caller's
+positions exactly: the ``[3, B, S]`` graph input itself or the exact in-graph tile of a 2D input, with only
+Identity / Cast-to-the-same-integer-type between (:func:`rope_passes.analysis.positions.exact_positions`); q and k
+must read the same position input. The manual form's tables are proved one row per token by exact cone accounting
+from the position input (:mod:`rope_passes.passes._mrope_cone`: an allow-list of per-token ops; Shape/Size of a
+position-derived value, Reduce*, CumSum, any op reading across tokens or another graph input is refused naming
+the node). Refusals that need no numbers (``--text-only`` missing, GQA's rotary limits) come first.
+
+**The numbers.** MRotaryEmbedding: its cos/sin caches (times its ``scale``). Manual form: the cone is extracted and
+run on onnxruntime CPU **once per distinct cone** (layers whose cones are structurally identical share the
+evaluation and the table) on positions ``0..max_pos-1`` in chunks (``max_pos`` = rows of the cache it gathers
+from, else ``model.context_length``), then on probe calls differing in length, batch, past and minimum whose rows
+must be the table's rows. ``FoldTextMRoPEPass.evaluations`` counts the evaluations of the last run.
 
 **Exact when** the three position axes are equal (text) *and* contiguous: with equal axes every section reads
 the same row, so mRoPE is plain RoPE with those tables; fused GQA derives token s's position as
 ``seqlens_k + 1 - S + s`` (WebGPU ignores GQA's position_ids), which equals the fed positions only when they are
 ``past .. past+S-1`` — what onnxruntime-genai feeds for text. The fold is applied automatically when the graph
-proves text-only (a 2D position input tiled/expanded to 3 identical axes in-graph); when 3D positions come
-from outside (vision-language graphs) only with ``text_only=True`` (``--text-only``), and then the output serves
-text prompts only: a report note, a ``rope_passes.text_only`` metadata entry and a
-``model.decoder.session_options["rope_passes.text_only"]`` marker in genai_config.json say so.
+proves text-only (a 2D position input); when 3D positions come from outside (vision-language graphs) only with
+``text_only=True`` (``--text-only``), and then the output serves text prompts only: a report note, a
+``rope_passes.text_only`` metadata entry and a ``model.decoder.session_options["rope_passes.text_only"]`` marker
+in genai_config.json say so. A rotation computed in float whose output is cast to float16 GQA (Qwen3-VL fp16) is
+not bit-exact: GQA rotates the float16 value in float16, so the two agree within float16 rounding (a few float16
+ulps of |q|, |k|: the finding's ``rounding`` detail says so).
 
-**Refuses** (graph unchanged at that GQA, reason in the report): 3D positions from outside without
-``text_only``; q and k rotated differently; ``rotary_dim/2`` not a multiple of 8 or above ``head_size/2``
-(GQA's limits); query dtype other than float/float16. Anything it does not understand is "not matched" with the
-reason, and the model is left bit-identical.
+**Refuses** (graph unchanged at that GQA, reason naming the node that breaks the proof): computed positions
+before an MRotaryEmbedding; a cos/sin cone that is not per token; probe rows that are not the table's; 3D
+positions from outside without ``text_only``; q and k rotated differently or with different tables or positions;
+casts around the rotation other than float → float16; ``rotary_dim/2`` not a multiple of 8 or above
+``head_size/2`` (GQA's limits); query dtype other than float/float16. Anything it does not understand is "not
+matched" with the reason, and the model is left bit-identical.
 """
-
 from __future__ import annotations
 
 import dataclasses
+from typing import Union
 
 import numpy as np
 import onnx_ir as ir
 
 from rope_passes.analysis.graph import MS_DOMAIN, attr, nodes_of
-from rope_passes.analysis.mrope import PositionSource, Rotation, TextTables, text_tables, trace_rotation
+from rope_passes.analysis.mrope import (
+    PositionSource,
+    Rotation,
+    TextTables,
+    mrotary_key,
+    mrotary_positions,
+    mrotary_tables,
+    trace_rotation,
+)
+from rope_passes.passes._mrope_cone import ConeKeys, ManualCone, evaluate_tables, manual_cone
 from rope_passes.passes._rewrite import NodeTape, add_initializer, drop_unused_input, remove_dead
 from rope_passes.passes.base import RopePass, option
 from rope_passes.report import MatchFailure, PassReport
-from rope_passes.runtime.evaluate import evaluate_subgraph
+from rope_passes.runtime.evaluate import subgraph_runner
 
 TEXT_ONLY_KEY = "rope_passes.text_only"
 _NP_DTYPES = {ir.DataType.FLOAT: np.float32, ir.DataType.FLOAT16: np.float16}
+#: what a rotation's 1D table is: an MRotaryEmbedding's caches, or a manual cone (by structural key)
+_Source = Union[ir.Node, ManualCone]  # noqa: UP007
 
 
 def _query_dtype(gqa: ir.Node) -> ir.DataType | None:
@@ -60,11 +86,24 @@ def _query_dtype(gqa: ir.Node) -> ir.DataType | None:
     return None
 
 
-class _Site:
-    """One GroupQueryAttention with its q and k rotations, checked and ready to fold."""
+def _record(report: PassReport, failure: MatchFailure, gqa: ir.Node) -> None:
+    """Record ``failure`` at the GQA (the place), keeping the node that broke the proof as ``node``."""
+    if failure.target not in ("<model>", gqa.name):
+        failure = MatchFailure(failure.outcome, failure.reason, gqa.name, **{"node": failure.target, **failure.details})
+    report.record(failure, gqa.name)
 
-    def __init__(self, gqa: ir.Node, q: Rotation, k: Rotation, packed: ir.Node | None, tables: TextTables):
-        self.gqa, self.q, self.k, self.packed, self.tables = gqa, q, k, packed, tables
+
+@dataclasses.dataclass
+class _Site:
+    """One GroupQueryAttention with its q and k rotations, statically checked; ``tables`` once evaluated."""
+
+    gqa: ir.Node
+    q: Rotation
+    k: Rotation
+    packed: ir.Node | None
+    keys: tuple[tuple, tuple]  # (q's table key, k's table key)
+    positions: PositionSource
+    tables: TextTables | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,59 +120,39 @@ class FoldTextMRoPEPass(RopePass):
     summary = "fold text-only mRoPE (MRotaryEmbedding or the manual subgraph) into GQA do_rotary=1 with 2D caches"
     options_type = FoldTextMRoPEOptions
     options: FoldTextMRoPEOptions
+    #: table evaluations of the last apply (one per distinct cone): what tests/test_fold_speed.py counts
+    evaluations: int = 0
 
     def apply(self, model: ir.Model, report: PassReport) -> None:
         graph = model.graph
-        text_only = self.options.text_only
-        max_positions = self.options.max_positions or self.genai_config.context_length
         gqas = nodes_of(graph, "GroupQueryAttention", MS_DOMAIN)
         if not gqas:
             raise MatchFailure.absent("no com.microsoft::GroupQueryAttention node")
-        table_cache: dict[tuple, TextTables] = {}
-        sites: list[_Site] = []
+        self.evaluations = 0
+        self._keys = ConeKeys()
+        self._sources: dict[tuple, _Source | MatchFailure] = {}
+        # 1. everything decided without numbers, for every GQA
+        candidates: list[_Site] = []
         for gqa in gqas:
             try:
-                site = self._match(model, gqa, table_cache, max_positions)
-                if not (site.tables.positions.text_only or text_only):
-                    raise MatchFailure.refuse(
-                        f"positions come from outside: {site.tables.positions.how}; folding into GQA is exact only "
-                        "for text prompts (all three axes equal); pass --text-only to fold for text-only use",
-                        gqa.name,
-                    )
+                candidates.append(self._match(model, gqa))
             except MatchFailure as failure:
-                report.record(failure, gqa.name)
+                _record(report, failure, gqa)
+        # 2. one table per distinct cone / cache pair
+        tables: dict[tuple, TextTables | MatchFailure] = {}
+        sites: list[_Site] = []
+        for site in candidates:
+            try:
+                site.tables = self._site_tables(model, site, tables)
+            except MatchFailure as failure:
+                _record(report, failure, site.gqa)
                 continue
             sites.append(site)
         if not sites:
             return
+        self._rewrite_all(model, sites, report)
 
-        # Rewrite: caches shared across layers when their values are equal.
-        cache_values: dict[tuple, tuple[ir.Value, ir.Value]] = {}
-        old_values: list[ir.Value] = []
-        positions: dict[int, PositionSource] = {}
-        for site in sites:
-            old_values += self._rewrite(graph, site, cache_values)
-            positions[id(site.tables.positions.graph_input)] = site.tables.positions
-            report.rewritten(
-                site.gqa.name,
-                f"folded {site.q.kind} into GQA do_rotary=1 (rotary_dim {site.q.rotary_dim}, "
-                f"{'interleaved' if site.q.interleaved else 'rotate-half'} pairs)",
-                rotation=site.q.kind,
-                tables=site.tables.source,
-                positions=site.tables.positions.how,
-                exact_when="all three position axes equal and contiguous (past .. past+S-1)",
-            )
-        remove_dead(graph, old_values)
-        for source in positions.values():
-            graph_changes, config_changes = drop_unused_input(graph, source.graph_input, self.genai_config)
-            for change in graph_changes:
-                report.note(source.graph_input.name, change)
-            report.genai_config_changes.extend(config_changes)
-        external = [s for s in positions.values() if not s.text_only]
-        if external:
-            self._mark_text_only(model, report, external)
-
-    # -- matching ---------------------------------------------------------------------------------------------
+    # -- matching (static) ------------------------------------------------------------------------------------
     def _head_size(self, past_key: ir.Value | None) -> int | None:
         """Head size from the KV cache input's static last dim, else genai_config's (:attr:`GenaiConfig.head_size`)."""
         shape = past_key.shape if past_key is not None else None
@@ -141,9 +160,8 @@ class FoldTextMRoPEPass(RopePass):
             return shape[3]
         return self.genai_config.head_size
 
-    def _match(self, model: ir.Model, gqa: ir.Node, table_cache: dict[tuple, TextTables],
-               max_positions: int | None) -> _Site:
-        """The GQA's q/k rotations and their text tables, checked; MatchFailure (absent/refused) otherwise."""
+    def _match(self, model: ir.Model, gqa: ir.Node) -> _Site:
+        """The GQA's q/k rotations and the proofs that need no numbers; MatchFailure (absent/refused) otherwise."""
         if int(attr(gqa, "do_rotary", 0) or 0):
             raise MatchFailure.absent("GroupQueryAttention already rotates (do_rotary=1)", gqa.name)
         inputs = list(gqa.inputs) + [None] * max(0, 9 - len(gqa.inputs))
@@ -164,36 +182,58 @@ class FoldTextMRoPEPass(RopePass):
             k_rot = trace_rotation(packed.inputs[1], kv_heads, hint)
         else:
             q_rot, k_rot = trace_rotation(query, heads, hint), trace_rotation(key, kv_heads, hint)
-        q_tables = self._tables(model, q_rot, table_cache, max_positions)
-        k_tables = self._tables(model, k_rot, table_cache, max_positions)
-        self._check(gqa, q_rot, k_rot, q_tables, k_tables)
-        return _Site(gqa, q_rot, k_rot, packed, q_tables)
+        if q_rot.kind != k_rot.kind or q_rot.interleaved != k_rot.interleaved or q_rot.rotary_dim != k_rot.rotary_dim:
+            raise MatchFailure.refuse(
+                f"q and k are rotated differently ({q_rot.kind} {q_rot.node.name!r} / {k_rot.kind} "
+                f"{k_rot.node.name!r}: interleaved {q_rot.interleaved}/{k_rot.interleaved}, "
+                f"dim {q_rot.rotary_dim}/{k_rot.rotary_dim})", gqa.name)
+        (q_key, q_pos, q_half), (k_key, k_pos, k_half) = (self._static(model, r) for r in (q_rot, k_rot))
+        if q_pos.graph_input is not k_pos.graph_input:
+            raise MatchFailure.refuse(f"q and k read different position inputs ({q_pos.graph_input.name!r} / "
+                                      f"{k_pos.graph_input.name!r})", gqa.name)
+        self._check(gqa, q_rot, q_half if q_half == k_half else -1)
+        site = _Site(gqa, q_rot, k_rot, packed, (q_key, k_key), q_pos)
+        if not (q_pos.text_only and k_pos.text_only) and not self.options.text_only:
+            raise MatchFailure.refuse(
+                f"positions come from outside: {q_pos.how}; folding into GQA is exact only "
+                "for text prompts (all three axes equal); pass --text-only to fold for text-only use",
+                gqa.name,
+            )
+        return site
 
-    def _tables(self, model: ir.Model, rotation: Rotation, cache: dict[tuple, TextTables],
-                max_positions: int | None) -> TextTables:
-        node = rotation.node
-        key = tuple(id(v) for v in node.inputs[1:4]) + (float(attr(node, "scale", 1.0) or 1.0),)
-        if key not in cache:
-            cache[key] = text_tables(model, rotation, max_positions, evaluate_subgraph)
-        return cache[key]
+    def _static(self, model: ir.Model, rot: Rotation) -> tuple[tuple, PositionSource, int]:
+        """(table key, positions, table columns) of one rotation, proved without numbers; failures are cached per
+        distinct cone so every layer sharing it reports the same reason."""
+        node = rot.node
+        if rot.kind == "MRotaryEmbedding":
+            key = ("mrotary", *mrotary_key(node))
+            positions = mrotary_positions(node)  # per node: q and k may read different values
+            shape = node.inputs[2].shape
+            half = shape[1] if shape is not None and len(shape) == 2 and isinstance(shape[1], int) else -1
+            self._sources.setdefault(key, node)
+            return key, positions, half
+        key = ("manual", self._keys.of(node.inputs[2]), self._keys.of(node.inputs[3]))
+        if key not in self._sources:
+            try:
+                max_positions = self.options.max_positions or self.genai_config.context_length
+                preferred = self.genai_config.decoder_inputs.get("position_ids")
+                self._sources[key] = manual_cone(model, node, max_positions, preferred)
+            except MatchFailure as failure:
+                self._sources[key] = failure
+        found = self._sources[key]
+        if isinstance(found, MatchFailure):
+            raise found
+        assert isinstance(found, ManualCone)
+        return key, found.positions, found.half
 
     @staticmethod
-    def _check(gqa: ir.Node, q: Rotation, k: Rotation, qt: TextTables, kt: TextTables) -> None:
-        """The conditions of the fold's exactness (and of GQA's fused rotary); MatchFailure.refuse naming the
-        GQA when one fails."""
+    def _check(gqa: ir.Node, q: Rotation, half: int) -> None:
+        """GQA's fused rotary limits (and q/k table widths); MatchFailure.refuse naming the GQA when one fails."""
         def refuse(reason: str) -> MatchFailure:
             return MatchFailure.refuse(reason, gqa.name)
 
-        if q.interleaved != k.interleaved or q.rotary_dim != k.rotary_dim:
-            raise refuse(
-                f"q and k are rotated differently (interleaved {q.interleaved}/{k.interleaved}, "
-                f"dim {q.rotary_dim}/{k.rotary_dim})"
-            )
-        if not (np.array_equal(qt.cos, kt.cos) and np.array_equal(qt.sin, kt.sin)):
-            raise refuse("q and k use different cos/sin tables")
-        if qt.positions.graph_input is not kt.positions.graph_input:
-            raise refuse("q and k read different position inputs")
-        half = qt.cos.shape[1]
+        if half < 0:
+            raise refuse("q and k use cos/sin tables of different or unknown widths")
         if 2 * half != q.rotary_dim:
             raise refuse(f"cos/sin tables have {half} columns but the rotation covers {q.rotary_dim} dims")
         if half % 8:
@@ -204,32 +244,126 @@ class FoldTextMRoPEPass(RopePass):
         if _query_dtype(gqa) not in _NP_DTYPES:
             raise refuse(f"query dtype {_query_dtype(gqa)} is not float or float16")
 
+    # -- tables (numbers) ---------------------------------------------------------------------------------------
+    def _table(self, model: ir.Model, key: tuple, tables: dict[tuple, TextTables | MatchFailure]) -> TextTables:
+        if key not in tables:
+            source = self._sources[key]
+            try:
+                if isinstance(source, ManualCone):
+                    self.evaluations += 1
+                    try:
+                        run = subgraph_runner(model, [source.positions.graph_input], [source.cos, source.sin])
+                    except ValueError as exc:  # extract(): not bounded by the positions
+                        raise MatchFailure.absent(f"{source.rotation.name!r}: cos/sin subgraph is not a function of "
+                                                  f"the positions alone ({exc})") from None
+                    except Exception as exc:  # noqa: BLE001 - onnxruntime failures become a reason
+                        raise MatchFailure.absent(f"{source.rotation.name!r}: cannot evaluate the cos/sin subgraph "
+                                                  f"({type(exc).__name__})") from None
+                    tables[key] = evaluate_tables(source, run)
+                else:
+                    assert isinstance(source, ir.Node)
+                    tables[key] = mrotary_tables(source)
+            except MatchFailure as failure:
+                tables[key] = failure
+        found = tables[key]
+        if isinstance(found, MatchFailure):
+            raise found
+        return found
+
+    def _site_tables(self, model: ir.Model, site: _Site, tables: dict[tuple, TextTables | MatchFailure]) -> TextTables:
+        q_key, k_key = site.keys
+        qt = self._table(model, q_key, tables)
+        kt = qt if k_key == q_key else self._table(model, k_key, tables)
+        if kt is not qt and not (np.array_equal(qt.cos, kt.cos) and np.array_equal(qt.sin, kt.sin)):
+            raise MatchFailure.refuse(f"q and k use different cos/sin tables ({site.q.node.name!r} / "
+                                      f"{site.k.node.name!r})", site.gqa.name)
+        if 2 * qt.cos.shape[1] != site.q.rotary_dim:
+            raise MatchFailure.refuse(f"cos/sin tables have {qt.cos.shape[1]} columns but the rotation covers "
+                                      f"{site.q.rotary_dim} dims", site.gqa.name)
+        return qt
+
     # -- rewriting --------------------------------------------------------------------------------------------
-    def _rewrite(self, graph: ir.Graph, site: _Site,
-                 cache_values: dict[tuple, tuple[ir.Value, ir.Value]]) -> list[ir.Value]:
-        gqa = site.gqa
-        np_dtype = _NP_DTYPES[_query_dtype(gqa)]
-        cos = site.tables.cos.astype(np_dtype)
-        sin = site.tables.sin.astype(np_dtype)
-        key = (cos.dtype.str, cos.shape, cos.tobytes(), sin.tobytes())
-        if key not in cache_values:
-            cache_values[key] = (
-                add_initializer(graph, "rope_passes.text_mrope.cos_cache", cos),
-                add_initializer(graph, "rope_passes.text_mrope.sin_cache", sin),
+    def _rewrite_all(self, model: ir.Model, sites: list[_Site], report: PassReport) -> None:
+        graph = model.graph
+        caches: dict[tuple[int, str], tuple[ir.Value, ir.Value]] = {}  # (id(tables), dtype) -> GQA caches
+        old_values: list[ir.Value] = []
+        positions: dict[int, PositionSource] = {}
+        for site in sites:
+            assert site.tables is not None
+            old_values += self._rewrite(graph, site, site.tables, caches)
+            positions[id(site.positions.graph_input)] = site.positions
+            rounding = site.q.rounding or site.k.rounding
+            report.rewritten(
+                site.gqa.name,
+                f"folded {site.q.kind} into GQA do_rotary=1 (rotary_dim {site.q.rotary_dim}, "
+                f"{'interleaved' if site.q.interleaved else 'rotate-half'} pairs)",
+                rotation=site.q.kind,
+                tables=site.tables.source,
+                positions=site.positions.how,
+                exact_when="all three position axes equal and contiguous (past .. past+S-1)",
+                **({"rounding": rounding} if rounding else {}),
             )
-        cos_v, sin_v = cache_values[key]
+        remove_dead(graph, old_values)
+        for source in positions.values():
+            graph_changes, config_changes = drop_unused_input(graph, source.graph_input, self.genai_config)
+            for change in graph_changes:
+                report.note(source.graph_input.name, change)
+            report.genai_config_changes.extend(config_changes)
+        external = [s for s in positions.values() if not s.text_only]
+        if external:
+            self._mark_text_only(model, report, external)
+
+    def _cache_pair(self, graph: ir.Graph, tables: TextTables, np_dtype: type,
+                    caches: dict[tuple[int, str], tuple[ir.Value, ir.Value]]) -> tuple[ir.Value, ir.Value]:
+        """GQA's cos/sin cache initializers for ``tables`` in ``np_dtype``: one pair per distinct table (equal
+        tables from different cones share theirs; compared only when their shapes agree)."""
+        key = (id(tables), np.dtype(np_dtype).str)
+        if key not in caches:
+            cos, sin = tables.cos.astype(np_dtype), tables.sin.astype(np_dtype)
+            for (_, dt), (c, s) in caches.items():
+                if dt == key[1] and tuple(c.shape) == cos.shape and np.array_equal(c.const_value.numpy(), cos) \
+                        and np.array_equal(s.const_value.numpy(), sin):
+                    caches[key] = (c, s)
+                    break
+            else:
+                caches[key] = (add_initializer(graph, "rope_passes.text_mrope.cos_cache", cos),
+                               add_initializer(graph, "rope_passes.text_mrope.sin_cache", sin))
+        return caches[key]
+
+    @staticmethod
+    def _unrotated(graph: ir.Graph, rot: Rotation, gqa: ir.Node) -> ir.Value:
+        """What GQA reads instead of ``rot.rotated``: ``rot.pre``, through copies of the ops after the rotation that
+        nothing before it undoes (a Cast to float16, a reshape)."""
+        value = rot.pre
+        if not rot.relayout:
+            return value
+        tape = NodeTape()
+        for node in rot.relayout:
+            out = node.outputs[0]
+            attrs = {name: ir.Attr(name, a.type, a.value) for name, a in node.attributes.items()}
+            value = tape.op(node.op_type, [value, *node.inputs[1:]], attrs, name=f"{node.name}/unrotated",
+                            output=f"{out.name}/unrotated", dtype=out.dtype,
+                            shape=out.shape.copy() if out.shape is not None else None)
+        tape.insert_before(graph, gqa)
+        return value
+
+    def _rewrite(self, graph: ir.Graph, site: _Site, tables: TextTables,
+                 caches: dict[tuple[int, str], tuple[ir.Value, ir.Value]]) -> list[ir.Value]:
+        gqa = site.gqa
+        cos_v, sin_v = self._cache_pair(graph, tables, _NP_DTYPES[_query_dtype(gqa)], caches)
         old = [gqa.inputs[0], gqa.inputs[1]]
+        q_pre, k_pre = self._unrotated(graph, site.q, gqa), self._unrotated(graph, site.k, gqa)
         if site.packed is not None:
             concat = site.packed
             tape = NodeTape()
-            unrotated = tape.op("Concat", [site.q.pre, site.k.pre, concat.inputs[2]],
+            unrotated = tape.op("Concat", [q_pre, k_pre, concat.inputs[2]],
                                 {"axis": int(attr(concat, "axis", -1))}, name=f"{concat.name}/unrotated")
             unrotated.dtype, unrotated.shape = concat.outputs[0].dtype, concat.outputs[0].shape
             tape.insert_before(graph, gqa)
             gqa.replace_input_with(0, unrotated)
         else:
-            gqa.replace_input_with(0, site.q.pre)
-            gqa.replace_input_with(1, site.k.pre)
+            gqa.replace_input_with(0, q_pre)
+            gqa.replace_input_with(1, k_pre)
         if len(gqa.inputs) < 9:
             gqa.resize_inputs(9)
         gqa.replace_input_with(7, cos_v)

@@ -6,13 +6,20 @@ read), run once per call with the given feeds.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import onnx_ir as ir
 
 
 def evaluate_subgraph(model: ir.Model, inputs: Sequence[ir.Value], outputs: Sequence[ir.Value], feeds: list[np.ndarray]):
+    return subgraph_runner(model, inputs, outputs)(feeds)
+
+
+def subgraph_runner(model: ir.Model, inputs: Sequence[ir.Value],
+                    outputs: Sequence[ir.Value]) -> Callable[[list[np.ndarray]], list[np.ndarray]]:
+    """The subgraph extracted and loaded once; the returned function runs it on one call's feeds (many calls,
+    one session)."""
     import onnxruntime as ort
 
     sub = ir.convenience.extract(model.graph, inputs, outputs)
@@ -25,4 +32,4 @@ def evaluate_subgraph(model: ir.Model, inputs: Sequence[ir.Value], outputs: Sequ
     so.log_severity_level = 3
     sess = ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
     names = [i.name for i in sess.get_inputs()]
-    return sess.run(None, dict(zip(names, feeds, strict=True)))
+    return lambda feeds: sess.run(None, dict(zip(names, feeds, strict=True)))
