@@ -144,7 +144,7 @@ def graph_inputs_of(nodes: Iterable[ir.Node], model: ir.Model) -> list[str]:
     return out
 
 
-def is_vector(shape: ir.Shape) -> bool:
+def is_vector(shape: ir.ShapeProtocol) -> bool:
     """One axis longer than 1, the others 1: ``[16]``, or ``[1, 16, 1]`` (torch exporters fold
     ``inv_freq[None, :, None]`` into a constant)."""
     dims = [d for d in shape if d != 1]

@@ -193,7 +193,7 @@ class RopeCensus(_Dict):
 # ------------------------------------------------------------------------------------------------------------
 
 
-def shape_list(shape: ir.Shape | None) -> list[int | str] | None:
+def shape_list(shape: ir.ShapeProtocol | None) -> list[int | str] | None:
     if shape is None:
         return None
     return [d if isinstance(d, int) else (d.value if d.value is not None else "?") for d in shape]

@@ -20,13 +20,13 @@ A session that cannot be created with capture (Memcpy nodes, control flow) raise
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
-from rope_passes.check.decode import PAST_PREFIX, DecoderSpec, step_feeds, token_ids
+from rope_passes.check.decode import PAST_PREFIX, DecoderSpec, InputSpec, step_feeds, token_ids
 from rope_passes.errors import UsageError
 from rope_passes.runtime.sessions import create_session, session_options
 
@@ -111,7 +111,7 @@ class CaptureDriver:
         for name in dspec.past_names:
             b, h, _, d = empty[name].shape
             kv[name] = buf.new((b, h, self.max_len, d), empty[name].dtype)
-        mask_spec = dspec.input("attention_mask")
+        mask_spec = cast(InputSpec, dspec.input("attention_mask"))  # a decoder (checked in __init__) has one
         mask = buf.new((1, self.max_len), mask_spec.dtype)
         others = [i for i in dspec.inputs if i.name != "attention_mask" and not i.name.startswith(PAST_PREFIX)]
         plain_outputs = [n for n in dspec.outputs if not n.startswith("present.")]

@@ -47,8 +47,17 @@ def _stdout_to_devnull() -> None:
 class _Parser(argparse.ArgumentParser):
     """argparse, but usage errors are one line too."""
 
-    def error(self, message: str):  # type: ignore[override]
+    def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def add_runtime_argument(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--runtime onnxruntime-webgpu|onnxruntime-ep-webgpu`` (default: the runtime installed here), for optimize,
+    lint and inspect (:mod:`rope_passes.targets`)."""
+    from rope_passes.targets import RUNTIMES
+
+    parser.add_argument("--runtime", choices=RUNTIMES, default=None,
+                        help=f"{what} (default: the one installed beside rope-passes; see docs/runtimes.md)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -11,6 +11,7 @@ from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
+    TaskID,
     TextColumn,
     TimeElapsedColumn,
 )
@@ -70,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=console, transient=True, disable=not console.is_terminal or args.json)
-    tasks: dict[str, int] = {}
+    tasks: dict[str, TaskID] = {}
 
     def on_step(label: str, step: int, total: int) -> None:
         if label not in tasks:

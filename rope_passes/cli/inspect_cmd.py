@@ -75,7 +75,11 @@ def render(c: RopeCensus, console) -> None:
     table.add_column(style="bold cyan", no_wrap=True)
     table.add_column(overflow="fold")
     add_row = table.add_row
-    table.add_row = lambda key, value: add_row(key, escape(value))  # type: ignore[method-assign]
+
+    def add_escaped_row(key: str, value: str) -> None:
+        add_row(key, escape(value))
+
+    table.add_row = add_escaped_row  # type: ignore[method-assign, assignment]  # (key, value) rows, values escaped
 
     table.add_row("rope", ", ".join(c.flavours) or "none found")
     if not c.attention:
@@ -103,7 +107,8 @@ def render(c: RopeCensus, console) -> None:
         if r.position_source:
             table.add_row("  positions", r.position_source)
     for m in c.manual_mrope:
-        layout = {0: "sectioned", 1: "interleaved"}.get(m.layout, "?")
+        layouts: dict[int | None, str] = {0: "sectioned", 1: "interleaved"}
+        layout = layouts.get(m.layout, "?")
         table.add_row("manual mRoPE", f"{m.variant}, sections {m.sections}, layout {m.layout} ({layout}), "
                                       f"from {m.table_source}, feeds {len(m.feeds)} nodes")
     for f in c.inv_freq:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
+from typing import cast
 
 import onnx
 import onnx_ir as ir
@@ -165,14 +166,15 @@ def serialize_reusing(bundle: ModelBundle, staging: Path, model_out: Path, *, in
                   if attr.type == ir.AttributeType.TENSOR and isinstance(attr.value, ir.ExternalTensor)
                   and not reused(attr.value)]
 
-    originals: list[tuple[ir.Value, ir.TensorProtocol]] = [(v, v.const_value) for v in to_file + to_inline]
+    originals: list[tuple[ir.Value, ir.TensorProtocol | None]] = [(v, v.const_value) for v in to_file + to_inline]
     try:
         if to_file:
-            written = ir.external_data.convert_tensors_to_external([v.const_value for v in to_file], staging, new_name)
+            tensors = [cast(ir.TensorProtocol, v.const_value) for v in to_file]  # selected above: not None
+            written = ir.external_data.convert_tensors_to_external(tensors, staging, new_name)
             for value, tensor in zip(to_file, written):
                 value.const_value = tensor
         for value in to_inline:
-            value.const_value = _in_memory(value.const_value)
+            value.const_value = _in_memory(cast(ir.TensorProtocol, value.const_value))
         for node, name, attr in attributes:
             node.attributes[name] = ir.AttrTensor(name, _in_memory(attr.value))
         proto = ir.serde.serialize_model(model)

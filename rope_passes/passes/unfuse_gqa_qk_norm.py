@@ -132,7 +132,7 @@ class UnfuseGQAQKNormPass(RopePass):
         heads, kv_heads = int(attr(gqa, "num_heads", 0) or 0), int(attr(gqa, "kv_num_heads", 0) or 0)
         eps = float(attr(gqa, "qk_norm_epsilon", 1e-6))
         q_norm, k_norm = _norm_weight(gqa, Q_NORM_INPUT), _norm_weight(gqa, K_NORM_INPUT)
-        head_size = (q_norm or k_norm)[1]  # type: ignore[index]
+        head_size = (q_norm or k_norm)[1]
         if q_norm and k_norm and q_norm[1] != k_norm[1]:
             raise MatchFailure.refuse(f"q-norm and k-norm weights differ in length ({q_norm[1]} vs {k_norm[1]})",
                                       gqa.name)
