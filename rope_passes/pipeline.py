@@ -80,7 +80,7 @@ def run_pipeline(
     """
     names = pass_names_for(target, passes)
     report = PipelineReport(str(bundle.model_path), None, None if passes is not None else (target or "webgpu"))
-    pass_objects = build_passes(names, PassContext(bundle.genai_config), options)
+    pass_objects = build_passes(names, PassContext(bundle.genai_config, model_path=bundle.model_path), options)
     for index, pass_ in enumerate(pass_objects):
         if progress is not None:
             progress(pass_.name, index, len(pass_objects))

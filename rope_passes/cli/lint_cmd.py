@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from rope_passes.hf_config import use_hf_config
 from rope_passes.io import check_report_path, discover_models, write_report
 from rope_passes.lint import fix_bundle, lint_bundle
 from rope_passes.lint.core import RULES, Severity
@@ -29,6 +30,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ignore", help="comma-separated rule codes to skip")
     p.add_argument("--fail-on", default="warning", choices=[s.value for s in Severity],
                    help="lowest severity that makes the exit code 1 (default: warning)")
+    p.add_argument("--hf-config", metavar="PATH",
+                   help="the models' Hugging Face config.json for the RP4xx rules (default: the one beside each)")
     p.add_argument("--list-rules", action="store_true", help="print the rules and exit")
     p.set_defaults(func=run)
 
@@ -49,11 +52,12 @@ def run(args: argparse.Namespace) -> int:
     ignore = args.ignore.split(",") if args.ignore else ()
     paths = [str(m) for given in args.models for m in discover_models(given)]
     results = {}
-    for path in paths:
-        if args.fix:
-            fix_bundle(path, options={"text_only": args.text_only}, select=select, ignore=ignore,
-                       log=lambda m: print(m, file=sys.stderr))
-        results[path] = lint_bundle(path, select=select, ignore=ignore)
+    with use_hf_config(args.hf_config):  # the RP4xx rules and --fix read this config.json instead of the ones beside
+        for path in paths:
+            if args.fix:
+                fix_bundle(path, options={"text_only": args.text_only}, select=select, ignore=ignore,
+                           log=lambda m: print(m, file=sys.stderr))
+            results[path] = lint_bundle(path, select=select, ignore=ignore)
     text = FORMATS[args.format](results)
     if args.output:
         write_report(args.output, text + "\n")

@@ -28,6 +28,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="the model will only see text prompts: allows folding mRoPE of 3D-position graphs")
     p.add_argument("--max-positions", type=int, metavar="N",
                    help="rows of precomputed cos/sin tables (precompute-cos-sin; default: genai_config context_length)")
+    p.add_argument("--hf-config", metavar="PATH",
+                   help="the model's Hugging Face config.json (or its folder): table size, rope type, scaling "
+                        "(precompute-cos-sin; default: config.json beside the model)")
     p.add_argument("--dry-run", action="store_true", help="run the passes and report, write nothing")
     p.add_argument("--in-place", action="store_true",
                    help="overwrite the input (atomically; only the graph file and a small second data file are "
@@ -102,6 +105,8 @@ def _options(args: argparse.Namespace) -> dict:
     options: dict = {"text_only": True} if args.text_only else {}
     if args.max_positions is not None:
         options["max_positions"] = args.max_positions
+    if args.hf_config is not None:
+        options["hf_config"] = args.hf_config
     return options
 
 

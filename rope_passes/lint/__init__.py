@@ -16,6 +16,7 @@ from typing import Any
 from rope_passes.analysis.census import census
 from rope_passes.io import ModelBundle, load_bundle, save_bundle
 from rope_passes.lint import rules as _rules  # noqa: F401  (registers the rules)
+from rope_passes.lint import rules_config as _rules_config  # noqa: F401  (RP4xx: graph vs config.json)
 from rope_passes.lint.core import RULES, Diagnostic, LintContext, Rule, Severity, run_rules
 from rope_passes.passes import ALL_PASSES
 from rope_passes.pipeline import PRESETS, run_pipeline

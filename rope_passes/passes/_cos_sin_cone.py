@@ -72,11 +72,15 @@ class Cone:
     """The abstract values of the cone of ``end``; :meth:`prove` refuses unless ``end`` is ``positions.shape + [D]``
     Token-valued (each row a function of its own position)."""
 
-    def __init__(self, positions: ir.Value, opset: int) -> None:
+    def __init__(self, positions: ir.Value, opset: int, shape_inputs: Sequence[ir.Value] = ()) -> None:
         self.positions = positions
         self.opset = opset
         self.ext = tuple(d if isinstance(d, int) else Dim(k) for k, d in enumerate(positions.shape))
         self.vals: dict[int, Val] = {id(positions): Token(tuple(Label(k) for k in range(len(self.ext))))}
+        names = {str(d): Dim(k) for k, d in enumerate(positions.shape) if not isinstance(d, int) and str(d)}
+        for v in shape_inputs:  # read only through Shape/Size: their declared dims, a name shared with the positions'
+            dims = tuple(d if isinstance(d, int) else names.get(str(d), OPAQUE) for d in (v.shape or ()))
+            self.vals[id(v)] = Known(dims if v.shape is not None else None, None, None, True)
 
     # -- walking --------------------------------------------------------------------------------------------------
     def prove(self, end: ir.Value, trig: ir.Node) -> int:

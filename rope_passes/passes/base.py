@@ -40,12 +40,14 @@ class PassContext:
     """What the passes of one run read and write besides the model itself."""
 
     genai_config: GenaiConfig = dataclasses.field(default_factory=GenaiConfig)
+    #: the model file (or folder) the model was read from, when known: what else travels beside it (config.json)
+    model_path: Path | None = None
 
     @classmethod
     def for_model(cls, path: str | os.PathLike) -> PassContext:
         """The context of a model file or folder: the ``genai_config.json`` beside it, if any."""
         p = Path(path)
-        return cls(GenaiConfig.load(p if p.is_dir() else p.parent))
+        return cls(GenaiConfig.load(p if p.is_dir() else p.parent), model_path=p)
 
 
 @dataclasses.dataclass(frozen=True)

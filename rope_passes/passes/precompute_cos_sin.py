@@ -54,6 +54,7 @@ exactly as (in)correct as the exported graph — nothing in the graph says other
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 import numpy as np
 import onnx_ir as ir
@@ -61,7 +62,9 @@ import onnx_ir as ir
 from rope_passes.analysis.graph import ancestors, const_tensor
 from rope_passes.analysis.inv_freq import inv_freq_product
 from rope_passes.analysis.longrope import longrope_where
+from rope_passes.hf_config import HFConfig
 from rope_passes.passes._cos_sin_cone import Cone
+from rope_passes.passes._cos_sin_config import UNKNOWN_SIZE, against_config, emit_switch, find_ropes, shape_feeds
 from rope_passes.passes._rewrite import NodeTape, add_initializer, remove_dead
 from rope_passes.passes.base import RopePass, option
 from rope_passes.report import MatchFailure, PassReport
@@ -84,6 +87,10 @@ class _Chain:
     product: ir.Node  # the positions × inv_freq MatMul/Mul
     inv_freq: ir.Value
     nodes: list[ir.Node]  # the chain's nodes (ancestors of ``end``)
+    #: other graph inputs the chain reads only the shape of (the batch from Shape(past_key_values.0.value))
+    shape_inputs: list[ir.Value] = dataclasses.field(default_factory=list)
+    #: LongRoPE frozen at export, rebuilt from config.json: (short table, long table, original_max_position_embeddings)
+    switch: tuple[np.ndarray, np.ndarray, int] | None = None
 
     @property
     def role(self) -> str:
@@ -123,10 +130,45 @@ def _graph_inputs(nodes: list[ir.Node], end: ir.Value) -> list[ir.Value]:
     return list(found.values())
 
 
+def find_chain(model: ir.Model, trig: ir.Node) -> _Chain:
+    """The per-call chain ending at ``trig`` (not yet proved per-token); MatchFailure.absent if it is not this form."""
+    found = inv_freq_product(trig, model)
+    if found is None:
+        raise MatchFailure.absent(f"{trig.op_type} does not read positions × an inv_freq vector", trig.name)
+    product, inv_freq = found
+    end = chain_end(trig.outputs[0])
+    if end.is_graph_output():
+        raise MatchFailure.absent(f"the chain's end {end.name!r} is a graph output", trig.name)
+    nodes = ancestors([end])
+    inputs = _graph_inputs(nodes, end)
+    in_chain = {id(n) for n in nodes}
+    shape_only = [v for v in inputs if all(u.op_type in ("Shape", "Size") for u, _ in v.uses() if id(u) in in_chain)]
+    read = [v for v in inputs if all(v is not s for s in shape_only)]
+    if len(read) != 1:
+        names = ", ".join(sorted(repr(v.name) for v in inputs)) or "none"
+        raise MatchFailure.absent(f"{trig.op_type} depends on {len(inputs)} graph inputs ({names}), not on one "
+                                  "position input", trig.name)
+    (positions,) = read
+    by_value = {id(i) for n in ancestors(product.inputs, stop=("Shape", "Size")) if n.op_type not in ("Shape",
+                "Size") for i in n.inputs if i is not None}
+    if id(positions) not in by_value:
+        names = ", ".join(sorted(repr(v.name) for v in inputs))
+        raise MatchFailure.absent(f"{trig.op_type} reads no position input: its positions are made in the graph "
+                                  f"from the shapes of {names} (e.g. Range(past, past + length))", trig.name)
+    shape = positions.shape
+    if positions.dtype not in (ir.DataType.INT64, ir.DataType.INT32) or shape is None or not (
+            len(shape) == 2 or (len(shape) == 3 and shape[0] == 3)):
+        raise MatchFailure.absent(f"position input {positions.name!r} is {positions.dtype} {shape}, not an "
+                                  "integer [batch, seq] or [3, batch, seq] tensor", trig.name)
+    return _Chain(trig, end, positions, product, inv_freq, nodes, shape_inputs=shape_only)
+
+
 @dataclasses.dataclass(frozen=True)
 class PrecomputeCosSinOptions:
-    max_positions: int | None = option(None, "rows of the precomputed tables (default: genai_config context_length)",
-                                       positive=True)
+    max_positions: int | None = option(None, "rows of the precomputed tables (default: genai_config context_length, "
+                                             "else config.json's max_position_embeddings)", positive=True)
+    hf_config: str | None = option(None, "the model's Hugging Face config.json (or its folder): table size, rope type "
+                                         "and scaling (default: config.json / model_config.json beside the model)")
 
 
 class PrecomputeCosSinPass(RopePass):
@@ -148,11 +190,15 @@ class PrecomputeCosSinPass(RopePass):
                 report.record(failure, node.name)
         if not chains:
             return
-        max_positions = self._max_positions()
+        hf, ropes = find_ropes(self.context.model_path, self.options.hf_config)
+        if isinstance(ropes, MatchFailure):
+            for c in chains:
+                report.record(ropes, c.trig.name)
+            return
+        max_positions = self._max_positions(hf)
         if max_positions is None:
             for c in chains:
-                report.refused(c.trig.name, "table size unknown: give max_positions (or model.context_length in "
-                                            "genai_config.json)")
+                report.refused(c.trig.name, UNKNOWN_SIZE)
             return
         by_positions: dict[int, list[_Chain]] = {}
         for c in chains:
@@ -160,6 +206,8 @@ class PrecomputeCosSinPass(RopePass):
         tables: dict[int, np.ndarray] = {}
         for group in by_positions.values():
             tables.update(self._tables(model, group, max_positions, report))
+        if ropes:
+            against_config(model, [c for c in chains if id(c.end) in tables], tables, ropes, report)
         done = [c for c in chains if id(c.end) in tables]
         if not done:
             return
@@ -175,34 +223,17 @@ class PrecomputeCosSinPass(RopePass):
         )
 
     # -- options ----------------------------------------------------------------------------------------------
-    def _max_positions(self) -> int | None:
-        if self.options.max_positions is None:
+    def _max_positions(self, hf: HFConfig | None) -> int | None:
+        if self.options.max_positions is not None:
+            return self.options.max_positions
+        if self.genai_config.context_length is not None:
             return self.genai_config.context_length
-        return self.options.max_positions
+        return hf.max_position_embeddings if hf is not None else None
 
     # -- matching ---------------------------------------------------------------------------------------------
     def _match(self, model: ir.Model, trig: ir.Node) -> _Chain:
         """The per-call chain ending at ``trig``; MatchFailure (absent: not this form; refused: dynamic)."""
-        found = inv_freq_product(trig, model)
-        if found is None:
-            raise MatchFailure.absent(f"{trig.op_type} does not read positions × an inv_freq vector", trig.name)
-        product, inv_freq = found
-        end = chain_end(trig.outputs[0])
-        if end.is_graph_output():
-            raise MatchFailure.absent(f"the chain's end {end.name!r} is a graph output", trig.name)
-        nodes = ancestors([end])
-        inputs = _graph_inputs(nodes, end)
-        if len(inputs) != 1:
-            names = ", ".join(sorted(repr(v.name) for v in inputs)) or "none"
-            raise MatchFailure.absent(f"{trig.op_type} depends on {len(inputs)} graph inputs ({names}), not on one "
-                                      "position input", trig.name)
-        (positions,) = inputs
-        shape = positions.shape
-        if positions.dtype not in (ir.DataType.INT64, ir.DataType.INT32) or shape is None or not (
-                len(shape) == 2 or (len(shape) == 3 and shape[0] == 3)):
-            raise MatchFailure.absent(f"position input {positions.name!r} is {positions.dtype} {shape}, not an "
-                                      "integer [batch, seq] or [3, batch, seq] tensor", trig.name)
-        chain = _Chain(trig, end, positions, product, inv_freq, nodes)
+        chain = find_chain(model, trig)
         self._check_static(model, chain)
         return chain
 
@@ -217,7 +248,7 @@ class PrecomputeCosSinPass(RopePass):
                 "table)", chain.trig.name, inv_freq=chain.inv_freq.name)
         opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx", 18))
         try:
-            Cone(chain.positions, opset).prove(chain.end, chain.trig)
+            Cone(chain.positions, opset, chain.shape_inputs).prove(chain.end, chain.trig)
         except MatchFailure as failure:
             raise MatchFailure.refuse(failure.reason, chain.trig.name, inv_freq=chain.inv_freq.name,
                                       node=failure.target) from None
@@ -226,7 +257,8 @@ class PrecomputeCosSinPass(RopePass):
     def _tables(self, model: ir.Model, chains: list[_Chain], rows: int, report: PassReport) -> dict[int, np.ndarray]:
         """Tables ``[rows, D]`` per chain end (``id(end)``), from the graph's own subgraph; failed ones recorded."""
         try:
-            probes, labels, results = _evaluate(model, chains[0].positions, [c.end for c in chains], rows)
+            shape_inputs = list({id(v): v for c in chains for v in c.shape_inputs}.values())
+            probes, labels, results = _evaluate(model, chains[0].positions, [c.end for c in chains], rows, shape_inputs)
         except MatchFailure as failure:
             for c in chains:
                 report.record(failure, c.trig.name)
@@ -246,23 +278,36 @@ class PrecomputeCosSinPass(RopePass):
         old: list[ir.Value] = []
         for n, c in enumerate(chains):
             table = tables[id(c.end)]
-            key = (c.role, table.dtype.str, table.shape, table.tobytes())
-            if key not in shared:
-                shared[key] = add_initializer(graph, f"rope_passes.{c.role}_table", table)
-            init = shared[key]
+
+            def initializer(array: np.ndarray, suffix: str = "", role: str = c.role) -> ir.Value:
+                key = (role, suffix, array.dtype.str, array.shape, array.tobytes())
+                if key not in shared:
+                    shared[key] = add_initializer(graph, f"rope_passes.{role}_table{suffix}", array)
+                return shared[key]
+
             tape = NodeTape()
-            rows_value = tape.op("Gather", [init, c.positions], {"axis": 0}, name=f"rope_passes/{c.role}_gather_{n}",
-                                 output=f"rope_passes.{c.role}_rows_{n}", dtype=ir.DataType.from_numpy(table.dtype),
-                                 shape=[*c.positions.shape, table.shape[-1]])
+            if c.switch is not None:
+                short, long, original = c.switch
+                init, long_init = initializer(short, "_short"), initializer(long, "_long")
+                rows_value = emit_switch(tape, c.positions, init, long_init, original, f"{c.role}_{n}")
+            else:
+                init = initializer(table)
+                rows_value = tape.op("Gather", [init, c.positions], {"axis": 0},
+                                     name=f"rope_passes/{c.role}_gather_{n}", output=f"rope_passes.{c.role}_rows_{n}",
+                                     dtype=ir.DataType.from_numpy(table.dtype),
+                                     shape=[*c.positions.shape, table.shape[-1]])
             producer = c.end.producer()
             assert producer is not None  # a chain end is computed from the positions
             tape.insert_after(graph, producer)
             c.end.replace_all_uses_with(rows_value)
             old.append(c.end)
+            what = (f"Gather({init.name} {list(table.shape)} {table.dtype}, {c.positions.name})" if c.switch is None
+                    else f"Where(max({c.positions.name}) + 1 > {c.switch[2]}, Gather({long_init.name}), "
+                         f"Gather({init.name})) [{table.shape[0]}, {table.shape[-1]}] {table.dtype} (LongRoPE frozen at "
+                         "export, rebuilt from config.json: both tables and transformers' switch)")
             report.rewritten(
                 c.trig.name,
-                f"{c.trig.op_type} of positions × {c.inv_freq.name!r} ({c.product.op_type}) → "
-                f"Gather({init.name} {list(table.shape)} {table.dtype}, {c.positions.name})",
+                f"{c.trig.op_type} of positions × {c.inv_freq.name!r} ({c.product.op_type}) → {what}",
                 table=init.name, rows=rows, columns=int(table.shape[-1]), dtype=str(table.dtype),
                 table_bytes=int(table.nbytes), inv_freq=c.inv_freq.name, replaced=c.end.name,
                 positions=c.positions.name, chain_nodes=len(c.nodes),
@@ -298,14 +343,15 @@ def probes(rows: int, three: bool, switches: tuple[int, ...] = ()) -> list[tuple
     return [(label, np.stack([p, p, p])) for label, p in out] + shifted
 
 
-def _evaluate(model: ir.Model, positions: ir.Value, ends: list[ir.Value],
-              rows: int) -> tuple[list[np.ndarray], list[str], list[list[np.ndarray]]]:
+def _evaluate(model: ir.Model, positions: ir.Value, ends: list[ir.Value], rows: int,
+              shape_inputs: Sequence[ir.Value] = ()) -> tuple[list[np.ndarray], list[str], list[list[np.ndarray]]]:
     """(probes, their labels, the ends' values per probe): the subgraph from ``positions`` to ``ends`` run on
     onnxruntime CPU on the :func:`probes` calls; MatchFailure.absent if it cannot be."""
     dtype = np.int64 if positions.dtype == ir.DataType.INT64 else np.int32
     calls = probes(rows, len(positions.shape) == 3)
     try:
-        results = [evaluate_subgraph(model, [positions], ends, [p.astype(dtype)]) for _, p in calls]
+        results = [evaluate_subgraph(model, [positions, *shape_inputs], ends,
+                                     [p.astype(dtype), *shape_feeds(shape_inputs, positions, p)]) for _, p in calls]
     except ValueError as exc:  # extract(): the ends are not bounded by the positions
         raise MatchFailure.absent(f"the chain is not a function of {positions.name!r} alone ({exc})") from exc
     except Exception as exc:  # noqa: BLE001 - any onnxruntime failure becomes a reason in the report
@@ -329,5 +375,5 @@ def _table(chain: _Chain, probes: list[np.ndarray], labels: list[str], results: 
     return np.ascontiguousarray(table)
 
 
-__all__ = ["MAX_POSITIONS_KEY", "PrecomputeCosSinPass", "chain_end"]
+__all__ = ["MAX_POSITIONS_KEY", "PrecomputeCosSinPass", "chain_end", "find_chain"]
 

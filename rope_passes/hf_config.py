@@ -1,0 +1,308 @@
+"""The Hugging Face ``config.json`` beside an exported model, and the RoPE tables it says the model computes.
+
+Exporters (optimum, transformers' own, ``save_pretrained`` next to a ``torch.onnx.export``) leave the model's
+``config.json`` beside the graph. It holds what the graph alone cannot say: the table size
+(``max_position_embeddings``), the rope type and its scaling (linear, llama3, yarn, LongRoPE short/long factors with
+``original_max_position_embeddings``, attention scaling) and the partial rotary factor. Both layouts are read:
+transformers 4 (``rope_theta``, ``rope_scaling``, top-level ``partial_rotary_factor`` /
+``original_max_position_embeddings``, Gemma3's ``rope_local_base_freq``) and transformers 5 (``rope_parameters``,
+flat or per layer type).
+
+    config = HFConfig.find("model_dir")           # config.json / model_config.json beside it, or None
+    rope = config.rope()                          # Rope; MatchFailure.refuse for dynamic NTK
+    cos, sin = rope.tables(256)                   # float32 [256, rotary_dim]
+
+**Tables.** :meth:`Rope.inv_freq` repeats transformers' float32 arithmetic operation by operation
+(``1 / base ** (arange(0, dim, 2) / dim)``, then the type's scaling), so the inverse frequencies and the angles
+``position × inv_freq`` are bit-identical to transformers' (4.57 and 5.23, checked against
+``tests/fixtures/hf_rope``). cos/sin are the correctly rounded values of those angles (float64 cos/sin rounded to
+float32): transformers' own float32 cos/sin come from the CPU's vector math library (MKL on the reference machine)
+and differ from the correctly rounded ones by at most one float32 ulp in ~6% of the entries.
+
+**Dynamic rope types** (``dynamic``: NTK scaling chosen from the call's largest position) are refused with the
+reason: no table is right for every call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import json
+import math
+import os
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rope_passes.errors import ModelLoadError
+from rope_passes.report import MatchFailure
+
+#: file names exporters write the model's config under, in the order they are looked for
+CONFIG_NAMES = ("config.json", "model_config.json")
+#: rope types with one fixed table (LongRoPE: two, switched by the call's largest position)
+STATIC_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
+
+_F = np.float32
+_OVERRIDE: contextvars.ContextVar[str | None] = contextvars.ContextVar("rope_passes_hf_config", default=None)
+
+
+@contextlib.contextmanager
+def use_hf_config(path: str | os.PathLike | None) -> Iterator[None]:
+    """Within the block, :meth:`HFConfig.find` reads ``path`` (``--hf-config``) instead of looking beside models."""
+    token = _OVERRIDE.set(None if path is None else str(path))
+    try:
+        yield
+    finally:
+        _OVERRIDE.reset(token)
+
+
+@dataclasses.dataclass(frozen=True)
+class Rope:
+    """One rotary embedding as the config defines it (one per layer type for Gemma3)."""
+
+    kind: str  # default | linear | llama3 | yarn | longrope
+    theta: float
+    head_dim: int
+    partial_rotary_factor: float
+    max_position_embeddings: int
+    params: Mapping[str, Any]
+    layer_type: str | None = None
+
+    @property
+    def rotary_dim(self) -> int:
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    @property
+    def original_max(self) -> int | None:
+        """LongRoPE's (llama3's, yarn's) ``original_max_position_embeddings``."""
+        value = self.params.get("original_max_position_embeddings")
+        return int(value) if value else None
+
+    @property
+    def switches(self) -> bool:
+        """True for LongRoPE: short factors while the call's largest position + 1 <= original, long ones after."""
+        return self.kind == "longrope"
+
+    def _factor(self) -> float:
+        factor = self.params.get("factor")
+        if factor is None and self.original_max:
+            factor = self.max_position_embeddings / self.original_max
+        return float(factor if factor is not None else 1.0)
+
+    @property
+    def attention_scaling(self) -> float:
+        """What transformers multiplies cos/sin by (yarn's and LongRoPE's attention factor; 1 for the others)."""
+        given = self.params.get("attention_factor")
+        if self.kind == "yarn":
+            if given is not None:
+                return float(given)
+            factor, mscale, mscale_all = self._factor(), self.params.get("mscale"), self.params.get("mscale_all_dim")
+
+            def get_mscale(scale: float, m: float = 1.0) -> float:
+                return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+            if mscale and mscale_all:
+                return float(get_mscale(factor, mscale) / get_mscale(factor, mscale_all))
+            return get_mscale(factor)
+        if self.kind == "longrope":
+            if given is not None:
+                return float(given)
+            factor = self._factor()
+            return 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(self.original_max or 1))
+        return 1.0
+
+    def inv_freq(self, long: bool = False) -> np.ndarray:
+        """float32 ``[rotary_dim / 2]``, transformers' float32 arithmetic (``long``: LongRoPE's long factors)."""
+        dim = self.rotary_dim
+        exps = np.arange(0, dim, 2, dtype=np.int64).astype(_F) / _F(dim)
+        # the float32 power correctly rounded (float64, then float32): what torch's CPU pow gives but in rare cases
+        pos_freqs = (np.float64(_F(self.theta)) ** exps.astype(np.float64)).astype(_F)
+        if self.kind == "longrope":
+            ext = np.asarray(self.params["long_factor" if long else "short_factor"], dtype=_F)
+            return (_F(1.0) / (ext * pos_freqs)).astype(_F)
+        inv = (_F(1.0) / pos_freqs).astype(_F)
+        if self.kind == "linear":
+            return (inv / _F(self.params["factor"])).astype(_F)
+        if self.kind == "llama3":
+            return self._llama3(inv)
+        if self.kind == "yarn":
+            return self._yarn(pos_freqs)
+        return inv
+
+    def _llama3(self, inv: np.ndarray) -> np.ndarray:
+        p = self.params
+        factor, low, high, old = _F(p["factor"]), p["low_freq_factor"], p["high_freq_factor"], p[
+            "original_max_position_embeddings"]
+        low_wavelen, high_wavelen = _F(old / low), _F(old / high)
+        wavelen = (_F(2 * math.pi) / inv).astype(_F)
+        scaled = np.where(wavelen > low_wavelen, (inv / factor).astype(_F), inv).astype(_F)
+        smooth = ((_F(old) / wavelen - _F(low)) / _F(high - low)).astype(_F)
+        smoothed = ((_F(1) - smooth) * scaled / factor + smooth * scaled).astype(_F)
+        medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+        return np.where(medium, smoothed, scaled).astype(_F)
+
+    def _yarn(self, pos_freqs: np.ndarray) -> np.ndarray:
+        p, dim, base = self.params, self.rotary_dim, self.theta
+        factor = self._factor()
+        beta_fast, beta_slow = p.get("beta_fast") or 32, p.get("beta_slow") or 1
+        original = self.original_max or self.max_position_embeddings
+
+        def correction_dim(rotations: float) -> float:
+            return (dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+        low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+        if p.get("truncate", True):
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, dim - 1)
+        if low == high:
+            high += 0.001
+        ramp = np.clip((np.arange(dim // 2, dtype=_F) - _F(low)) / _F(high - low), 0, 1).astype(_F)
+        extrapolation = (_F(1) - ramp).astype(_F)
+        inv_extrapolation = (_F(1.0) / pos_freqs).astype(_F)
+        inv_interpolation = (_F(1.0) / (_F(factor) * pos_freqs)).astype(_F)
+        return (inv_interpolation * (_F(1) - extrapolation) + inv_extrapolation * extrapolation).astype(_F)
+
+    def angles(self, positions: np.ndarray, long: bool = False) -> np.ndarray:
+        """float32 ``positions × inv_freq`` (``[..., rotary_dim / 2]``), as transformers' one-term matmul."""
+        return (np.asarray(positions, dtype=_F)[..., None] * self.inv_freq(long)).astype(_F)
+
+    def tables(self, rows: int, long: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """(cos, sin) float32 ``[rows, rotary_dim]`` for positions ``0..rows-1``, attention scaling included."""
+        freqs = self.angles(np.arange(rows), long).astype(np.float64)
+        emb = np.concatenate([freqs, freqs], axis=-1)
+        scale = _F(self.attention_scaling)
+        cos, sin = (np.asarray(f(emb), dtype=_F) for f in (np.cos, np.sin))
+        if scale != 1:
+            cos, sin = (cos * scale).astype(_F), (sin * scale).astype(_F)
+        return cos, sin
+
+    def describe(self) -> str:
+        parts = [f"{self.kind} rope, theta {self.theta:g}"]
+        if self.kind in ("linear", "llama3", "yarn") and self.params.get("factor") is not None:
+            parts.append(f"factor {self.params['factor']:g}")
+        if self.original_max:
+            parts.append(f"original_max_position_embeddings {self.original_max}")
+        if self.partial_rotary_factor != 1:
+            parts.append(f"partial_rotary_factor {self.partial_rotary_factor:g} (rotary dim {self.rotary_dim})")
+        if self.attention_scaling != 1:
+            parts.append(f"attention scaling {self.attention_scaling:.6g}")
+        return (f"{self.layer_type}: " if self.layer_type else "") + ", ".join(parts)
+
+
+@dataclasses.dataclass(frozen=True)
+class HFConfig:
+    """A parsed Hugging Face model config (``config.json``)."""
+
+    path: Path
+    data: Mapping[str, Any]
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> HFConfig:
+        """Read ``path`` (a config.json, or a folder holding one); ModelLoadError when it cannot be read."""
+        p = Path(path)
+        if p.is_dir():
+            found = next((p / n for n in CONFIG_NAMES if (p / n).is_file()), None)
+            if found is None:
+                raise ModelLoadError(f"{p}: no {' or '.join(CONFIG_NAMES)} in this folder")
+            p = found
+        try:
+            data = json.loads(p.read_text())
+        except OSError as exc:
+            raise ModelLoadError(f"{p}: cannot read the Hugging Face config ({exc.strerror or exc})") from None
+        except ValueError as exc:
+            raise ModelLoadError(f"{p}: not valid JSON ({exc})") from None
+        if not isinstance(data, dict):
+            raise ModelLoadError(f"{p}: not a Hugging Face config (the top level is not an object)")
+        return cls(p, data)
+
+    @classmethod
+    def find(cls, model_path: str | os.PathLike | None, explicit: str | os.PathLike | None = None) -> HFConfig | None:
+        """``explicit`` (or the :func:`use_hf_config` path) if given, else the config beside ``model_path``."""
+        explicit = explicit if explicit is not None else _OVERRIDE.get()
+        if explicit is not None:
+            return cls.load(explicit)
+        if model_path is None:
+            return None
+        folder = Path(model_path)
+        folder = folder if folder.is_dir() else folder.parent
+        for name in CONFIG_NAMES:
+            candidate = folder / name
+            if candidate.is_file():
+                loaded = cls.load(candidate)
+                if "model_type" in loaded.data or "max_position_embeddings" in loaded.data:
+                    return loaded
+        return None
+
+    # -- facts ------------------------------------------------------------------------------------------------
+    def _get(self, key: str) -> Any:
+        value = self.data.get(key)
+        if value is None and isinstance(self.data.get("text_config"), dict):
+            value = self.data["text_config"].get(key)
+        return value
+
+    @property
+    def max_position_embeddings(self) -> int | None:
+        value = self._get("max_position_embeddings")
+        return int(value) if isinstance(value, int) and value > 0 else None
+
+    @property
+    def head_dim(self) -> int | None:
+        value = self._get("head_dim")
+        if isinstance(value, int) and value > 0:
+            return value
+        hidden, heads = self._get("hidden_size"), self._get("num_attention_heads")
+        return hidden // heads if isinstance(hidden, int) and isinstance(heads, int) and heads else None
+
+    def layer_types(self) -> list[str | None]:
+        """Layer types with their own rope (transformers 5 per-layer ``rope_parameters``, Gemma3), else [None]."""
+        params = self._get("rope_parameters")
+        if isinstance(params, dict) and params and all(isinstance(v, dict) for v in params.values()):
+            return sorted(params)
+        if self._get("rope_local_base_freq") is not None:
+            return ["full_attention", "sliding_attention"]
+        return [None]
+
+    def rope(self, layer_type: str | None = None) -> Rope:
+        """The rope of ``layer_type`` (None: the only one); MatchFailure.refuse for dynamic or unknown types."""
+        params = self._rope_params(layer_type)
+        kind = str(params.get("rope_type") or params.get("type") or "default")
+        if kind == "mrope":
+            kind = "default"  # transformers 4 Qwen2.5-VL: default frequencies, split by sections afterwards
+        where = f"{self.path}" + (f" ({layer_type})" if layer_type else "")
+        if "dynamic" in kind:
+            raise MatchFailure.refuse(
+                f"{where}: rope_type {kind!r} (dynamic NTK) rescales the frequencies from the call's largest position "
+                "(no single table is right for every call)", "<model>", rope_type=kind)
+        if kind not in STATIC_TYPES:
+            raise MatchFailure.refuse(f"{where}: rope_type {kind!r} is not one rope-passes computes "
+                                      f"({', '.join(STATIC_TYPES)})", "<model>", rope_type=kind)
+        theta = params.get("rope_theta")
+        head_dim, max_pos = self.head_dim, self.max_position_embeddings
+        if theta is None or head_dim is None or max_pos is None:
+            raise MatchFailure.refuse(f"{where}: rope_theta, head_dim (or hidden_size/num_attention_heads) and "
+                                      "max_position_embeddings are needed", "<model>")
+        partial = params.get("partial_rotary_factor", self._get("partial_rotary_factor"))
+        return Rope(kind, float(theta), head_dim, float(partial if partial is not None else 1.0), max_pos,
+                    dict(params), layer_type)
+
+    def _rope_params(self, layer_type: str | None) -> dict[str, Any]:
+        params = self._get("rope_parameters")
+        if isinstance(params, dict) and params:
+            if layer_type is not None and isinstance(params.get(layer_type), dict):
+                params = params[layer_type]
+            out = dict(params)
+        else:  # transformers 4: rope_theta + rope_scaling (+ Gemma3's local base for sliding layers)
+            scaling = self._get("rope_scaling")
+            out = dict(scaling) if isinstance(scaling, dict) else {}
+            out["rope_theta"] = self._get("rope_theta") if self._get("rope_theta") is not None else 10000.0
+            if layer_type == "sliding_attention" and self._get("rope_local_base_freq") is not None:
+                out = {"rope_type": "default", "rope_theta": self._get("rope_local_base_freq")}
+        if "original_max_position_embeddings" not in out and self._get("original_max_position_embeddings"):
+            out["original_max_position_embeddings"] = self._get("original_max_position_embeddings")
+        return out
+
+
+__all__ = ["CONFIG_NAMES", "STATIC_TYPES", "HFConfig", "Rope", "use_hf_config"]

@@ -1,0 +1,289 @@
+"""The cos/sin a graph computes against what its Hugging Face ``config.json`` says (``precompute-cos-sin`` and the
+RP4xx lint rules).
+
+A chain (positions → cos or sin, as ``precompute-cos-sin`` matches it) is evaluated on onnxruntime CPU for one call
+of positions ``0..rows-1``; LongRoPE configs also for a call of ``0..original-1`` (transformers picks the short
+factors while the call's largest position + 1 <= original, the long ones after). The rows are compared with
+:meth:`rope_passes.hf_config.Rope.tables` (tolerance :data:`TOL`: float32 tables differ from transformers' by an ulp
+or two), and a mismatch is explained: the first wrong position and the likely cause (LongRoPE frozen at export,
+theta differs, scaling ignored, attention scaling differs, rotary width differs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+from collections.abc import Iterator, Sequence
+from typing import Protocol
+
+import numpy as np
+import onnx_ir as ir
+
+from rope_passes.analysis.graph import const_tensor
+from rope_passes.hf_config import HFConfig, Rope
+from rope_passes.passes._rewrite import NodeTape
+from rope_passes.report import MatchFailure, PassReport
+from rope_passes.runtime.evaluate import evaluate_subgraph
+
+UNKNOWN_SIZE = ("table size unknown: give max_positions (or model.context_length in genai_config.json, or "
+                "max_position_embeddings in the config.json beside the model)")
+
+#: max |graph - config| for a row to count as right (float32); float16 chains get :data:`TOL_FP16`
+TOL, TOL_FP16 = 1e-5, 4e-3
+
+
+@dataclasses.dataclass
+class Verdict:
+    """One chain against one rope of the config."""
+
+    rope: Rope
+    ok: bool
+    first_wrong: int | None = None  # the first position at which the graph is wrong
+    worst: float = 0.0
+    cause: str = ""
+    frozen: str | None = None  # LongRoPE frozen at export: "short" or "long" (the factors the graph always uses)
+
+    def message(self, what: str) -> str:
+        return (f"{what} differs from config.json ({self.rope.describe()}) from position {self.first_wrong} on "
+                f"(by up to {self.worst:.3g}): {self.cause}")
+
+
+def calls(positions: ir.Value, rows: int) -> np.ndarray:
+    """One call of positions ``0..rows-1`` in the position input's layout (``[1, rows]`` or ``[3, 1, rows]``)."""
+    call = np.arange(rows)[None, :]
+    if len(positions.shape) == 3:
+        call = np.stack([call] * 3)
+    return call.astype(np.int64 if positions.dtype == ir.DataType.INT64 else np.int32)
+
+
+@contextlib.contextmanager
+def _typed(value: ir.Value) -> Iterator[None]:
+    """Give a constant's value its type and shape while it is fed as an input (restored after)."""
+    tensor = const_tensor(value)
+    old = value.type, value.shape
+    if tensor is not None:
+        value.type, value.shape = ir.TensorType(tensor.dtype), ir.Shape(tensor.shape)
+    try:
+        yield
+    finally:
+        value.type, value.shape = old
+
+
+def shape_feeds(shape_inputs: Sequence[ir.Value], positions: ir.Value, call: np.ndarray) -> list[np.ndarray]:
+    """Zeros for the inputs a chain reads only the shape of: a dim named like one of the positions' takes its
+    extent in ``call``, the other symbolic dims 1."""
+    named = {str(d): call.shape[k] for k, d in enumerate(positions.shape) if not isinstance(d, int)}
+    return [np.zeros([d if isinstance(d, int) else named.get(str(d), 1) for d in v.shape],
+                     dtype=v.dtype.numpy()) for v in shape_inputs]
+
+
+def rows_of(model: ir.Model, positions: ir.Value, ends: Sequence[ir.Value], rows: int,
+            inv_freq: tuple[ir.Value, np.ndarray] | None = None,
+            shape_inputs: Sequence[ir.Value] = ()) -> list[np.ndarray]:
+    """The ends' rows ``[rows, D]`` for one call of positions ``0..rows-1`` (``inv_freq``: a constant replaced)."""
+    call = calls(positions, rows)
+    feeds = [call, *shape_feeds(shape_inputs, positions, call)]
+    inputs = [positions, *shape_inputs]
+    try:
+        with contextlib.ExitStack() as stack:
+            if inv_freq is not None:
+                value, array = inv_freq
+                stack.enter_context(_typed(value))
+                tensor = const_tensor(value)
+                inputs.append(value)
+                feeds.append(np.asarray(array, dtype=tensor.dtype.numpy()).reshape(tensor.shape))
+            results = evaluate_subgraph(model, inputs, list(ends), feeds)
+    except Exception as exc:  # noqa: BLE001 - any failure is a reason in a report
+        raise MatchFailure.absent(f"cannot evaluate the cos/sin subgraph on onnxruntime CPU "
+                                  f"({type(exc).__name__}: {str(exc).splitlines()[0][:160]})") from exc
+    return [r[0] if r.ndim == 3 else r[0, 0] for r in results]
+
+
+def _want(rope: Rope, rows: int, role: str, width: int, long: bool) -> np.ndarray | None:
+    cos, sin = rope.tables(rows, long)
+    table = cos if role == "cos" else sin
+    if width == table.shape[1]:
+        return table
+    if 2 * width == table.shape[1]:  # mRoPE per-axis tables: the frequencies before the Concat(f, f)
+        return table[:, :width]
+    return None
+
+
+def _first_wrong(got: np.ndarray, want: np.ndarray, tol: float) -> tuple[int | None, float]:
+    diff = np.abs(got.astype(np.float64) - want.astype(np.float64)).max(axis=1)
+    bad = np.flatnonzero(diff > tol)
+    return (int(bad[0]) if bad.size else None), float(diff.max())
+
+
+def judge(rope: Rope, role: str, long_rows: np.ndarray, short_rows: np.ndarray | None, tol: float = TOL) -> Verdict:
+    """``long_rows``: the chain's rows for the call ``0..N-1``; ``short_rows``: for ``0..original-1`` (LongRoPE)."""
+    rows, width = long_rows.shape
+    want = _want(rope, rows, role, width, long=True)
+    if want is None:
+        return Verdict(rope, False, 0, math.inf, f"the graph rotates {width} channels, config.json's rotary dimension "
+                                                 f"is {rope.rotary_dim} (head_dim {rope.head_dim} × "
+                                                 f"partial_rotary_factor {rope.partial_rotary_factor:g})")
+    first, worst = _first_wrong(long_rows, want, tol)
+    if rope.switches:
+        orig = rope.original_max or rows
+        short_want = _want(rope, rows, role, width, long=False)
+        frozen_short = _first_wrong(long_rows, short_want, tol)[0] is None
+        short_ok = short_rows is None or _first_wrong(short_rows, short_want[:len(short_rows)], tol)[0] is None
+        if first is None and short_ok:
+            return Verdict(rope, True, worst=worst)
+        if frozen_short:
+            return Verdict(rope, False, orig, worst, f"LongRoPE frozen at export: the graph uses the short factors "
+                                                     f"past position {orig - 1} (transformers switches to the long "
+                                                     f"factors once a call reaches position {orig})", "short")
+        if first is None:
+            s_first, s_worst = _first_wrong(short_rows, short_want[:len(short_rows)], tol)
+            return Verdict(rope, False, s_first, s_worst, f"LongRoPE frozen at export: the graph uses the long factors "
+                                                         f"also in calls below position {orig}", "long")
+        return Verdict(rope, False, first, worst, _cause(rope, role, long_rows, want))
+    if first is None:
+        return Verdict(rope, True, worst=worst)
+    return Verdict(rope, False, first, worst, _cause(rope, role, long_rows, want))
+
+
+def _frequencies(role: str, rows: np.ndarray) -> tuple[np.ndarray, float] | None:
+    """(inverse frequencies, amplitude) read back from a cos table (row ``p`` holds ``cos(p × inv_freq) × scale``):
+    per frequency from the row whose angle is near 1 radian, where arccos is well conditioned."""
+    if role != "cos" or rows.shape[0] < 2:
+        return None
+    scale = float(rows[0, 0])
+    if scale <= 0:
+        return None
+    table = np.clip(rows.astype(np.float64) / scale, -1, 1)
+    half = table.shape[1] // 2
+    inv = np.empty(half)
+    for j in range(half):
+        coarse = float(np.arccos(table[1, j]))
+        p = int(min(table.shape[0] - 1, max(1, 1.0 / max(coarse, 1e-12))))
+        inv[j] = float(np.arccos(table[p, j])) / p
+    return inv, scale
+
+
+def _cause(rope: Rope, role: str, got: np.ndarray, want: np.ndarray) -> str:
+    found = _frequencies(role, got)
+    if found is None:
+        return "the frequencies differ from config.json's"
+    inv, scale = found
+    expected = rope.inv_freq(long=rope.switches).astype(np.float64)[: len(inv)]
+    plain = dataclasses.replace(rope, kind="default").inv_freq().astype(np.float64)[: len(inv)]
+    if not math.isclose(scale, rope.attention_scaling, rel_tol=1e-4) and np.allclose(inv, expected, rtol=1e-3,
+                                                                                      atol=1e-7):
+        return f"attention scaling differs: the graph multiplies cos/sin by {scale:.6g}, config.json by " \
+                   f"{rope.attention_scaling:.6g}"
+    if rope.kind != "default" and np.allclose(inv, plain, rtol=1e-3, atol=1e-7):
+        return f"scaling ignored: the graph computes plain (unscaled) frequencies, config.json says {rope.kind}"
+    if len(inv) > 1 and 0 < inv[1] < 1:
+        theta = float(inv[1] ** (-len(inv)))  # inv[j] = theta ** (-j / half)
+        fitted = theta ** (-np.arange(len(inv)) / len(inv))
+        if np.allclose(inv, fitted, rtol=1e-3, atol=1e-7) and not math.isclose(theta, rope.theta, rel_tol=1e-2):
+            return f"theta differs: the graph uses theta ≈ {theta:.6g}, config.json {rope.theta:g}"
+    ratio = inv[1:] / expected[1:] if len(inv) > 1 else np.array([])
+    if ratio.size and np.allclose(ratio, ratio[0], rtol=1e-3) and not math.isclose(ratio[0], 1, rel_tol=1e-3):
+        return f"the frequencies are config.json's scaled by {ratio[0]:.6g} (a linear factor differs)"
+    return "the frequencies differ from config.json's"
+
+
+# -- precompute-cos-sin: finding the config, checking its chains, rebuilding frozen LongRoPE --------------------------
+def find_ropes(model_path, explicit: str | None) -> tuple[HFConfig | None, list[Rope] | MatchFailure]:
+    """The config (explicit, else beside the model) and its ropes; a MatchFailure (refuse) for dynamic types."""
+    hf = HFConfig.find(model_path, explicit)
+    if hf is None:
+        return None, []
+    try:
+        return hf, [hf.rope(layer_type) for layer_type in hf.layer_types()]
+    except MatchFailure as failure:
+        return hf, failure
+
+
+class _Chain(Protocol):
+    trig: ir.Node
+    end: ir.Value
+    positions: ir.Value
+    inv_freq: ir.Value
+    shape_inputs: list[ir.Value]
+    switch: tuple[np.ndarray, np.ndarray, int] | None
+
+    @property
+    def role(self) -> str: ...
+
+
+def best_verdict(model: ir.Model, positions: ir.Value, end: ir.Value, role: str, long_rows: np.ndarray,
+                 ropes: Sequence[Rope], shape_inputs: Sequence[ir.Value] = ()) -> Verdict:
+    """The chain against every rope of the config (Gemma3: one per layer type): a right one, else the likeliest."""
+    tol = TOL_FP16 if long_rows.dtype == np.float16 else TOL
+    verdicts = []
+    for rope in ropes:
+        short = None
+        if rope.switches and rope.original_max and rope.original_max < len(long_rows):
+            short = rows_of(model, positions, [end], rope.original_max, shape_inputs=shape_inputs)[0]
+        verdicts.append(judge(rope, role, long_rows, short, tol))
+    return min(verdicts, key=lambda v: (not v.ok, v.frozen is None, -(v.first_wrong or 0), v.worst))
+
+
+def against_config(model: ir.Model, chains: Sequence[_Chain], tables: dict[int, np.ndarray], ropes: Sequence[Rope],
+                   report: PassReport) -> None:
+    """Check each chain's table with the config: right (nothing to do), LongRoPE frozen at export (``switch`` set:
+    the other table evaluated with the config's other inv_freq in the graph's own chain), or wrong (a note)."""
+    for c in chains:
+        table = tables[id(c.end)]
+        try:
+            verdict = best_verdict(model, c.positions, c.end, c.role, table, ropes, c.shape_inputs)
+            if verdict.ok:
+                continue
+            if verdict.frozen is None or len(c.positions.shape) != 2:
+                report.note(c.trig.name, verdict.message(f"{c.trig.op_type} ({c.role} table)") + "; the tables keep "
+                            "what the graph computes (rope-passes lint: RP401)", first_wrong=verdict.first_wrong)
+                continue
+            c.switch = _rebuild(model, c, table, verdict.rope, verdict.frozen)
+        except MatchFailure as failure:
+            report.record(failure, c.trig.name)
+            tables.pop(id(c.end), None)
+
+
+def _rebuild(model: ir.Model, c: _Chain, table: np.ndarray, rope: Rope, frozen: str) -> tuple[np.ndarray, np.ndarray,
+                                                                                                 int]:
+    """(short, long, original): the graph's own table for the factors it froze, its own chain with the config's other
+    inv_freq for the rest; refused unless the graph's inv_freq constant is the config's frozen one."""
+    current = const_tensor(c.inv_freq)
+    frozen_inv = rope.inv_freq(long=frozen == "long")
+    if current is None or current.size != frozen_inv.size or not np.allclose(
+            current.numpy().reshape(-1), frozen_inv, rtol=1e-6, atol=0):
+        raise MatchFailure.refuse(f"LongRoPE frozen at export, but {c.inv_freq.name!r} is not config.json's "
+                                  f"{frozen} inv_freq: not rebuilt", c.trig.name)
+    other = rows_of(model, c.positions, [c.end], len(table), (c.inv_freq, rope.inv_freq(long=frozen == "short")),
+                    c.shape_inputs)[0]
+    short, long = (table, other) if frozen == "short" else (other, table)
+    return np.ascontiguousarray(short), np.ascontiguousarray(long), int(rope.original_max or len(table))
+
+
+def emit_switch(tape: NodeTape, positions: ir.Value, short: ir.Value, long: ir.Value, original: int,
+                tag: str) -> ir.Value:
+    """``Where(ReduceMax(positions) + 1 > original, Gather(long, positions), Gather(short, positions))``:
+    transformers' LongRoPE choice (the call's largest position, over the whole batch)."""
+    dtype = positions.dtype
+    np_dtype = np.int64 if dtype == ir.DataType.INT64 else np.int32
+    one_c = tape.op("Constant", [], {"value": ir.tensor(np.array(1, np_dtype))}, name=f"rope_passes/{tag}_one",
+                    output=f"rope_passes.{tag}_one", dtype=dtype, shape=[])
+    orig_c = tape.op("Constant", [], {"value": ir.tensor(np.array(original, np_dtype))},
+                     name=f"rope_passes/{tag}_original", output=f"rope_passes.{tag}_original", dtype=dtype, shape=[])
+    top = tape.op("ReduceMax", [positions], {"keepdims": 0}, name=f"rope_passes/{tag}_max", dtype=dtype, shape=[])
+    size = tape.op("Add", [top, one_c], name=f"rope_passes/{tag}_max_plus_one", dtype=dtype, shape=[])
+    cond = tape.op("Greater", [size, orig_c], name=f"rope_passes/{tag}_long", output=f"rope_passes.{tag}_long",
+                   dtype=ir.DataType.BOOL, shape=[])
+    width = long.shape[-1] if long.shape is not None else None
+    rows = []
+    for which, table in (("long", long), ("short", short)):
+        rows.append(tape.op("Gather", [table, positions], {"axis": 0}, name=f"rope_passes/{tag}_gather_{which}",
+                            output=f"rope_passes.{tag}_rows_{which}", dtype=table.dtype,
+                            shape=[*positions.shape, width]))
+    return tape.op("Where", [cond, *rows], name=f"rope_passes/{tag}_switch", output=f"rope_passes.{tag}_rows",
+                   dtype=long.dtype, shape=[*positions.shape, width])
+
+
+__all__ = ["TOL", "TOL_FP16", "UNKNOWN_SIZE", "Verdict", "against_config", "best_verdict", "calls", "emit_switch",
+           "find_ropes", "judge", "rows_of", "shape_feeds"]
