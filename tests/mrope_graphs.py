@@ -4,12 +4,15 @@ Graphs: one attention block ``x → q/k/v MatMul → rotation → GroupQueryAtte
 rotation written as
 
 * ``MRotaryEmbedding`` (builder 0.18 form) with any sections / layout / partial rotary / pairing, fp32 or fp16
-  (fp16 as the builder writes it: Cast to fp32 around the op), packed or unpacked QKV;
+  (fp16 as the builder writes it: Cast to fp32 around the op), packed or unpacked QKV; with ``qk_norm`` the
+  builder 0.18 Qwen3-VL form: ``Reshape [0, -1, head]`` → (fp16: Cast to fp32) → per-head norm (a Mul here) →
+  ``Reshape [0, -1, heads*head]`` → MRotaryEmbedding in fp32 → (fp16: Cast to fp16) → GQA;
 * the builder 0.15.2 manual form: per-token cos/sin gathered per axis from a cache, combined per column with
   ``Where`` masks, fed to ``RotaryEmbedding`` with the token index ``Range(0, B*S)`` as positions; its 3D
   positions either a graph input or a 2D input tiled in-graph (text only).
 
-:func:`mrotary_graph` is a lone MRotaryEmbedding (``x, position_ids → y``) for lowering tests.
+:func:`mrotary_graph` is a lone MRotaryEmbedding (``x, position_ids → y``) for lowering tests; :func:`run_attention`
+drives an attention graph through a prefill and decode steps.
 """
 
 from __future__ import annotations
@@ -81,6 +84,7 @@ def attention_graph(
     positions: str = "3d",  # "3d" graph input [3,B,S] | "tiled" 2D input tiled in-graph
     max_pos: int = 64,
     seed: int = 0,
+    qk_norm: bool = False,
 ) -> ir.Model:
     """One decoder attention block with mRoPE before GroupQueryAttention(do_rotary=0)."""
     rng = np.random.RandomState(seed)
@@ -115,8 +119,14 @@ def attention_graph(
     if form == "mrotary":
 
         def rotate(t, n):
+            if qk_norm:  # Qwen3-VL: per-head norm in fp32 between two reshapes, rotation in fp32, Cast after
+                t = b.op("Reshape", [t, b.const(f"to_heads_{b.n}", np.array([0, -1, head], np.int64))])
             if dtype == "float16":
                 t = b.op("Cast", [t], {"to": ir.DataType.FLOAT})
+            if qk_norm:
+                weight = (1.0 + 0.1 * rng.randn(head)).astype(np.float32)
+                t = b.op("Mul", [t, b.const(f"norm_w_{b.n}", weight)])
+                t = b.op("Reshape", [t, b.const(f"to_hidden_{b.n}", np.array([0, -1, n * head], np.int64))])
             attrs = {
                 "interleaved": int(interleaved),
                 "rotary_embedding_dim": 0 if rotary_dim is None else rot,
@@ -224,3 +234,27 @@ def mrotary_graph(
     graph = ir.Graph(inputs=[x, pos], outputs=[y], nodes=b.nodes, initializers=b.inits,
                      opset_imports={"": 21, MS: 1}, name="mrotary")
     return ir.Model(graph, ir_version=10), cos, sin
+
+
+def run_attention(model_bytes: bytes, ep: str, *, positions: str, steps: int = 3, seed: int = 3, batch: int = 1,
+                  present: bool = False) -> list:
+    """Prefill 5 tokens then ``steps`` single-token steps; the output of every call (``present``: with the call's
+    ``present_key``, as ``(output, present_key)`` pairs)."""
+    from rope_passes.runtime.sessions import create_session
+
+    sess = create_session(model_bytes, ep)
+    ins = {i.name: i for i in sess.get_inputs()}
+    dt = np.float16 if ins["x"].type == "tensor(float16)" else np.float32
+    kv_heads, head = ins["past_key"].shape[1], ins["past_key"].shape[3]
+    rng = np.random.RandomState(seed)
+    past = {"past_key": np.zeros((batch, kv_heads, 0, head), dt), "past_value": np.zeros((batch, kv_heads, 0, head), dt)}
+    outs, done = [], 0
+    for s in [5] + [1] * steps:
+        feeds = dict(past, x=rng.randn(batch, s, 64).astype(dt), attention_mask=np.ones((batch, done + s), np.int64))
+        if "position_ids" in ins:
+            pos = np.tile(np.arange(done, done + s, dtype=np.int64), (batch, 1))
+            feeds["position_ids"] = np.tile(pos[None], (3, 1, 1)) if positions == "3d" else pos
+        out, pk, pv = sess.run(None, feeds)
+        outs.append((out.astype(np.float32), pk) if present else out.astype(np.float32))
+        past, done = {"past_key": pk, "past_value": pv}, done + s
+    return outs

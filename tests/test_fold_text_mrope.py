@@ -21,7 +21,7 @@ import onnx_ir as ir
 import pytest
 from _utils import serialize
 from conftest import GENAI
-from mrope_graphs import attention_graph
+from mrope_graphs import attention_graph, run_attention
 
 from rope_passes.analysis.graph import MS_DOMAIN, attr, nodes_of
 from rope_passes.check.decode import DecoderSpec, embedding_table, run_decode, token_ids
@@ -36,26 +36,6 @@ from rope_passes.runtime.sessions import create_session, session_options
 ROTARY = ("MRotaryEmbedding", "RotaryEmbedding")
 #: ops of the mRoPE paths that none of these graphs uses elsewhere (Shape: only the attention-mask one may stay)
 MROPE_PLUMBING = ("Range", "Tile", "Expand", "Where", "Cos", "Sin")
-
-
-def run_attention(model_bytes: bytes, ep: str, *, positions: str, steps: int = 3, seed: int = 3, batch: int = 1):
-    """Prefill 5 tokens then ``steps`` single-token steps; outputs of every call."""
-    sess = create_session(model_bytes, ep)
-    ins = {i.name: i for i in sess.get_inputs()}
-    dt = np.float16 if ins["x"].type == "tensor(float16)" else np.float32
-    kv_heads, head = ins["past_key"].shape[1], ins["past_key"].shape[3]
-    rng = np.random.RandomState(seed)
-    past = {"past_key": np.zeros((batch, kv_heads, 0, head), dt), "past_value": np.zeros((batch, kv_heads, 0, head), dt)}
-    outs, done = [], 0
-    for s in [5] + [1] * steps:
-        feeds = dict(past, x=rng.randn(batch, s, 64).astype(dt), attention_mask=np.ones((batch, done + s), np.int64))
-        if "position_ids" in ins:
-            pos = np.tile(np.arange(done, done + s, dtype=np.int64), (batch, 1))
-            feeds["position_ids"] = np.tile(pos[None], (3, 1, 1)) if positions == "3d" else pos
-        out, pk, pv = sess.run(None, feeds)
-        outs.append(out.astype(np.float32))
-        past, done = {"past_key": pk, "past_value": pv}, done + s
-    return outs
 
 
 def assert_folded(model: ir.Model, *, interleaved: bool, half: int, dtype: ir.DataType):

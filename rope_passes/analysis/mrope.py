@@ -142,13 +142,14 @@ def _axes(node: ir.Node) -> list[int]:
     if len(node.inputs) > 1 and node.inputs[1] is not None:
         values = const_array(node.inputs[1])
         if values is None:
-            raise MatchFailure.absent(f"{node.op_type} {node.name!r} takes its axes from a value computed in the graph")
+            raise MatchFailure.refuse(f"{node.op_type} {node.name!r} takes its axes from a value computed in the graph",
+                                      node.name or "<model>")
         return [int(a) for a in np.asarray(values).reshape(-1)]
     return [int(a) for a in (attr(node, "axes") or [])]
 
 
 def _relayout(node: ir.Node, array: np.ndarray) -> np.ndarray:
-    """``node`` (an adapter op) applied to an index array; MatchFailure.absent when its parameters are not
+    """``node`` (an adapter op) applied to an index array; MatchFailure.refuse naming it when its parameters are not
     constants or do not fit."""
     op = node.op_type
     try:
@@ -168,19 +169,21 @@ def _relayout(node: ir.Node, array: np.ndarray) -> np.ndarray:
             return out
         target = const_array(node.inputs[1]) if len(node.inputs) > 1 else None
         if target is None:
-            raise MatchFailure.absent(f"Reshape {node.name!r} takes its shape from a value computed in the graph")
+            raise MatchFailure.refuse(f"Reshape {node.name!r} takes its shape from a value computed in the graph",
+                                      node.name or "<model>")
         dims = [int(d) for d in np.asarray(target).reshape(-1)]
         if not attr(node, "allowzero", 0):
             dims = [array.shape[i] if d == 0 else d for i, d in enumerate(dims)]
         return array.reshape(dims)
     except (ValueError, IndexError, TypeError) as exc:
-        raise MatchFailure.absent(f"{op} {node.name!r} does not fit q/k of [batch, seq, heads*head] ({exc})") from None
+        raise MatchFailure.refuse(f"{op} {node.name!r} does not fit q/k of [batch, seq, heads*head] ({exc})",
+                                  node.name or "<model>") from None
 
 
 def _layout_rank(rot: ir.Node, after: list[ir.Node], heads: int, head_size: int) -> int:
     """The rank (3: ``[B, S, N*D]``, 4: ``[B, N, S, D]``) the rotation reads q/k in, proved by running the ops after
     it on index arrays: they must bring every (token, head, dim) element to GroupQueryAttention's ``[B, S, N*D]``
-    place. MatchFailure.absent naming the rotation otherwise."""
+    place. MatchFailure.refuse naming the ops otherwise."""
     shape = rot.inputs[0].shape
     ranks = [len(shape)] if shape is not None else [3, 4]
     failure: MatchFailure | None = None
@@ -204,8 +207,10 @@ def _layout_rank(rot: ir.Node, after: list[ir.Node], heads: int, head_size: int)
     if failure is not None and len(ranks) == 1:
         raise failure
     ops = " -> ".join(f"{n.op_type} {n.name!r}" for n in after) or "nothing"
-    raise MatchFailure.absent(f"{rot.name!r}: the ops after it ({ops}) do not put each head's rotated elements back "
-                              f"where GroupQueryAttention reads them ([batch, seq, {heads}*{head_size}])")
+    target = next((n for n in reversed(after) if n.op_type not in ("Cast", "Identity")), rot)
+    raise MatchFailure.refuse(f"{rot.name!r}: the ops after it ({ops}) do not put each head's rotated elements back "
+                              f"where GroupQueryAttention reads them ([batch, seq, {heads}*{head_size}])",
+                              target.name or "<model>")
 
 
 def _precision(rot: ir.Node, after: list[ir.Node], gqa_dtype: ir.DataType | None) -> str | None:
@@ -219,7 +224,7 @@ def _precision(rot: ir.Node, after: list[ir.Node], gqa_dtype: ir.DataType | None
     if (rot_dtype, gqa_dtype) == (ir.DataType.FLOAT, ir.DataType.FLOAT16) and len(changing) == 1 and (
             changing[0].inputs[0].dtype, ir.DataType(attr(changing[0], "to"))) == (rot_dtype, gqa_dtype):
         return (f"{rot.name!r} rotates in float and Cast {changing[0].name!r} rounds to float16; GroupQueryAttention "
-                "rotates in float16: equal within float16 rounding (a few float16 ulps of |q|, |k|)")
+                "rotates in float16: equal within float16 rounding (4 float16 ulps of the head row's largest element)")
     bad = changing[0] if changing else rot
     raise MatchFailure.refuse(
         f"{bad.op_type} {bad.name!r}: the rotation computes in {rot_dtype} and GroupQueryAttention reads {gqa_dtype} "

@@ -38,8 +38,10 @@ proves text-only (a 2D position input); when 3D positions come from outside (vis
 ``text_only=True`` (``--text-only``), and then the output serves text prompts only: a report note, a
 ``rope_passes.text_only`` metadata entry and a ``model.decoder.session_options["rope_passes.text_only"]`` marker
 in genai_config.json say so. A rotation computed in float whose output is cast to float16 GQA (Qwen3-VL fp16) is
-not bit-exact: GQA rotates the float16 value in float16, so the two agree within float16 rounding (a few float16
-ulps of |q|, |k|: the finding's ``rounding`` detail says so).
+not bit-exact: GQA rotates the float16 value (rounded before, not after) with float16 cos/sin in float16, so each
+rotated element agrees within 4 float16 ulps of the largest |q| / |k| element of its head row (the rounding of x,
+cos, sin and of the result; measured 1-2 ulps on CPU, tests/test_fold_qwen3_vl.py); the finding's ``rounding``
+detail says so.
 
 **Refuses** (graph unchanged at that GQA, reason naming the node that breaks the proof): computed positions
 before an MRotaryEmbedding; a cos/sin cone that is not per token; probe rows that are not the table's; 3D
@@ -331,19 +333,19 @@ class FoldTextMRoPEPass(RopePass):
         return caches[key]
 
     @staticmethod
-    def _unrotated(graph: ir.Graph, rot: Rotation, gqa: ir.Node) -> ir.Value:
+    def _unrotated(graph: ir.Graph, rot: Rotation, gqa: ir.Node, role: str) -> ir.Value:
         """What GQA reads instead of ``rot.rotated``: ``rot.pre``, through copies of the ops after the rotation that
         nothing before it undoes (a Cast to float16, a reshape)."""
         value = rot.pre
         if not rot.relayout:
             return value
         tape = NodeTape()
-        for node in rot.relayout:
+        for i, node in enumerate(rot.relayout):
             out = node.outputs[0]
             attrs = {name: ir.Attr(name, a.type, a.value) for name, a in node.attributes.items()}
-            value = tape.op(node.op_type, [value, *node.inputs[1:]], attrs, name=f"{node.name}/unrotated",
-                            output=f"{out.name}/unrotated", dtype=out.dtype,
-                            shape=out.shape.copy() if out.shape is not None else None)
+            step = f"{gqa.name}/{role}_unrotated/{node.op_type}_{i}"
+            value = tape.op(node.op_type, [value, *node.inputs[1:]], attrs, name=step, output=f"{step}/output_0",
+                            dtype=out.dtype, shape=out.shape.copy() if out.shape is not None else None)
         tape.insert_before(graph, gqa)
         return value
 
@@ -352,7 +354,7 @@ class FoldTextMRoPEPass(RopePass):
         gqa = site.gqa
         cos_v, sin_v = self._cache_pair(graph, tables, _NP_DTYPES[_query_dtype(gqa)], caches)
         old = [gqa.inputs[0], gqa.inputs[1]]
-        q_pre, k_pre = self._unrotated(graph, site.q, gqa), self._unrotated(graph, site.k, gqa)
+        q_pre, k_pre = self._unrotated(graph, site.q, gqa, "q"), self._unrotated(graph, site.k, gqa, "k")
         if site.packed is not None:
             concat = site.packed
             tape = NodeTape()
