@@ -312,3 +312,105 @@ def test_lowered_mrope_graph_captures_and_keeps_its_bits(genai_corpus, tmp_path)
     assert same_ep.diffs and all(d.max_abs == 0.0 for d in same_ep.diffs)
     captured = report.comparison("rewritten@webgpu+capture", "rewritten@webgpu")
     assert captured.ok and all(d.max_abs == 0.0 for d in captured.diffs)
+
+
+# --- the mask, the total-only branch, bf16 ------------------------------------------------------------------------
+
+
+def _seqlens_through_identity(model: ir.Model) -> None:
+    """seqlens_k = Identity(the builder's chain): not matched, but provably the mask's row lengths."""
+    cast = _mask_node(model, "Sub").outputs[0].uses()[0][0]
+    users = list(cast.outputs[0].uses())
+    ident = ir.node("Identity", [cast.outputs[0]], name="seqlens_identity")
+    ident.outputs[0].name, ident.outputs[0].dtype = "seqlens_identity", ir.DataType.INT32
+    model.graph.insert_after(cast, ident)
+    for user, index in users:
+        user.replace_input_with(index, ident.outputs[0])
+
+
+@pytest.mark.corpus
+def test_total_only_when_seqlens_reads_the_mask(genai_corpus):
+    model = _load("current/llama/cpu_fp32")
+    _seqlens_through_identity(model)
+    rewritten, report = _rewrite(model)
+    assert report.count(Outcome.REWRITTEN) == 1 and report.findings[0].details["seqlens_k_rewritten"] is False
+    assert all(g.inputs[5].name == "seqlens_identity" for g in nodes_of(rewritten, "GroupQueryAttention"))
+
+
+@pytest.mark.corpus
+def test_total_only_refused_when_seqlens_reads_another_input(genai_corpus):
+    model = _load("current/llama/cpu_fp32")
+    seqlens = ir.Value(name="seqlens_k", type=ir.TensorType(ir.DataType.INT32), shape=ir.Shape(["batch_size"]))
+    model.graph.inputs.append(seqlens)
+    for gqa in nodes_of(model, "GroupQueryAttention"):
+        gqa.replace_input_with(5, seqlens)
+    before = [g.inputs[6] for g in nodes_of(model, "GroupQueryAttention")]
+    rewritten, report = _rewrite(model)
+    assert report.count(Outcome.REFUSED) == 1, report.findings
+    assert "is not matched and reads 'seqlens_k'" in report.findings[0].reason
+    assert [g.inputs[6] for g in nodes_of(rewritten, "GroupQueryAttention")] == before
+
+
+def test_mask_named_by_genai_config():
+    """The mask is genai_config's attention_mask input: a graph whose mask input has another name is matched when
+    genai_config names it, and refused by name otherwise."""
+    from rope_passes.config import GenaiConfig
+    from rope_passes.passes.base import PassContext
+
+    model = _bf16_gqa_model(ir.DataType.FLOAT, mask="mask")
+    report = TotalSeqOnGpuPass()(model).report
+    assert report.count(Outcome.REFUSED) == 1 and "'mask' is not the attention mask" in report.findings[0].reason
+    config = GenaiConfig({"model": {"decoder": {"inputs": {"attention_mask": "mask"}}}})
+    report = TotalSeqOnGpuPass(PassContext(config))(_bf16_gqa_model(ir.DataType.FLOAT, mask="mask")).report
+    assert report.status == "rewritten 1", report.status
+
+
+def _bf16_gqa_model(dtype: ir.DataType, mask: str = "attention_mask") -> ir.Model:
+    """One GroupQueryAttention in ``dtype`` fed the builder's length chains from the int64 mask (Shape -> Gather ->
+    Cast, ReduceSum -> Sub -> Cast): what total-seq-on-gpu rewrites, in a dtype onnxruntime has no GQA kernel for."""
+    from onnx import TensorProto, helper
+
+    t = {ir.DataType.BFLOAT16: TensorProto.BFLOAT16, ir.DataType.FLOAT: TensorProto.FLOAT}[dtype]
+    nodes = [helper.make_node("Shape", [mask], ["shape"], name="Shape"),
+             helper.make_node("Gather", ["shape", "one"], ["width"], name="Gather", axis=0),
+             helper.make_node("Cast", ["width"], ["total"], name="Gather/Cast", to=TensorProto.INT32),
+             helper.make_node("ReduceSum", [mask, "axes"], ["rows"], name="ReduceSum", keepdims=0),
+             helper.make_node("Sub", ["rows", "one"], ["minus"], name="Sub"),
+             helper.make_node("Cast", ["minus"], ["seqlens"], name="Sub/Cast", to=TensorProto.INT32),
+             helper.make_node("GroupQueryAttention", ["q", "", "", "past_key", "past_value", "seqlens", "total"],
+                              ["out", "present_key", "present_value"], name="gqa", domain="com.microsoft",
+                              num_heads=1, kv_num_heads=1)]
+    graph = helper.make_graph(
+        nodes, "g",
+        [helper.make_tensor_value_info("q", t, ["batch", "seq", 96]),
+         helper.make_tensor_value_info(mask, TensorProto.INT64, ["batch", "total"]),
+         helper.make_tensor_value_info("past_key", t, ["batch", 1, "past", 32]),
+         helper.make_tensor_value_info("past_value", t, ["batch", 1, "past", 32])],
+        [helper.make_tensor_value_info(n, t, None) for n in ("out", "present_key", "present_value")],
+        initializer=[helper.make_tensor("one", TensorProto.INT64, [], [1]),
+                     helper.make_tensor("axes", TensorProto.INT64, [1], [1])])
+    return ir.from_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21),
+                                                                 helper.make_opsetid("com.microsoft", 1)]))
+
+
+def test_bf16_attention_is_said_once_and_not_rewritten(tmp_path):
+    """No bf16 GroupQueryAttention kernel in onnxruntime here: total-seq-on-gpu and narrow-int64 each say so in one
+    note and change nothing; lint says it once (RP207)."""
+    from rope_passes.io import ModelBundle
+    from rope_passes.lint import lint_bundle
+    from rope_passes.passes.total_seq_on_gpu import BF16_GQA_NOTE
+
+    model = _bf16_gqa_model(ir.DataType.BFLOAT16)
+    before = [n.op_type for n in model.graph]
+    bundle = ModelBundle(model=model, model_path=tmp_path / "model.onnx")
+    report = run_pipeline(bundle, passes=["total-seq-on-gpu", "narrow-int64"])
+    for p in report.passes:
+        notes = [f for f in p.findings if f.outcome is Outcome.NOTE]
+        assert len(notes) == 1 and notes[0].reason == BF16_GQA_NOTE and notes[0].target == "gqa", p.findings
+        assert not p.modified and p.status.startswith("not matched: GroupQueryAttention is bfloat16"), p.status
+    assert [n.op_type for n in bundle.model.graph] == before
+    found = [d for d in lint_bundle(bundle) if d.code == "RP207"]
+    assert len(found) == 1 and str(found[0].severity) == "note" and found[0].target == "gqa"
+    fp32 = ModelBundle(model=_bf16_gqa_model(ir.DataType.FLOAT), model_path=tmp_path / "model.onnx")
+    assert not [d for d in lint_bundle(fp32) if d.code == "RP207"]
+    assert run_pipeline(fp32, passes=["total-seq-on-gpu"]).passes[0].status == "rewritten 1"

@@ -23,6 +23,7 @@ value inputs empty); :attr:`ConcatCache.ignoring_offset` names the readers with 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import numpy as np
 import onnx_ir as ir
@@ -197,11 +198,13 @@ def longrope_where(model: ir.Model) -> LongRoPE | None:
 # The switch point, proved: the condition as a function of the total length
 # ------------------------------------------------------------------------------------------------------------
 
-_BINARY = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Greater": np.greater, "Less": np.less,
-           "GreaterOrEqual": np.greater_equal, "LessOrEqual": np.less_equal, "Equal": np.equal,
-           "And": np.logical_and, "Or": np.logical_or, "Xor": np.logical_xor}
-_UNARY = {"Identity": lambda x: x, "Neg": np.negative, "Abs": np.abs, "Not": np.logical_not, "Floor": np.floor,
-          "Ceil": np.ceil}
+_BINARY: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
+    "Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Greater": np.greater, "Less": np.less,
+    "GreaterOrEqual": np.greater_equal, "LessOrEqual": np.less_equal, "Equal": np.equal, "And": np.logical_and,
+    "Or": np.logical_or, "Xor": np.logical_xor}
+_UNARY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "Identity": lambda x: x, "Neg": np.negative, "Abs": np.abs, "Not": np.logical_not, "Floor": np.floor,
+    "Ceil": np.ceil}
 #: the ops a switch condition may be computed with: elementwise, evaluated exactly in NumPy
 CONDITION_OPS = frozenset({*_BINARY, *_UNARY, "Cast", "Div", "Max", "Min", "Where"})
 

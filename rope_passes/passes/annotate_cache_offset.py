@@ -11,12 +11,22 @@ table itself: each half's per-column frequency ``w`` is the least-squares slope 
 float32), and the two halves' frequencies must differ — a table that is not a [short; long] pair is refused.
 
 **Writes** ``multiRotaryCacheConcatOffset = original`` into ``genai_config.json``'s WebGPU provider options and the
-model metadata (the same as ``longrope-concat``), and marks the model WebGPU-only (the CPU EP has no offset). The
-graph itself is not changed. Already right: "not matched" with that finding.
+model metadata (the same as ``longrope-concat``), and marks the model WebGPU-only (the CPU EP has no offset).
+Already right: "not matched" with that finding.
+
+**Packs Q/K/V** where a GroupQueryAttention reading the table takes separate query/key/value inputs (the builder's
+``enable_webgpu_graph`` with ``fuse_qkv=false`` emits exactly that): WebGPU's GQA applies the offset on its packed-QKV
+path only, so there it reads row ``position`` of the concatenation and is wrong from token ``original + 1`` (lint
+RP206). The pass feeds it ``Concat(q, k, v, axis=-1)`` with key/value empty (``longrope-concat``'s ``pack_qkv``):
+GQA splits the packed input back into ``num_heads``, ``kv_num_heads``, ``kv_num_heads`` heads, so the attention is
+the same tensors, exact on every EP, one copy per layer. This is the pass's one graph change; it is done even where
+the offset was already right.
 
 **Not matched**: no such GroupQueryAttention; cos/sin not constant tables; a row count other than
-``original + max_positions``. **Refuses**: rows that do not fit a short/long pair, or halves with the same factors;
-no ``context_length`` in genai_config.json (nothing to split the table by).
+``original + max_positions``. **Refuses** (graph and config unchanged): rows that do not fit a short/long pair, or
+halves with the same factors; no ``context_length`` in genai_config.json (nothing to split the table by); separate
+Q/K/V that cannot be packed (one of key/value missing, not rank 3, mixed dtypes, widths that are not the heads of one
+head size).
 """
 
 from __future__ import annotations
@@ -27,7 +37,7 @@ import onnx_ir as ir
 from rope_passes.analysis.graph import const_tensor
 from rope_passes.analysis.longrope import ConcatCache, concat_cache
 from rope_passes.passes.base import RopePass
-from rope_passes.passes.longrope_concat import OFFSET_KEY, record_offset
+from rope_passes.passes.longrope_concat import OFFSET_KEY, pack_qkv, packable, record_offset
 from rope_passes.report import MatchFailure, PassReport
 
 #: worst row error of a fitted table: float16 rounds values ~1.3 (LongRoPE scaling) to 1e-3 steps; float32 to ~1e-7
@@ -49,7 +59,8 @@ def fit_frequencies(cos: np.ndarray, sin: np.ndarray, rows: range) -> tuple[np.n
 
 class AnnotateCacheOffsetPass(RopePass):
     name = "annotate-cache-offset"
-    summary = "detect a concatenated [short; long] LongRoPE cache and write multiRotaryCacheConcatOffset"
+    summary = ("detect a concatenated [short; long] LongRoPE cache, write multiRotaryCacheConcatOffset, pack separate "
+               "Q/K/V")
 
     def apply(self, model: ir.Model, report: PassReport) -> None:
         try:
@@ -59,10 +70,22 @@ class AnnotateCacheOffsetPass(RopePass):
             return
         short_err, long_err = errors
         target = found.cos.name or "cos_cache"
+        unpacked = found.ignoring_offset
+        try:
+            for gqa in unpacked:
+                packable(gqa, gqa.name or "GroupQueryAttention")
+        except MatchFailure as failure:
+            report.record(failure)
+            return
+        for gqa in unpacked:
+            pack_qkv(model.graph, gqa)
+            report.rewritten(gqa.name or "GroupQueryAttention", f"separate query/key/value packed into one input "
+                             f"(Concat on the hidden axis): {OFFSET_KEY} acts on packed QKV only")
         before = len(report.genai_config_changes) + len(report.metadata_changes)
         record_offset(model, self.genai_config, found.offset, report)
         if len(report.genai_config_changes) + len(report.metadata_changes) == before:
-            report.not_matched(target, f"{OFFSET_KEY} already {found.offset}")
+            if not unpacked:
+                report.not_matched(target, f"{OFFSET_KEY} already {found.offset}")
         else:
             report.rewritten(target, f"concatenated cache detected ({found.offset} short + {found.context_length} "
                              f"long rows): {OFFSET_KEY} = {found.offset}", offset=found.offset,
