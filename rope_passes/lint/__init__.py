@@ -17,6 +17,7 @@ from rope_passes.analysis.census import census
 from rope_passes.io import ModelBundle, load_bundle, save_bundle
 from rope_passes.lint import rules as _rules  # noqa: F401  (registers the rules)
 from rope_passes.lint import rules_config as _rules_config  # noqa: F401  (RP4xx: graph vs config.json)
+from rope_passes.lint import rules_longrope as _rules_longrope  # noqa: F401  (RP206, RP207)
 from rope_passes.lint.core import RULES, Diagnostic, LintContext, Rule, Severity, run_rules
 from rope_passes.passes import ALL_PASSES
 from rope_passes.pipeline import PRESETS, run_pipeline
@@ -34,7 +35,7 @@ def lint_bundle(path_or_bundle: Any, select: Iterable[str] | None = None, ignore
 
 
 #: lint findings about the output worth printing after optimize: it will not load / run right, or runs on WebGPU only
-AFTER_OPTIMIZE = ("RP002", "RP101", "RP203", "RP301", "RP204")
+AFTER_OPTIMIZE = ("RP002", "RP101", "RP203", "RP206", "RP301", "RP204")
 
 
 def remaining_problems(bundle: ModelBundle) -> list[dict[str, Any]]:

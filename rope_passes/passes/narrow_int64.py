@@ -25,6 +25,9 @@ only movement ops are narrowed (``MOVEMENT_OPS``), never arithmetic. Measured: l
 webgpu_fp16_graph and legacy/qwen35/cpu_fp32 (3D positions, not folded) go from 11 / 9 / 7 Memcpy to 0, with
 bit-identical WebGPU outputs.
 
+A model whose GroupQueryAttention is bfloat16 gets one note (``total-seq-on-gpu``'s ``BF16_GQA_NOTE``: no bf16 GQA
+kernel in either WebGPU runtime) and no rewrite.
+
 **Refuses** nothing: a Memcpy whose CPU end is not an int64 movement op with GPU/constant data inputs is left as it
 is (narrowing there would only move the Memcpy). Not matched: no Memcpy predicted, a model that does not load on
 onnxruntime-webgpu, or no Memcpy this pass can remove (the reason says which).
@@ -38,6 +41,7 @@ from rope_passes.analysis.placement import Placement, predict_placement, value_d
 from rope_passes.analysis.webgpu_kernels import WEBGPU_KERNELS
 from rope_passes.passes._rewrite import NodeTape
 from rope_passes.passes.base import RopePass
+from rope_passes.passes.total_seq_on_gpu import note_bf16
 from rope_passes.report import PassReport
 
 #: ops that only move or select int64 values (no arithmetic): narrowing them to int32 is exact whenever the values fit
@@ -58,6 +62,8 @@ class NarrowInt64Pass(RopePass):
                "no Memcpy")
 
     def apply(self, model: ir.Model, report: PassReport) -> None:
+        if note_bf16(model, report):  # no bf16 GQA kernel: moving int64 plumbing cannot help
+            return
         narrowed = 0
         done: set[int] = set()
         for _ in range(MAX_ROUNDS):
