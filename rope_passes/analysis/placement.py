@@ -1,16 +1,19 @@
-"""Where onnxruntime-webgpu 1.27 runs each node, which Memcpy nodes it inserts, and whether graph capture can start:
-a static prediction, no session (:func:`predict_placement`).
+"""Where a WebGPU runtime runs each node, which Memcpy nodes it inserts, and whether graph capture can start: a static
+prediction, no session (:func:`predict_placement`), for one runtime target (:mod:`rope_passes.targets`:
+onnxruntime-webgpu 1.27, or onnxruntime ≥ 1.31 + the WebGPU plugin EP; default: the one installed here).
 
-It replays onnxruntime's own partitioning rules on the measured kernel facts of :mod:`.webgpu_kernels`; the runtime
-truth it is checked against on the whole genai corpus (tests/test_placement.py) is
+It replays onnxruntime's own partitioning rules on the target's probed kernel table
+(:class:`~.webgpu_kernels.KernelTable`) and the kernels' memory types (:mod:`.webgpu_kernels`); the runtime truth it
+is checked against on the whole genai corpus and the builder fixtures, on both runtimes (tests/test_placement.py), is
 :func:`rope_passes.runtime.placement_probe.probe_placement`, a session with verbose logging.
 
-1. a node gets WebGPU when the WebGPU kernel registry has a kernel for its op and input type
-   (:data:`~.webgpu_kernels.WEBGPU_KERNELS`, measured); ``Shape`` of an int64 tensor has none, and every ``Shape``
-   output lives in CPU memory (:data:`~.webgpu_kernels.CPU_OUTPUTS`), so shape math starts on CPU. With
-   ``enableGraphCapture=1`` the EP also registers its int64 kernels, which changes the table;
-2. shape math downstream of ``Shape`` lands on CPU because its int64 ops have no WebGPU kernel (without capture,
-   none; with capture, only ``Cast``/``Expand``/``Range``/``Unsqueeze`` have int64 kernels). The 1.27 WebGPU EP does
+1. a node gets WebGPU when the target's WebGPU kernel registry has a kernel for its op and input type at the model's
+   opset (``target.kernels``, probed); ``Shape`` of an int64 tensor has none, and every ``Shape`` output lives in CPU
+   memory (:data:`~.webgpu_kernels.CPU_OUTPUTS`), so shape math starts on CPU. With ``enableGraphCapture=1`` the EP
+   also registers its int64 kernels, which changes the table;
+2. shape math downstream of ``Shape`` lands on CPU where its int64 ops have no WebGPU kernel (without capture, none;
+   with capture, 1.27 has int64 kernels for ``Cast``/``Expand``/``Range``/``Unsqueeze`` only, the plugin for many
+   more, ``Gather`` among them). The WebGPU EP does
    not apply onnxruntime's ``GetCpuPreferredNodes`` heuristic (measured: an int32 ``ReduceSum`` fed only by a CPU
    ``Cast`` and a small initializer stays on WebGPU, with a Memcpy), so neither does this prediction. Before
    partitioning onnxruntime merges identical nodes (``CommonSubexpressionElimination``); the prediction does too, and
@@ -36,11 +39,10 @@ from rope_passes.analysis.webgpu_kernels import (
     CPU_INPUTS,
     CPU_INPUTS_WITHOUT_CAPTURE,
     CPU_OUTPUTS,
-    MAX_INPUTS,
-    UNREGISTERED_OPS,
-    WEBGPU_KERNELS,
+    KernelTable,
     type_key,
 )
+from rope_passes.targets import RuntimeTarget, resolve_target
 
 CONTROL_FLOW = frozenset({"If", "Loop", "Scan"})
 
@@ -86,6 +88,7 @@ class Placement:
     capture_ok: bool | None = None  # session with enableGraphCapture=1 can be created (None: capture not asked)
     capture_error: str | None = None
     merged_nodes: list[str] = dataclasses.field(default_factory=list)  # duplicates onnxruntime's CSE removes
+    runtime: str = ""  # the runtime target predicted for ("static"), or probed ("probe", when known)
 
     @property
     def memcpy_set(self) -> set[tuple[str, str]]:
@@ -107,6 +110,21 @@ class Placement:
         d = dataclasses.asdict(self)
         d["memcpy"] = [dataclasses.asdict(m) for m in self.memcpy]
         return d
+
+    def verdict(self) -> str:
+        """One line for ``inspect``: ``does not load: ...`` / ``loads; capture-ready`` / ``loads; capture blocked
+        by ...`` (with capture on), or ``loads`` (capture not asked)."""
+        if not self.loads:
+            return f"does not load: {self.load_error}"
+        if not self.graph_capture:
+            return f"loads; {len(self.memcpy)} Memcpy"
+        if self.capture_ok:
+            return "loads; capture-ready (0 Memcpy)"
+        if self.control_flow:
+            return f"loads; capture blocked by control flow ({', '.join(self.control_flow[:2])})"
+        first = self.memcpy[0] if self.memcpy else None
+        where = f", e.g. {first.kind} on {first.tensor!r}" if first else ""
+        return f"loads; capture blocked by {len(self.memcpy)} Memcpy{where}"
 
     def summary(self) -> str:
         if not self.loads:
@@ -150,7 +168,7 @@ def value_dtype(value: ir.Value | None) -> str | None:
     return None
 
 
-def _kernel_modes(node: ir.Node) -> tuple[frozenset[str] | None, str]:
+def _kernel_modes(node: ir.Node, kernels: KernelTable, opset: int | None) -> tuple[frozenset[str] | None, str]:
     domain = "" if node.domain in ("", "ai.onnx") else node.domain
     ins = [value_dtype(v) for v in node.inputs]
     outs = [value_dtype(v) for v in node.outputs]
@@ -159,13 +177,13 @@ def _kernel_modes(node: ir.Node) -> tuple[frozenset[str] | None, str]:
         if to is not None:
             outs = [ir.DataType(to.value).name]
     key = type_key(domain, node.op_type, ins, outs)
-    return WEBGPU_KERNELS.get((domain, node.op_type, key)), key
+    return kernels.modes(domain, node.op_type, key, opset), key
 
 
-def _has_kernel(node: ir.Node, capture: bool) -> tuple[bool, str]:
-    modes, key = _kernel_modes(node)
+def _has_kernel(node: ir.Node, capture: bool, kernels: KernelTable, opset: int | None) -> tuple[bool, str]:
+    modes, key = _kernel_modes(node, kernels, opset)
     if modes is None:
-        return False, f"no WebGPU kernel known for {node.op_type}({key}) (not in the measured table)"
+        return False, f"no WebGPU kernel known for {node.op_type}({key}) (not in the probed table)"
     mode = "on" if capture else "off"
     if mode in modes:
         return True, ""
@@ -198,36 +216,40 @@ def _cpu_output(value: ir.Value) -> bool:
     return any(node.outputs[i] is value for i in indices if i < len(node.outputs))
 
 
-def check_loadable(model: ir.Model) -> str | None:
-    """The reason onnxruntime-webgpu 1.27 would refuse to load ``model`` (None: it loads), for the known cases."""
-    for node in ir.traversal.RecursiveGraphIterator(model.graph):
-        domain = "" if node.domain in ("", "ai.onnx") else node.domain
-        key = (domain, node.op_type)
-        if key in UNREGISTERED_OPS:
-            return f"Fatal error: {UNREGISTERED_OPS[key]}"
-        limit = MAX_INPUTS.get(key)
-        if limit is not None and len(node.inputs) > limit:
-            return (f"This is an invalid model. In Node {node.name!r} ({node.op_type}): "
-                    f"input size {len(node.inputs)} not in range [min=?, max={limit}]")
+def check_loadable(model: ir.Model, target: RuntimeTarget | str | None = None) -> str | None:
+    """The reason the target runtime would refuse to load ``model`` (None: it loads): an op it does not register,
+    GroupQueryAttention input counts outside its range (:meth:`~rope_passes.targets.RuntimeTarget.load_problems`;
+    the IR version is not checked: rope-passes saves with the highest one both runtimes load)."""
+    problems = resolve_target(target).load_problems(model, ir_version=False)
+    return problems[0].message if problems else None
+
+
+def _opset(model: ir.Model) -> int | None:
+    for domain in ("", "ai.onnx"):
+        if domain in model.opset_imports:
+            return model.opset_imports[domain]
     return None
 
 
-def predict_placement(model: ir.Model | str | os.PathLike, *, graph_capture: bool = True) -> Placement:
-    """Static prediction of onnxruntime-webgpu 1.27's placement for ``model`` (see the module docstring)."""
+def predict_placement(model: ir.Model | str | os.PathLike, *, graph_capture: bool = True,
+                      target: RuntimeTarget | str | None = None) -> Placement:
+    """Static prediction of the target runtime's placement for ``model`` (see the module docstring); ``target``: a
+    :class:`~rope_passes.targets.RuntimeTarget` or runtime name, default the runtime installed here."""
+    runtime = resolve_target(target)
     if not isinstance(model, ir.Model):
         name = str(model)
         model = ir.load(model)
     else:
         name = model.graph.name or "<model>"
-    result = Placement(name, graph_capture, "static")
-    error = check_loadable(model)
+    result = Placement(name, graph_capture, "static", runtime=runtime.name)
+    error = check_loadable(model, runtime)
     if error is not None:
         result.loads = False
         result.load_error = error
         result.capture_ok = False if graph_capture else None
         result.capture_error = error if graph_capture else None
         return result
-    _predict_graph(model.graph, graph_capture, result, outer_cpu=set())
+    _predict_graph(model.graph, graph_capture, result, set(), runtime.kernels, _opset(model))
     if graph_capture:
         if result.control_flow:
             result.capture_ok = False
@@ -311,7 +333,8 @@ def shape_bypass(nodes: list[ir.Node]) -> tuple[dict[int, ir.Value], set[int]]:
     return redirect, dropped
 
 
-def _predict_graph(graph: ir.Graph, capture: bool, result: Placement, outer_cpu: set[int]) -> None:
+def _predict_graph(graph: ir.Graph, capture: bool, result: Placement, outer_cpu: set[int], kernels: KernelTable,
+                   opset: int | None) -> None:
     nodes = list(graph)
     rep = common_subexpressions(nodes)
     redirect, dropped = shape_bypass(nodes)
@@ -330,10 +353,10 @@ def _predict_graph(graph: ir.Graph, capture: bool, result: Placement, outer_cpu:
             result.control_flow.append(node.name or node.op_type)
         if id(node) in redirect:  # Shape of what onnxruntime really reads
             dtype = value_dtype(redirect[id(node)])
-            ok = ("on" if capture else "off") in WEBGPU_KERNELS.get(("", "Shape", str(dtype)), frozenset())
+            ok = ("on" if capture else "off") in (kernels.modes("", "Shape", str(dtype), opset) or frozenset())
             why = "" if ok else f"no WebGPU kernel for Shape({dtype}) (onnxruntime reads Shape(Cast(x)) as Shape(x))"
         else:
-            ok, why = _has_kernel(node, capture)
+            ok, why = _has_kernel(node, capture, kernels, opset)
         if not ok:
             on_cpu[id(node)] = why
 
@@ -390,7 +413,7 @@ def _predict_graph(graph: ir.Graph, capture: bool, result: Placement, outer_cpu:
         for attr in node.attributes.values():
             if attr.type == ir.AttributeType.GRAPH:
                 cpu_values = {id(v) for n in live if id(n) in on_cpu for v in n.outputs}
-                _predict_graph(attr.value, capture, result, outer_cpu | cpu_values)
+                _predict_graph(attr.value, capture, result, outer_cpu | cpu_values, kernels, opset)
     result.merged_nodes.extend(n.name or n.op_type for n in nodes if id(n) in merged)
 
 

@@ -42,6 +42,8 @@ class PassContext:
     genai_config: GenaiConfig = dataclasses.field(default_factory=GenaiConfig)
     #: the model file (or folder) the model was read from, when known: what else travels beside it (config.json)
     model_path: Path | None = None
+    #: the WebGPU runtime the output is for (:mod:`rope_passes.targets`; None: the one installed here)
+    runtime: str | None = None
 
     @classmethod
     def for_model(cls, path: str | os.PathLike) -> PassContext:

@@ -38,11 +38,12 @@ from __future__ import annotations
 import onnx_ir as ir
 
 from rope_passes.analysis.placement import Placement, predict_placement, value_dtype
-from rope_passes.analysis.webgpu_kernels import WEBGPU_KERNELS
+from rope_passes.analysis.webgpu_kernels import KernelTable
 from rope_passes.passes._rewrite import NodeTape
 from rope_passes.passes.base import RopePass
 from rope_passes.passes.total_seq_on_gpu import note_bf16
 from rope_passes.report import PassReport
+from rope_passes.targets import resolve_target
 
 #: ops that only move or select int64 values (no arithmetic): narrowing them to int32 is exact whenever the values fit
 #: in int32 (positions and token indices do: onnxruntime's GQA itself keeps lengths in int32)
@@ -66,15 +67,16 @@ class NarrowInt64Pass(RopePass):
             return
         narrowed = 0
         done: set[int] = set()
+        target = resolve_target(self.context.runtime)
         for _ in range(MAX_ROUNDS):
-            placement = predict_placement(model, graph_capture=True)
+            placement = predict_placement(model, graph_capture=True, target=target)
             if not placement.loads:
-                why = f"the model does not load on onnxruntime-webgpu ({placement.load_error})"
+                why = f"the model does not load on {target.label} ({placement.load_error})"
                 break
             if not placement.memcpy:
                 why = "no Memcpy predicted under graph capture"
                 break
-            node = _next_node(model.graph, placement, done)
+            node = _next_node(model.graph, placement, done, target.kernels)
             if node is None:
                 why = (f"{len(placement.memcpy)} Memcpy predicted, none at an int64 movement op whose data inputs "
                        "are GPU tensors, graph inputs or constants")
@@ -96,7 +98,7 @@ def _data_indices(node: ir.Node) -> list[int]:
     return [0]
 
 
-def _next_node(graph: ir.Graph, placement: Placement, done: set[int]) -> ir.Node | None:
+def _next_node(graph: ir.Graph, placement: Placement, done: set[int], kernels: KernelTable) -> ir.Node | None:
     """The first CPU node at a predicted Memcpy that can run in int32 on the GPU (not narrowed before), or None.
 
     For a MemcpyFromHost: its producer, then that node's CPU ancestors through data inputs (narrowing starts where the
@@ -123,14 +125,14 @@ def _next_node(graph: ir.Graph, placement: Placement, done: set[int]) -> ir.Node
         else:
             candidates.extend(u for u, _ in value.uses() if (u.name or "") in placement.cpu_nodes)
     cpu_outputs = {id(v) for n in graph if (n.name or "") in placement.cpu_nodes for v in n.outputs}
-    return next((c for c in candidates if id(c) not in done and c.name in by_name and _narrowable(c, cpu_outputs)),
-                None)
+    return next((c for c in candidates if id(c) not in done and c.name in by_name
+                 and _narrowable(c, cpu_outputs, kernels)), None)
 
 
-def _narrowable(node: ir.Node, cpu_outputs: set[int]) -> bool:
+def _narrowable(node: ir.Node, cpu_outputs: set[int], kernels: KernelTable) -> bool:
     if node.op_type not in MOVEMENT_OPS or node.domain not in ("", "ai.onnx"):
         return False
-    if "on" not in WEBGPU_KERNELS.get(("", node.op_type, _NARROW_TYPE.get(node.op_type, "INT32")), frozenset()):
+    if "on" not in (kernels.modes("", node.op_type, _NARROW_TYPE.get(node.op_type, "INT32")) or frozenset()):
         return False
     data = [node.inputs[i] for i in _data_indices(node) if i < len(node.inputs) and node.inputs[i] is not None]
     if not data or any(value_dtype(v) != "INT64" for v in data):

@@ -8,6 +8,10 @@ placements`` lines, the ``transformer_memcpy`` lines and the session creation er
 
     python -m rope_passes.runtime.placement_probe model.onnx --probe       # static prediction, then the probe
     python -m rope_passes.runtime.placement_probe model.onnx --capture 0   # static prediction without capture
+    python -m rope_passes.runtime.placement_probe model.onnx --probe --runtime onnxruntime-ep-webgpu
+
+``runtime=`` probes another WebGPU runtime than the one installed here: the child runs on that runtime's
+interpreter (:mod:`.interpreters`).
 """
 
 from __future__ import annotations
@@ -37,14 +41,14 @@ def _probe_child(model_path: str, capture: bool, options: Mapping[str, str]) -> 
     """Runs in the subprocess: create the session, print a JSON line with the error; the log goes to stderr."""
     import onnxruntime as ort
 
-    from rope_passes.runtime.sessions import CPU, WEBGPU, session_options
+    from rope_passes.runtime.sessions import open_session, session_options
 
     ort.set_default_logger_severity(0)
     so = session_options("webgpu", graph_capture=capture, webgpu_options=options, log_severity=0)
     out: dict[str, Any] = {"error": None, "providers": None}
     try:
         # not create_session: a fallback to CPU is recorded here, not raised
-        sess = ort.InferenceSession(model_path, so, providers=[WEBGPU, CPU])
+        sess = open_session(model_path, so, "webgpu")
         out["providers"] = sess.get_providers()
     except Exception as exc:  # noqa: BLE001 - the message is the result
         out["error"] = str(exc)
@@ -53,12 +57,22 @@ def _probe_child(model_path: str, capture: bool, options: Mapping[str, str]) -> 
 
 
 def probe_placement(model_path: str | os.PathLike, *, graph_capture: bool = True,
-                    webgpu_options: Mapping[str, str] | None = None, timeout: float = 120) -> Placement:
-    """The runtime truth: a WebGPU session in a subprocess with verbose logging (see the module docstring)."""
-    cmd = [sys.executable, "-m", "rope_passes.runtime.placement_probe", "--probe-child", str(model_path),
+                    webgpu_options: Mapping[str, str] | None = None, timeout: float = 120,
+                    runtime: str | None = None) -> Placement:
+    """The runtime truth: a WebGPU session in a subprocess with verbose logging (see the module docstring), on
+    ``runtime``'s interpreter (default: the runtime installed here)."""
+    from rope_passes.runtime.interpreters import child_env, python_for
+
+    python = python_for(runtime)
+    if python is None:
+        raise RuntimeError(f"no interpreter for runtime {runtime!r} (scripts/setup.sh --with-plugin-runtime)")
+    cmd = [python, "-m", "rope_passes.runtime.placement_probe", "--probe-child", str(model_path),
            "--capture", "1" if graph_capture else "0", "--options", json.dumps(dict(webgpu_options or {}))]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)  # exit code is data
-    return parse_probe_log(str(model_path), graph_capture, proc.stdout + "\n" + proc.stderr, proc.returncode)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False,  # exit code is data
+                          env=child_env(runtime))
+    result = parse_probe_log(str(model_path), graph_capture, proc.stdout + "\n" + proc.stderr, proc.returncode)
+    result.runtime = runtime or ""
+    return result
 
 
 def parse_probe_log(model: str, graph_capture: bool, log: str, returncode: int = 0) -> Placement:
@@ -137,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--capture", default="1", help="1 (default): enableGraphCapture=1; 0: without capture")
     parser.add_argument("--options", default="{}", help="WebGPU provider options as JSON (session config entries)")
     parser.add_argument("--probe", action="store_true", help="also run the runtime probe")
+    parser.add_argument("--runtime", help="the WebGPU runtime (default: the one installed here)")
     args = parser.parse_args(argv)
     if args.probe_child:
         _probe_child(args.probe_child, args.capture == "1", json.loads(args.options))
@@ -144,12 +159,13 @@ def main(argv: list[str] | None = None) -> int:
     if not args.model:
         parser.error("give a model path")
     capture = args.capture == "1"
-    static = predict_placement(args.model, graph_capture=capture)
+    static = predict_placement(args.model, graph_capture=capture, target=args.runtime)
     print("static:", static.summary())
     for m in static.memcpy:
         print("  ", m)
     if args.probe:
-        probe = probe_placement(args.model, graph_capture=capture, webgpu_options=json.loads(args.options))
+        probe = probe_placement(args.model, graph_capture=capture, webgpu_options=json.loads(args.options),
+                                runtime=args.runtime)
         probe = annotate(probe, ir.load(args.model))
         print("probe: ", probe.summary())
         for m in probe.memcpy:
