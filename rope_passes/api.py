@@ -5,7 +5,11 @@ Layering (each imports only those below it): :mod:`rope_passes.io` (load, save, 
 this module ← :mod:`rope_passes.cli` (argparse and rendering only).
 
     for job in plan_outputs("builds/", "out/"):        # a model, or a folder of model folders
-        report = optimize(job.input, job.output, target="webgpu-graph")
+        report = optimize(job.input, job.output, target="webgpu-graph", runtime="onnxruntime-webgpu")
+
+The output is for one WebGPU runtime (:mod:`rope_passes.targets`; default: the one installed here): the preset's
+downlevel passes run only if it needs them, lint findings are that runtime's, and a rewritten graph says which
+runtime it is for in its metadata (:data:`RUNTIME_METADATA_KEY`).
 """
 
 from __future__ import annotations
@@ -19,8 +23,12 @@ from rope_passes.io.weights import check_weights_mode
 from rope_passes.lint import remaining_problems
 from rope_passes.pipeline import run_pipeline
 from rope_passes.report import PipelineReport
+from rope_passes.targets import resolve_target
 
-__all__ = ["optimize", "plan_outputs"]
+__all__ = ["RUNTIME_METADATA_KEY", "optimize", "plan_outputs"]
+
+#: metadata_props key of a rewritten graph: the WebGPU runtime its passes were chosen for
+RUNTIME_METADATA_KEY = "rope_passes.runtime"
 
 
 def optimize(
@@ -34,20 +42,28 @@ def optimize(
     in_place: bool = False,
     weights: str = "reflink",
     progress: Callable[[str, int, int], None] | None = None,
+    runtime: str | None = None,
 ) -> PipelineReport:
     """Load → passes → save one model (file or model folder); the output path is checked before the passes run.
 
     ``weights``: how the input's external data reaches the output ("reflink", "copy", "link" or "rewrite"; see
-    :mod:`rope_passes.io.weights`); the report says which was used.
+    :mod:`rope_passes.io.weights`); the report says which was used. ``runtime``: the WebGPU runtime the output is
+    for ("onnxruntime-webgpu" or "onnxruntime-ep-webgpu"; default: the one installed here); ``report.runtime`` and
+    ``report.skipped`` say which, and which preset passes it did not need. A rewritten graph records it in
+    ``metadata_props[RUNTIME_METADATA_KEY]`` (an unchanged input stays byte for byte as it was).
     """
+    target_runtime = resolve_target(runtime)
     check_output_given(output_path, in_place=in_place, dry_run=dry_run)
     check_weights_mode(weights)
     if not dry_run:
         check_output(input_path, output_path, in_place=in_place, rewrites_data=weights == "rewrite")
     bundle = load_bundle(input_path)
-    report = run_pipeline(bundle, target=target, passes=passes, options=options, progress=progress)
+    report = run_pipeline(bundle, target=target, passes=passes, options=options, progress=progress,
+                          runtime=target_runtime)
     report.dry_run = dry_run
-    report.remaining = remaining_problems(bundle)
+    report.remaining = remaining_problems(bundle, target_runtime.name)
+    if report.modified:
+        bundle.model.metadata_props[RUNTIME_METADATA_KEY] = target_runtime.name
     if not dry_run:
         saved = write_bundle(bundle, output_path, in_place=in_place, graph_modified=report.modified, weights=weights)
         report.copied_verbatim = saved.verbatim

@@ -1,8 +1,13 @@
-"""Explicit pass order, and the named presets per target.
+"""Explicit pass order, and the named presets per target and runtime.
 
 Order matters and is written down here, not left to rule discovery: each preset is a list, run first to last,
 and ``tests/test_pipeline.py`` pins it. Passes that a preset names but this installation lacks are an error,
 not a silent skip.
+
+Presets are per runtime (:mod:`rope_passes.targets`): a *downlevel* pass (:data:`rope_passes.targets.DOWNLEVEL`:
+``unfuse-gqa-qk-norm``, ``lower-mrope``) only makes a graph loadable on a runtime that lacks something, so the
+preset for a runtime that has it leaves the pass out, and the report says why (:func:`presets_for`,
+``PipelineReport.skipped``). :data:`PRESETS` lists every pass a preset may run.
 
 This module runs passes on a loaded bundle; loading, linting the result and saving is :func:`rope_passes.api.optimize`
 (a layer above both this module and :mod:`rope_passes.lint`, which runs passes itself in ``fix_bundle``).
@@ -16,23 +21,45 @@ from typing import Any
 
 from rope_passes.errors import UsageError
 from rope_passes.io import ModelBundle
-from rope_passes.passes import ALL_PASSES, PassContext, RopePass
+from rope_passes.passes import ALL_PASSES, PassContext, RopePass, RopePassResult
 from rope_passes.report import PipelineReport
+from rope_passes.targets import RUNTIMES, RuntimeTarget, resolve_target
 
-#: Target presets. Later entries may rely on what earlier ones established (documented per pass).
+#: Target presets, every pass they may run. Later entries may rely on what earlier ones established (documented per
+#: pass). Downlevel passes run only for a runtime that needs them: :func:`presets_for`.
 PRESETS: dict[str, list[str]] = {
-    "webgpu": ["fold-text-mrope", "lower-mrope", "cleanup"],
+    # unfuse-gqa-qk-norm first: the passes after it read GroupQueryAttention in its standard (<= 14 inputs) form
+    "webgpu": ["unfuse-gqa-qk-norm", "fold-text-mrope", "lower-mrope", "cleanup"],
     # narrow-int64 right after total-seq-on-gpu: it reads the placement of the graph the passes before it left
-    "webgpu-graph": ["fold-text-mrope", "lower-mrope", "longrope-concat", "annotate-cache-offset",
-                     "total-seq-on-gpu", "narrow-int64", "cleanup"],
+    "webgpu-graph": ["unfuse-gqa-qk-norm", "fold-text-mrope", "lower-mrope", "longrope-concat",
+                     "annotate-cache-offset", "total-seq-on-gpu", "narrow-int64", "cleanup"],
     # torch/optimum exports that recompute cos/sin on every call; needs a table size (--max-positions or
     # genai_config model.context_length)
     "exporter": ["precompute-cos-sin", "cleanup"],
 }
 
 
-def pass_names_for(target: str | None, passes: Sequence[str] | None) -> list[str]:
-    """Resolve ``--target``/``--passes`` to an ordered list of registered pass names."""
+def skipped_for(target: str, runtime: RuntimeTarget | str | None = None) -> dict[str, str]:
+    """The passes of preset ``target`` that ``runtime`` (default: the one installed here) does not need, with why."""
+    rt = resolve_target(runtime)
+    return {n: why for n in PRESETS.get(target, ()) if (why := rt.skip_reason(n)) is not None}
+
+
+def presets_for(runtime: RuntimeTarget | str | None = None) -> dict[str, list[str]]:
+    """The presets for one runtime: :data:`PRESETS` without the downlevel passes it does not need."""
+    rt = resolve_target(runtime)
+    return {target: [n for n in names if rt.skip_reason(n) is None] for target, names in PRESETS.items()}
+
+
+def runtime_presets() -> dict[str, dict[str, list[str]]]:
+    """runtime -> target -> ordered pass names, for every runtime with a probed table (``rope-passes passes``)."""
+    return {name: presets_for(name) for name in RUNTIMES}
+
+
+def pass_names_for(target: str | None, passes: Sequence[str] | None,
+                   runtime: RuntimeTarget | str | None = None) -> list[str]:
+    """Resolve ``--target``/``--passes`` to an ordered list of registered pass names; a preset is the one for
+    ``runtime`` (default: the one installed here); ``--passes`` runs exactly what it names."""
     if passes is not None:
         names = [p.strip() for p in passes]
         if not names or "" in names:
@@ -41,7 +68,7 @@ def pass_names_for(target: str | None, passes: Sequence[str] | None) -> list[str
         target = target or "webgpu"
         if target not in PRESETS:
             raise UsageError(f"unknown target {target!r} (choose from: {', '.join(PRESETS)})")
-        names = list(PRESETS[target])
+        names = presets_for(runtime)[target]
     unknown = [n for n in names if n not in ALL_PASSES]
     if unknown:
         raise UsageError(f"unknown pass {unknown[0]!r} (available: {', '.join(sorted(ALL_PASSES))})")
@@ -73,21 +100,29 @@ def run_pipeline(
     passes: Sequence[str] | None = None,
     options: dict[str, Any] | None = None,
     progress: Callable[[str, int, int], None] | None = None,
+    runtime: RuntimeTarget | str | None = None,
 ) -> PipelineReport:
     """Run the passes on ``bundle.model`` in place; ``bundle.genai_config`` is updated by passes that need to.
 
-    ``progress(pass_name, index, total)`` is called before each pass.
+    ``runtime``: the WebGPU runtime the output is for (default: the one installed here); it picks the preset's
+    passes (:func:`presets_for`) and what the passes predict placement with. ``progress(pass_name, index, total)``
+    is called before each pass.
     """
-    names = pass_names_for(target, passes)
+    rt = resolve_target(runtime)
+    names = pass_names_for(target, passes, rt)
     report = PipelineReport(str(bundle.model_path), None, None if passes is not None else (target or "webgpu"))
-    pass_objects = build_passes(names, PassContext(bundle.genai_config, model_path=bundle.model_path), options)
+    report.runtime = rt.name
+    if passes is None:
+        report.skipped = skipped_for(target or "webgpu", rt)
+    context = PassContext(bundle.genai_config, model_path=bundle.model_path, runtime=rt.name)
+    pass_objects = build_passes(names, context, options)
     for index, pass_ in enumerate(pass_objects):
         if progress is not None:
             progress(pass_.name, index, len(pass_objects))
         start = time.perf_counter()
         result = pass_(bundle.model)
         bundle.model = result.model
-        assert result.report is not None
+        assert isinstance(result, RopePassResult) and result.report is not None
         result.report.duration_s = time.perf_counter() - start
         report.passes.append(result.report)
     return report

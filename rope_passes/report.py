@@ -161,6 +161,10 @@ class PipelineReport:
     weights: str | None = None
     #: lint findings the output still has (``rope_passes.lint.remaining_problems``)
     remaining: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    #: the WebGPU runtime the output is for (``rope_passes.targets``), e.g. "onnxruntime-webgpu"
+    runtime: str | None = None
+    #: preset passes left out because that runtime does not need them: pass name -> why
+    skipped: dict[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def modified(self) -> bool:
@@ -171,6 +175,8 @@ class PipelineReport:
             "input": self.input_path,
             "output": self.output_path,
             "target": self.target,
+            "runtime": self.runtime,
+            "skipped": self.skipped,
             "dry_run": self.dry_run,
             "modified": self.modified,
             "copied_verbatim": self.copied_verbatim,

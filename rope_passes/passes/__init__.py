@@ -15,10 +15,11 @@ from rope_passes.passes.lower_mrope import LowerMRoPEPass
 from rope_passes.passes.narrow_int64 import NarrowInt64Pass
 from rope_passes.passes.precompute_cos_sin import PrecomputeCosSinPass
 from rope_passes.passes.total_seq_on_gpu import TotalSeqOnGpuPass
+from rope_passes.passes.unfuse_gqa_qk_norm import UnfuseGQAQKNormPass
 
 ALL_PASSES: dict[str, type[RopePass]] = {cls.name: cls for cls in (
-    FoldTextMRoPEPass, LowerMRoPEPass, LongRoPEConcatPass, AnnotateCacheOffsetPass, TotalSeqOnGpuPass, NarrowInt64Pass,
-    PrecomputeCosSinPass, CleanupPass)}
+    UnfuseGQAQKNormPass, FoldTextMRoPEPass, LowerMRoPEPass, LongRoPEConcatPass, AnnotateCacheOffsetPass,
+    TotalSeqOnGpuPass, NarrowInt64Pass, PrecomputeCosSinPass, CleanupPass)}
 
 
 def register(cls: type[RopePass]) -> type[RopePass]:
@@ -29,4 +30,4 @@ def register(cls: type[RopePass]) -> type[RopePass]:
 
 __all__ = ["ALL_PASSES", "AnnotateCacheOffsetPass", "CleanupPass", "FoldTextMRoPEPass", "LongRoPEConcatPass",
            "LowerMRoPEPass", "NarrowInt64Pass", "PassContext", "PrecomputeCosSinPass", "RopePass", "RopePassResult",
-           "TotalSeqOnGpuPass", "option", "register"]
+           "TotalSeqOnGpuPass", "UnfuseGQAQKNormPass", "option", "register"]
