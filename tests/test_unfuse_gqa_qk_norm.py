@@ -103,3 +103,32 @@ def test_refusals_leave_the_gqa_fused(breakage, reason):
     refused = [f for f in result.report.findings if f.outcome is Outcome.REFUSED]
     assert len(refused) == 1 and reason in refused[0].reason and refused[0].target == gqa.name
     assert len(gqa.inputs) == before and "qk_norm_epsilon" in gqa.attributes
+
+
+# --- per runtime: the webgpu preset runs the pass for onnxruntime-webgpu 1.27 only ----------------------------------
+
+
+@pytest.mark.webgpu
+def test_preset_unfuses_for_127_only(tmp_path):
+    """1.27 (GQA 7..14 inputs): the preset unfuses and the output loads and matches; onnxruntime 1.31 + the WebGPU
+    plugin EP loads the fused form, so the preset leaves it fused and the report says why (its session runs on the
+    plugin interpreter, tests/runtime_worker.py)."""
+    from runtime_worker import run_worker
+
+    from rope_passes.api import optimize
+    from rope_passes.targets import WEBGPU_127, WEBGPU_PLUGIN
+
+    ref = np.load(GENAI / "hf/qwen3/ref_S8.npy")
+    old = optimize(str(GENAI / FUSED), str(tmp_path / "old"), runtime=WEBGPU_127)
+    assert old.passes[0].pass_name == "unfuse-gqa-qk-norm" and old.passes[0].status == "rewritten 2"
+    assert old.skipped == {} and all(len(g.inputs) <= 14 for g in _gqas(ir.load(tmp_path / "old/model.onnx")))
+    logits = _logits(tmp_path / "old/model.onnx", "webgpu", old_config := load_bundle(tmp_path / "old").genai_config)
+    assert old_config is not None and np.abs(logits[0][0].astype(np.float32) - ref).max() < FP16_HF_TOL
+
+    new = optimize(str(GENAI / FUSED), str(tmp_path / "new"), runtime=WEBGPU_PLUGIN)
+    assert "unfuse-gqa-qk-norm" not in [p.pass_name for p in new.passes]
+    assert "loads GroupQueryAttention with 7..16 inputs (fused q/k-norm left fused" in new.skipped["unfuse-gqa-qk-norm"]
+    assert all(len(g.inputs) == 16 for g in _gqas(ir.load(tmp_path / "new/model.onnx")))
+    result, prefill, _ = run_worker(WEBGPU_PLUGIN, tmp_path / "new/model.onnx", tmp_path / "work")
+    assert result["error"] is None and result["providers"][0] == "WebGpuExecutionProvider", result
+    assert np.abs(prefill - ref).max() < FP16_HF_TOL

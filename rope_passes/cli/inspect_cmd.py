@@ -1,7 +1,11 @@
-"""``rope-passes inspect MODEL [MODEL ...] [--json]``: the RoPE census of each model (file or genai folder).
+"""``rope-passes inspect MODEL [MODEL ...] [--runtime R] [--json]``: the RoPE census of each model (file or genai
+folder), and what each WebGPU runtime does with it.
 
-The census itself is :func:`rope_passes.analysis.census.census`; this module parses the arguments and prints it:
-JSON, or :func:`render` (one compact rich table per model).
+The census itself is :func:`rope_passes.analysis.census.census`; the per-runtime verdict ("loads; capture-ready",
+"does not load: ...", "loads; capture blocked by ...") is the static placement prediction with graph capture on
+(:func:`rope_passes.analysis.placement.predict_placement`, :meth:`~rope_passes.analysis.placement.Placement.verdict`)
+for every runtime target (:mod:`rope_passes.targets`), or the one ``--runtime`` names. This module parses the
+arguments and prints it: JSON, or :func:`render` (one compact rich table per model).
 """
 
 from __future__ import annotations
@@ -10,10 +14,13 @@ import argparse
 import json
 import os
 import sys
+from typing import Any
 
 from rope_passes.analysis.census import DynamicNode, GraphInput, RopeCensus, census
-from rope_passes.cli import output_console
+from rope_passes.analysis.placement import predict_placement
+from rope_passes.cli import add_runtime_argument, output_console
 from rope_passes.io import load_bundle
+from rope_passes.targets import RUNTIMES, default_runtime, get_target
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -22,24 +29,42 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="model.onnx or a model folder (model + genai_config.json); several give a census each")
     p.add_argument("--json", action="store_true",
                    help="print JSON: one object for one model, a list of objects for several")
+    add_runtime_argument(p, "show what this WebGPU runtime does with the model (default: every runtime, the one "
+                            "installed here marked)")
     p.set_defaults(func=run)
+
+
+def runtime_verdicts(model, runtimes: list[str]) -> list[dict[str, Any]]:
+    """Per runtime: loads / capture-ready / blocked by what (static prediction, capture on)."""
+    installed = default_runtime()
+    out = []
+    for name in runtimes:
+        target = get_target(name)
+        placement = predict_placement(model, graph_capture=True, target=target)
+        out.append({"runtime": name, "label": target.label, "installed": name == installed,
+                    "loads": placement.loads, "capture_ready": bool(placement.capture_ok),
+                    "memcpy": len(placement.memcpy), "verdict": placement.verdict(),
+                    "downlevel": list(target.downlevel_for(model))})
+    return out
 
 
 def run(args: argparse.Namespace) -> int:
     results = []
+    runtimes = [args.runtime] if args.runtime else list(RUNTIMES)
     for path in args.models:
         bundle = load_bundle(path)
-        results.append(census(bundle.model, bundle.genai_config, source=str(path)))
+        results.append((census(bundle.model, bundle.genai_config, source=str(path)),
+                        runtime_verdicts(bundle.model, runtimes)))
     try:
         if args.json:
-            data = [r.to_dict() for r in results]
+            data = [{**c.to_dict(), "runtimes": v} for c, v in results]
             print(json.dumps(data[0] if len(data) == 1 else data, indent=2))
             return 0
         console = output_console()
-        for i, result in enumerate(results):
+        for i, (result, verdicts) in enumerate(results):
             if i:
                 console.print()
-            render(result, console)
+            render(result, console, verdicts)
         sys.stdout.flush()
     except BrokenPipeError:  # `rope-passes inspect ... | head`: the reader left, which is fine
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -63,8 +88,8 @@ def _inputs_line(inputs: list[GraphInput]) -> str:
     return ", ".join(rest)
 
 
-def render(c: RopeCensus, console) -> None:
-    """Print the census as one compact table (rich ``Console``)."""
+def render(c: RopeCensus, console, verdicts: list[dict[str, Any]] | None = None) -> None:
+    """Print the census as one compact table (rich ``Console``), then one row per runtime verdict."""
     from rich.markup import escape
     from rich.table import Table
 
@@ -150,4 +175,14 @@ def render(c: RopeCensus, console) -> None:
     table.add_row("inputs", _inputs_line(c.inputs))
     for note in c.notes:
         table.add_row("note", note)
+    for v in verdicts or ():
+        mark = " (installed)" if v["installed"] else ""
+        fix = f" — optimize runs {', '.join(v['downlevel'])} for it" if v["downlevel"] else ""
+        table.add_row("runtime", f"{v['label']}{mark}: {_short_verdict(v['verdict'])}{fix}")
     console.print(table)
+
+
+def _short_verdict(text: str) -> str:
+    """onnxruntime's load errors are long: the part that says why."""
+    text = text.replace("This is an invalid model. ", "").replace("Fatal error: ", "")
+    return text if len(text) <= 160 else text[:157] + "..."

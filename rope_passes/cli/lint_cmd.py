@@ -1,4 +1,7 @@
-"""``rope-passes lint MODEL... [--format text|json|github|sarif] [--fix] [--select/--ignore CODES]``.
+"""``rope-passes lint MODEL... [--runtime R] [--format text|json|github|sarif] [--fix] [--select/--ignore CODES]``.
+
+The load and placement rules (RP001-RP003, RP101, RP205) are for one WebGPU runtime: ``--runtime`` (default: the one
+installed here).
 
 Exit 0: no problem at or above ``--fail-on`` (default: warning); 1: problems found; 2: a model could not be read.
 ``--fix`` rewrites each model in place (atomically) with the passes that fix what was found, then lints again and
@@ -10,6 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from rope_passes.cli import add_runtime_argument
 from rope_passes.hf_config import use_hf_config
 from rope_passes.io import check_report_path, discover_models, write_report
 from rope_passes.lint import fix_bundle, lint_bundle
@@ -23,6 +27,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("lint", help="lint models for WebGPU RoPE problems (rule codes, --fix, CI formats)")
     p.add_argument("models", nargs="*", help="model files, model folders, or folders of model folders")
     p.add_argument("--format", default="text", choices=sorted(FORMATS))
+    add_runtime_argument(p, "the WebGPU runtime to lint for: what it loads (RP001-RP003, RP101) and where it places "
+                            "nodes (RP205); --fix runs the passes that runtime needs")
     p.add_argument("--output", "-o", help="write the report to this file instead of stdout")
     p.add_argument("--fix", action="store_true", help="apply the fixing passes in place, then lint again")
     p.add_argument("--text-only", action="store_true", help="with --fix: allow folding 3D-position mRoPE")
@@ -56,8 +62,8 @@ def run(args: argparse.Namespace) -> int:
         for path in paths:
             if args.fix:
                 fix_bundle(path, options={"text_only": args.text_only}, select=select, ignore=ignore,
-                           log=lambda m: print(m, file=sys.stderr))
-            results[path] = lint_bundle(path, select=select, ignore=ignore)
+                           log=lambda m: print(m, file=sys.stderr), runtime=args.runtime)
+            results[path] = lint_bundle(path, select=select, ignore=ignore, runtime=args.runtime)
     text = FORMATS[args.format](results)
     if args.output:
         write_report(args.output, text + "\n")

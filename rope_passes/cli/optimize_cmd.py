@@ -1,20 +1,22 @@
-"""``rope-passes optimize IN -o OUT``: load → passes → save, with a per-pass summary."""
+"""``rope-passes optimize IN -o OUT [--runtime R]``: load → passes → save, with a per-pass summary."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from collections.abc import Mapping
 
 from rich.console import Console
 from rich.table import Table
 
 from rope_passes.api import optimize
-from rope_passes.cli import output_console
+from rope_passes.cli import add_runtime_argument, output_console
 from rope_passes.errors import RopePassesError, UsageError
 from rope_passes.io import WEIGHT_MODES, ModelJob, check_report_path, plan_outputs, write_report
-from rope_passes.pipeline import PRESETS, pass_names_for
+from rope_passes.pipeline import PRESETS, pass_names_for, skipped_for
 from rope_passes.report import PipelineReport
+from rope_passes.targets import default_runtime, get_target
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -24,6 +26,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-o", "--output", help="output .onnx path or folder (a folder input always gives a folder)")
     p.add_argument("--target", default="webgpu", choices=sorted(PRESETS), help="pass preset (default: webgpu)")
     p.add_argument("--passes", help="comma-separated pass names, run in this order instead of the preset")
+    add_runtime_argument(p, "the WebGPU runtime the output is for: the preset runs the downlevel passes it needs "
+                            "(unfuse-gqa-qk-norm, lower-mrope) and no others")
     p.add_argument("--text-only", action="store_true",
                    help="the model will only see text prompts: allows folding mRoPE of 3D-position graphs")
     p.add_argument("--max-positions", type=int, metavar="N",
@@ -52,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     passes = args.passes.split(",") if args.passes is not None else None
     if args.max_positions is not None and args.max_positions < 1:
         raise UsageError(f"--max-positions must be a positive number of rows, got {args.max_positions}")
-    pass_names_for(args.target, passes)  # a bad --passes/--target is one error, not one per model
+    pass_names_for(args.target, passes, args.runtime)  # a bad --passes/--target is one error, not one per model
     if args.report:  # an unwritable --report path fails before any work
         check_report_path(args.report)
     jobs = plan_outputs(args.input, args.output, in_place=args.in_place, dry_run=args.dry_run)
@@ -63,13 +67,16 @@ def run(args: argparse.Namespace) -> int:
 
 def _optimize(args: argparse.Namespace, passes: list[str] | None, job: ModelJob, progress=None) -> PipelineReport:
     return optimize(job.input, job.output, target=args.target, passes=passes, options=_options(args),
-                    dry_run=args.dry_run, in_place=args.in_place, weights=args.weights, progress=progress)
+                    dry_run=args.dry_run, in_place=args.in_place, weights=args.weights, progress=progress,
+                    runtime=args.runtime)
 
 
 def _run_tree(args: argparse.Namespace, passes: list[str] | None, jobs: list[ModelJob]) -> int:
     """A folder of model folders: one line per model, then a tally; a broken model is reported, the others written."""
     reports: list[dict] = []
     tally = {"rewritten": 0, "unchanged": 0, "failed": 0}
+    runtime = args.runtime or default_runtime()
+    _say(runtime_line(runtime, args.runtime is not None, skipped_for(args.target, runtime) if passes is None else {}))
     for i, job in enumerate(jobs, 1):
         try:
             report = _optimize(args, passes, job)
@@ -130,10 +137,18 @@ def _run_one(args: argparse.Namespace, passes: list[str] | None, job: ModelJob) 
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:
-        render(report, output_console())
+        render(report, output_console(), explicit_runtime=args.runtime is not None)
         if args.explain:
             explain(report, output_console())
     return 0
+
+
+def runtime_line(runtime: str, explicit: bool, skipped: Mapping[str, str]) -> str:
+    """``output for onnxruntime-webgpu 1.27.0 (...)``, then the preset passes that runtime does not need, and why."""
+    how = "--runtime" if explicit else "the runtime installed here; --runtime to choose another"
+    lines = [f"output for {get_target(runtime).label} ({how})"]
+    lines += [f"  {name} skipped: {why}" for name, why in skipped.items()]
+    return "\n".join(lines)
 
 
 def explain(report: PipelineReport, console: Console, indent: str = "") -> None:
@@ -151,7 +166,7 @@ def _short(value) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def render(report: PipelineReport, console: Console) -> None:
+def render(report: PipelineReport, console: Console, explicit_runtime: bool = False) -> None:
     table = Table(title=f"rope-passes optimize ({report.target or 'custom passes'})", title_justify="left")
     for col in ("pass", "matched", "rewritten", "refused", "nodes −/+", "status"):
         table.add_column(col)
@@ -183,4 +198,7 @@ def render(report: PipelineReport, console: Console) -> None:
             what = "graph unchanged (re-saved with IR version ≤ 13 so onnxruntime 1.27 loads it)"
         weights = f" (weights: {report.weights})" if report.weights else ""
         console.print(f"{what} → {report.output_path}{weights}")
+    if report.runtime:
+        console.print(runtime_line(report.runtime, explicit_runtime, report.skipped), highlight=False,
+                      soft_wrap=True)
     sys.stdout.flush()

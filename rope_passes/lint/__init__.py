@@ -23,35 +23,37 @@ from rope_passes.passes import ALL_PASSES
 from rope_passes.pipeline import PRESETS, run_pipeline
 
 
-def _context(bundle: ModelBundle) -> LintContext:
+def _context(bundle: ModelBundle, runtime: str | None = None) -> LintContext:
     facts = census(bundle.model, bundle.genai_config)
-    return LintContext(bundle.model, bundle.genai_config, facts, str(bundle.model_path))
+    return LintContext(bundle.model, bundle.genai_config, facts, str(bundle.model_path), runtime)
 
 
-def lint_bundle(path_or_bundle: Any, select: Iterable[str] | None = None, ignore: Iterable[str] = ()) -> list[Diagnostic]:
-    """Lint a model file/folder (or a loaded ModelBundle)."""
+def lint_bundle(path_or_bundle: Any, select: Iterable[str] | None = None, ignore: Iterable[str] = (),
+                runtime: str | None = None) -> list[Diagnostic]:
+    """Lint a model file/folder (or a loaded ModelBundle) for a WebGPU runtime (default: the one installed here)."""
     bundle = path_or_bundle if isinstance(path_or_bundle, ModelBundle) else load_bundle(path_or_bundle)
-    return run_rules(_context(bundle), select, ignore)
+    return run_rules(_context(bundle, runtime), select, ignore)
 
 
 #: lint findings about the output worth printing after optimize: it will not load / run right, or runs on WebGPU only
 AFTER_OPTIMIZE = ("RP002", "RP101", "RP203", "RP206", "RP301", "RP204")
 
 
-def remaining_problems(bundle: ModelBundle) -> list[dict[str, Any]]:
-    """Lint errors (and the WebGPU-only note) the optimized model still has, one entry per code."""
+def remaining_problems(bundle: ModelBundle, runtime: str | None = None) -> list[dict[str, Any]]:
+    """Lint errors (and the WebGPU-only note) the optimized model still has on ``runtime``, one entry per code."""
     seen: dict[str, dict[str, Any]] = {}
-    for d in lint_bundle(bundle, select=AFTER_OPTIMIZE):
+    for d in lint_bundle(bundle, select=AFTER_OPTIMIZE, runtime=runtime):
         entry = seen.setdefault(d.code, {**d.to_dict(), "count": 0})
         entry["count"] += 1
     return list(seen.values())
 
 
 def fix_bundle(path: str, *, options: dict | None = None, select: Iterable[str] | None = None,
-               ignore: Iterable[str] = (), log: Callable[[str], None] = print) -> list[str]:
-    """Rewrite ``path`` in place with the passes that fix its diagnostics (in pipeline order); returns them."""
+               ignore: Iterable[str] = (), log: Callable[[str], None] = print, runtime: str | None = None) -> list[str]:
+    """Rewrite ``path`` in place with the passes that fix its diagnostics on ``runtime`` (in pipeline order);
+    returns them."""
     bundle = load_bundle(path)
-    found = run_rules(_context(bundle), select, ignore)
+    found = run_rules(_context(bundle, runtime), select, ignore)
     wanted = {d.fix for d in found if d.fix}
     if not wanted:
         return []
@@ -60,7 +62,8 @@ def fix_bundle(path: str, *, options: dict | None = None, select: Iterable[str] 
         order.append("cleanup")
     # the options that the fixing passes take (``text_only`` means nothing to cleanup alone)
     taken = set().union(*(ALL_PASSES[n].option_names() for n in order))
-    report = run_pipeline(bundle, passes=order, options={k: v for k, v in (options or {}).items() if k in taken})
+    report = run_pipeline(bundle, passes=order, options={k: v for k, v in (options or {}).items() if k in taken},
+                          runtime=runtime)
     for p in report.passes:
         log(f"{path}: {p.pass_name}: {p.status}")
     if report.modified or any(d.code == "RP001" for d in found):  # saving is RP001's fix (IR version capped)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import onnx_ir as ir
 
 from rope_passes.config import GenaiConfig
+from rope_passes.targets import RuntimeTarget, resolve_target
 
 if TYPE_CHECKING:
     from rope_passes.analysis.census import RopeCensus
@@ -48,6 +49,12 @@ class LintContext:
     genai_config: GenaiConfig
     census: RopeCensus | None
     path: str
+    #: the WebGPU runtime the model is linted for (None: the one installed here); rules read :attr:`target`
+    runtime: str | None = None
+
+    @property
+    def target(self) -> RuntimeTarget:
+        return resolve_target(self.runtime)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,7 +1,10 @@
-"""The lint rules. Codes: RP0xx loading on onnxruntime-webgpu, RP1xx mRoPE, RP2xx graph capture, RP3xx rotary caches.
+"""The lint rules. Codes: RP0xx loading on the target runtime, RP1xx mRoPE, RP2xx graph capture, RP3xx rotary caches.
 
 Each rule is a small function over the graph (and the RoPE census); its registration states code, name, severity,
-summary, explanation and the pass that fixes it.
+summary, explanation and the pass that fixes it. Rules about loading and placement read the runtime target
+(``ctx.target``, :mod:`rope_passes.targets`: its probed IR version limit, GroupQueryAttention input counts, registered
+ops, kernel table), so ``lint --runtime R`` gives R's findings: a current Qwen3 build (16-input GQA) is RP002 on
+onnxruntime-webgpu 1.27 and clean with the WebGPU plugin EP.
 """
 
 from __future__ import annotations
@@ -12,9 +15,9 @@ import onnx_ir as ir
 
 from rope_passes.analysis.graph import MS_DOMAIN, attr, nodes_of
 from rope_passes.analysis.longrope import ConcatCache, concat_cache
-from rope_passes.io import MAX_IR_VERSION
 from rope_passes.lint.core import LintContext, Severity, rule
 from rope_passes.report import MatchFailure
+from rope_passes.targets import LoadProblem
 
 Found = Iterator[tuple[str, str]]
 
@@ -35,35 +38,60 @@ def _provider_options(ctx: LintContext) -> dict[str, str]:
     return ctx.genai_config.all_provider_options()
 
 
+def _load_problems(ctx: LintContext, kind: str) -> list[LoadProblem]:
+    return [p for p in ctx.target.load_problems(ctx.model) if p.kind == kind]
+
+
 @rule("RP001", "ir-version-unsupported", Severity.ERROR,
-      "IR version newer than onnxruntime 1.27 accepts",
-      """onnxruntime 1.27 loads IR versions up to 13; onnx 1.23 saves 14 by default, which fails with
-      'max supported IR version: 13'. Saving through rope-passes caps the IR version at 13.""",
+      "IR version newer than the target runtime accepts",
+      """Both WebGPU runtimes (onnxruntime-webgpu 1.27, onnxruntime 1.31 + the WebGPU plugin EP) load IR versions up
+      to 13 (probed); onnx 1.23 saves 14 by default, which fails with 'max supported IR version: 13'. Saving
+      through rope-passes caps the IR version at 13.""",
       fix="cleanup")
 def ir_version(ctx: LintContext) -> Found:
-    if (ctx.model.ir_version or 0) > MAX_IR_VERSION:
-        yield "<model>", f"IR version {ctx.model.ir_version} > {MAX_IR_VERSION}: onnxruntime 1.27 will not load it"
+    target = ctx.target
+    for _ in _load_problems(ctx, "ir-version"):
+        yield "<model>", (f"IR version {ctx.model.ir_version} > {target.max_ir_version}: {target.label} will not "
+                          "load it")
 
 
 @rule("RP002", "gqa-input-count", Severity.ERROR,
-      "GroupQueryAttention with more inputs than onnxruntime 1.27 accepts",
-      """GroupQueryAttention in onnxruntime 1.27 takes 7 to 14 inputs. Builders that fuse q/k-norm into GQA
-      (16 inputs) produce graphs 1.27 refuses to load; rebuild without that fusion.""")
+      "GroupQueryAttention with more inputs than the target runtime accepts",
+      """GroupQueryAttention takes 7 to 14 inputs in onnxruntime-webgpu 1.27 and 7 to 16 with onnxruntime 1.31 + the
+      WebGPU plugin EP (probed). Builders that fuse q/k-norm into GQA (inputs 14/15) produce graphs 1.27 refuses to
+      load; `unfuse-gqa-qk-norm` moves the norms back out (the `webgpu*` presets run it for 1.27 only).""",
+      fix="unfuse-gqa-qk-norm")
 def gqa_inputs(ctx: LintContext) -> Found:
-    for node in _gqa(ctx):
-        if len(node.inputs) > 14:
-            yield node.name or "GroupQueryAttention", f"GroupQueryAttention has {len(node.inputs)} inputs (1.27 accepts 7..14)"
+    target = ctx.target
+    low, high = target.gqa_range
+    for problem in _load_problems(ctx, "gqa-inputs"):
+        node = next(n for n in _gqa(ctx) if (n.name or "GroupQueryAttention") == problem.target)
+        yield problem.target, (f"GroupQueryAttention has {len(node.inputs)} inputs ({target.label} accepts "
+                               f"{low}..{high})")
+
+
+@rule("RP003", "op-not-registered", Severity.ERROR,
+      "an op the target runtime does not register: the graph does not load",
+      """The target runtime's onnxruntime has no schema for this op (probed: every schema it knows was listed), so
+      session creation fails with 'is not a registered function/op' on every EP. MRotaryEmbedding has its own rule
+      (RP101) and fix.""")
+def unregistered(ctx: LintContext) -> Found:
+    for problem in _load_problems(ctx, "unregistered-op"):
+        if problem.op != f"{MS_DOMAIN}::MRotaryEmbedding":
+            yield problem.target, f"{problem.op} is not registered in {ctx.target.label}"
 
 
 @rule("RP101", "mrotary-embedding-unsupported", Severity.ERROR,
-      "com.microsoft::MRotaryEmbedding cannot be loaded by onnxruntime-webgpu 1.27",
-      """onnxruntime 1.27 has no MRotaryEmbedding kernel on any EP, so the graph fails to load. `lower-mrope`
-      replaces it with standard ops + RotaryEmbedding (full 3-axis semantics); for text-only use,
+      "com.microsoft::MRotaryEmbedding cannot be loaded by the target runtime",
+      """onnxruntime-webgpu 1.27 does not register MRotaryEmbedding at all, so the graph fails to load there;
+      onnxruntime 1.31 + the WebGPU plugin EP runs it on WebGPU (probed). `lower-mrope` replaces it with standard ops
+      + RotaryEmbedding (full 3-axis semantics; the presets run it for 1.27 only); for text-only use,
       `fold-text-mrope --text-only` folds it into GroupQueryAttention.""",
       fix="lower-mrope")
 def mrotary(ctx: LintContext) -> Found:
-    for node in nodes_of(ctx.model, "MRotaryEmbedding", MS_DOMAIN):
-        yield node.name or "MRotaryEmbedding", "MRotaryEmbedding is not registered in onnxruntime 1.27"
+    for problem in _load_problems(ctx, "unregistered-op"):
+        if problem.op == f"{MS_DOMAIN}::MRotaryEmbedding":
+            yield problem.target, f"MRotaryEmbedding is not registered in {ctx.target.label}"
 
 
 @rule("RP102", "text-mrope-not-folded", Severity.WARNING,
@@ -121,8 +149,8 @@ def control_flow(ctx: LintContext) -> Found:
 
 @rule("RP205", "memcpy-blocks-capture", Severity.WARNING,
       "onnxruntime will insert Memcpy nodes: WebGPU graph capture refused",
-      """Static placement prediction (rope_passes.analysis.placement, checked against onnxruntime's own placement
-      log on the corpus) with enableGraphCapture=1: tensors computed on the CPU (Shape math, int64 ops without
+      """Static placement prediction for the target runtime (rope_passes.analysis.placement, from its probed kernel
+      table; checked against onnxruntime's own placement log on the corpus, both runtimes) with enableGraphCapture=1: tensors computed on the CPU (Shape math, int64 ops without
       WebGPU kernels) feed GPU nodes, so onnxruntime inserts Memcpy and refuses capture. `narrow-int64` moves
       int64 position movement to the GPU in int32 (`total-seq-on-gpu`, RP201's fix, the attention-mask math);
       `fold-text-mrope` removes manual mRoPE shape paths.""",
@@ -130,7 +158,7 @@ def control_flow(ctx: LintContext) -> Found:
 def memcpy(ctx: LintContext) -> Found:
     from rope_passes.analysis.placement import predict_placement
 
-    placement = predict_placement(ctx.model, graph_capture=True)
+    placement = predict_placement(ctx.model, graph_capture=True, target=ctx.target)
     if placement.loads and placement.memcpy:
         first = placement.memcpy[0]
         yield "<model>", (f"{len(placement.memcpy)} Memcpy predicted with graph capture on, e.g. {first.kind} on "
