@@ -81,6 +81,7 @@ def test_self_consistency(name):
 
 
 @pytest.mark.corpus
+@pytest.mark.webgpu
 @pytest.mark.parametrize("name", ["current/qwen25_vl/webgpu_fp16", "current/qwen3/webgpu_fp16"])
 def test_unloadable_original_is_reported_not_compared(name):
     report = rope_passes.check(GENAI / name, GENAI / name, isolate=False)

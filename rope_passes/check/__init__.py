@@ -3,9 +3,12 @@
     report = rope_passes.check("original_dir", "rewritten_dir", ep="webgpu", graph_capture=True)
     report.verdict, report.exit_code, report.first_failure
 
-Modules: :mod:`.decode` (decoder inputs), :mod:`.runner` (one run, optionally in a subprocess), :mod:`.compare`
-(tolerances, step-by-step diffs), :mod:`.capture` (graph capture driver), :mod:`.adapter` (software adapter probe),
-:mod:`.core` (the three runs and the verdict), :mod:`.runtime` (sessions that really run where they claim).
+Modules: :mod:`.decode` (decoder inputs), :mod:`.sweep` (single steps after a random past, over the whole table),
+:mod:`.runner` (one run, optionally in a subprocess or another interpreter), :mod:`.plugin` (the second WebGPU
+runtime), :mod:`.compare` (tolerances, step-by-step diffs), :mod:`.tables` / :mod:`.table_diff` (the cos/sin rows
+every position reads, compared at table precision), :mod:`.capture` (graph capture driver), :mod:`.models` (what is
+read before running), :mod:`.verdict` (comparisons, reference, verdict), :mod:`.report`, :mod:`.core` (``check``).
+Sessions come from :mod:`rope_passes.runtime` (software adapter probe, sessions that really run where they claim).
 """
 
 from __future__ import annotations

@@ -26,26 +26,26 @@ DEFAULT_SWEEP = 32
 
 
 def sweep_positions(limit: int, switches: Iterable[int] = (), n: int = DEFAULT_SWEEP) -> list[int]:
-    """Up to ``n`` positions in ``1..limit-1`` (position ``p`` = a total of ``p + 1`` tokens): for each switch
-    ``C`` positions ``C-2 .. C+1``, then ``limit-2``, ``limit-1``, then log-spaced ones filling up to ``n``."""
+    """``n`` positions in ``1..limit-1`` (position ``p`` = a total of ``p + 1`` tokens), sorted: for each switch
+    ``C`` positions ``C-1`` and ``C`` (the last row before it and the first after), the last row, then ``C-2``,
+    ``C+1`` and ``limit-2``, then log-spaced positions filling up to ``n`` (earlier ones win when ``n`` is small)."""
     if n <= 0 or limit < 2:
         return []
-    must: list[int] = []
-    for c in sorted(set(switches)):
-        must += [c - 2, c - 1, c, c + 1]
-    must += [limit - 2, limit - 1]
-    chosen = sorted({p for p in must if 0 < p < limit})
-    if len(chosen) >= n:
-        return chosen
+    cs = sorted(set(switches))
+    priority = [p for c in cs for p in (c - 1, c)] + [limit - 1] + [p for c in cs for p in (c - 2, c + 1)]
+    chosen: list[int] = []
+    for p in priority + [limit - 2]:
+        if 0 < p < limit and p not in chosen and len(chosen) < n:
+            chosen.append(p)
     k = n - len(chosen)
-    while True:  # enough log-spaced candidates that, merged with the boundaries, n distinct positions result
+    while k > 0:  # enough log-spaced candidates that, merged with the boundaries, n distinct positions result
         spread = np.unique(np.round(np.geomspace(1, limit - 1, k)).astype(int)).tolist()
-        merged = sorted(set(chosen) | set(spread))
-        if len(merged) >= n or k >= limit:
+        extra = [p for p in spread if p not in chosen]
+        if len(extra) >= n - len(chosen) or k >= limit:
+            chosen += extra[: n - len(chosen)]
             break
         k += 1
-    extra = [p for p in spread if p not in chosen]
-    return sorted(set(chosen) | set(extra[: n - len(chosen)]))
+    return sorted(chosen)
 
 
 def sweep_feeds(spec: DecoderSpec, position: int, seed: int = 0) -> dict[str, np.ndarray]:
