@@ -347,7 +347,7 @@ def mrotary_tables(node: ir.Node) -> TextTables:
                                   "not [max_pos, half]")
     sections = [int(s) for s in (attr(node, "mrope_section") or [])]
     layout = int(attr(node, "mrope_layout", 0) or 0)
-    half = int(cos_t.shape[1])
+    half = int(cos_t.shape[1])  # type: ignore[arg-type]  # a tensor's dims are ints, never symbolic
     if len(sections) != 3 or sum(sections) != half:
         raise MatchFailure.absent(f"{node.name!r}: mrope_section {sections} does not sum to rotary_dim/2 = {half}")
     axis_of_columns(sections, layout, half)  # validates the layout

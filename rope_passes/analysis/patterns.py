@@ -109,7 +109,8 @@ class TotalSeqFromMaskShape(MaskPattern):
         dim = op.Gather(op.Shape(mask, _outputs=["mask_shape"]), index, _outputs=["mask_width"])
         return op.Cast(dim, to=ir.DataType.INT32)
 
-    def check(self, context, mask, index, mask_shape, mask_width, **_) -> orp.MatchResult:
+    # onnxscript calls check(context, **bindings): the parameters are the pattern's names, hence type: ignore[override]
+    def check(self, context, mask, index, mask_shape, mask_width, **_) -> orp.MatchResult:  # type: ignore[override]
         result = orp.MatchResult()
         shape, gather = mask_shape.producer(), mask_width.producer()
         if attr(shape, "start", 0) != 0 or attr(shape, "end") is not None:
@@ -130,7 +131,7 @@ class SeqlensFromMaskSum(MaskPattern):
         row_sum = op.ReduceSum(mask, _allow_other_inputs=True, _outputs=["row_sum"])
         return op.Cast(op.Sub(row_sum, one, _outputs=["minus_one"]), to=ir.DataType.INT32)
 
-    def check(self, context, mask, one, row_sum, minus_one, **_) -> orp.MatchResult:
+    def check(self, context, mask, one, row_sum, minus_one, **_) -> orp.MatchResult:  # type: ignore[override]
         result = orp.MatchResult()
         if _single_int(one) != 1:
             sub = minus_one.producer()
@@ -160,7 +161,7 @@ class LongRoPESwitchCondition(ValuePattern):
     def pattern(self, op, total_length, original):
         return op.Greater(total_length, original)
 
-    def check(self, context, total_length, original, **_) -> orp.MatchResult:
+    def check(self, context, total_length, original, **_) -> orp.MatchResult:  # type: ignore[override]
         result = orp.MatchResult()
         threshold = const_array(original)
         if threshold is None or threshold.size != 1:

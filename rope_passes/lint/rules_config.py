@@ -19,6 +19,7 @@ from rope_passes.analysis.graph import MS_DOMAIN, attr, const_tensor, nodes_of
 from rope_passes.hf_config import HFConfig, Rope
 from rope_passes.lint.core import LintContext, Severity, rule
 from rope_passes.passes._cos_sin_config import TOL, TOL_FP16, Verdict, best_verdict, judge, rows_of
+from rope_passes.passes._cos_sin_positions import typed
 from rope_passes.passes.precompute_cos_sin import find_chain
 from rope_passes.report import MatchFailure
 
@@ -52,8 +53,10 @@ def _chains(ctx: LintContext, ropes: list[Rope], rows: int) -> Iterator[_Checked
             continue
         try:
             chain = find_chain(ctx.model, node)
-            table = rows_of(ctx.model, chain.positions, [chain.end], rows, shape_inputs=chain.shape_inputs)[0]
-            verdict = best_verdict(ctx.model, chain.positions, chain.end, chain.role, table, ropes, chain.shape_inputs)
+            with typed(chain.source):  # positions made in the graph by a Range: typed while evaluated
+                table = rows_of(ctx.model, chain.positions, [chain.end], rows, shape_inputs=chain.shape_inputs)[0]
+                verdict = best_verdict(ctx.model, chain.positions, chain.end, chain.role, table, ropes,
+                                       chain.shape_inputs)
         except MatchFailure:
             continue
         yield _Checked(node.name or node.op_type,
@@ -87,7 +90,7 @@ def _checked(ctx: LintContext) -> list[_Checked]:
     out: list[_Checked] = []
     if refusal:
         out.append(_Checked("<model>", str(hf.path if hf else "config"), None, refusal))
-    elif ropes:
+    elif ropes and hf is not None:  # ropes come from hf
         rows = hf.max_position_embeddings or 0
         if rows:
             out += list(_chains(ctx, ropes, rows)) + list(_caches(ctx, ropes))

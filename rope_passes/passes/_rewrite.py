@@ -58,7 +58,7 @@ class NodeTape:
         name: str,
         output: str | None = None,
         dtype: ir.DataType | None = None,
-        shape: ir.Shape | Sequence[int | str | None] | None = None,
+        shape: ir.Shape | Sequence[int | str | ir.SymbolicDim | None] | None = None,
         domain: str = "",
     ) -> ir.Value:
         """Record node ``name``; returns its output (named ``output``, typed ``dtype``/``shape`` when given)."""

@@ -321,7 +321,8 @@ class FoldTextMRoPEPass(RopePass):
         tables from different cones share theirs; compared only when their shapes agree)."""
         key = (id(tables), np.dtype(np_dtype).str)
         if key not in caches:
-            cos, sin = tables.cos.astype(np_dtype), tables.sin.astype(np_dtype)
+            cos: np.ndarray = tables.cos.astype(np_dtype)
+            sin: np.ndarray = tables.sin.astype(np_dtype)
             for (_, dt), (c, s) in caches.items():
                 if dt == key[1] and tuple(c.shape) == cos.shape and np.array_equal(c.const_value.numpy(), cos) \
                         and np.array_equal(s.const_value.numpy(), sin):
