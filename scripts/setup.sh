@@ -1,11 +1,22 @@
 #!/usr/bin/env bash
 # Set up rope-passes on a fresh machine: a virtual environment with the package (and test tools), and - when no
 # WebGPU adapter is found - Mesa's lavapipe Vulkan driver so onnxruntime-webgpu gets a real (software) adapter.
-# Idempotent. Usage: scripts/setup.sh [--no-driver]
+# Idempotent. Usage: scripts/setup.sh [--no-driver] [--with-plugin-runtime]
+#   --with-plugin-runtime  also set up the second WebGPU runtime (onnxruntime + the onnxruntime-ep-webgpu plugin) in
+#                          its own venv, .venv-plugin (scripts/setup-plugin-runtime.sh; docs/runtimes.md)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 VENV=${VENV:-.venv}
+NO_DRIVER=0
+WITH_PLUGIN=0
+for arg in "$@"; do
+  case "$arg" in
+    --no-driver) NO_DRIVER=1 ;;
+    --with-plugin-runtime) WITH_PLUGIN=1 ;;
+    *) echo "setup: unknown option $arg (usage: scripts/setup.sh [--no-driver] [--with-plugin-runtime])" >&2; exit 2 ;;
+  esac
+done
 
 if [ ! -x "$VENV/bin/python" ]; then
   echo "setup: creating $VENV"
@@ -24,7 +35,7 @@ if "$VENV/bin/python" -c "import torch" 2>/dev/null && ! "$PY" -c "import torch"
 fi
 
 probe() { "$VENV/bin/python" -m rope_passes.runtime.adapter >/dev/null 2>&1; }
-if [ "${1:-}" = "--no-driver" ]; then
+if [ "$NO_DRIVER" = 1 ]; then
   echo "setup: skipping the WebGPU driver check (--no-driver)"
 elif probe; then
   echo "setup: WebGPU adapter found"
@@ -40,4 +51,8 @@ else
   fi
   probe || { echo "setup: still no WebGPU adapter after installing lavapipe" >&2; exit 1; }
   echo "setup: WebGPU adapter found"
+fi
+if [ "$WITH_PLUGIN" = 1 ]; then
+  echo "setup: the second WebGPU runtime (onnxruntime + onnxruntime-ep-webgpu) in its own venv"
+  bash scripts/setup-plugin-runtime.sh
 fi
