@@ -12,8 +12,9 @@ optimized with ``--target exporter`` and no other flag:
   inv_freq, cos/sin within 2 float32 ulps);
 * dynamic NTK config (optimum llama_dynamic): refused with the reason;
 * LongRoPE chosen per call in the graph (transformers 5 Where on ReduceMax): refused, as without a config;
-* positions made in the graph (optimum Gemma family: ``Range(past, past + S)``, no ``position_ids`` input): not
-  matched yet.
+* positions made in the graph (optimum Gemma family: ``Range(past, past + S)``, no ``position_ids`` input): the
+  Range output is the position source (tables gathered by it), bit-identical like the static ones. Small graphs
+  pin the forms around it that must be refused or not matched.
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ def _outputs(path: Path, calls) -> list[list[np.ndarray]]:
 
 def test_fixtures_are_there():
     assert len(GRAPHS) == 40, GRAPHS
-    assert FROZEN | RANGE_POSITIONS | PER_CALL | DYNAMIC <= set(GRAPHS)
+    assert set(GRAPHS) >= FROZEN | RANGE_POSITIONS | PER_CALL | DYNAMIC
 
 
 @pytest.mark.parametrize("graph", GRAPHS)
@@ -83,10 +84,8 @@ def test_exporter_folder(graph, tmp_path):
     report = rope_passes.optimize(str(folder), str(tmp_path / "out"), target="exporter")
     (pc,) = [p for p in report.passes if p.pass_name == "precompute-cos-sin"]
     findings = [f for f in pc.findings if f.outcome is not Outcome.NOTE]
-    if graph in RANGE_POSITIONS:
-        assert not report.modified and pc.status.startswith("not matched"), pc.status
-        assert "reads no position input: its positions are made in the graph" in findings[0].reason
-        return
+    if graph in RANGE_POSITIONS:  # positions made in the graph: Gather by the Range's output
+        assert all(f.details["positions"] == "/model/Range_output_0" for f in findings), findings
     if graph in DYNAMIC:
         assert not report.modified and pc.count(Outcome.REFUSED) == 2
         assert "rope_type 'dynamic' (dynamic NTK)" in findings[0].reason
@@ -149,7 +148,7 @@ def test_lint_names_frozen_longrope_and_fix_repairs_it(tmp_path):
 
 
 @pytest.mark.parametrize("graph", ["tf4/optimum/llama", "tf5/hf_onnx/gemma3_text", "tf5/hf_onnx/phi3_longrope",
-                                   "tf4/dynamo/qwen2_5_vl_text"])
+                                   "tf4/dynamo/qwen2_5_vl_text", "tf4/optimum/gemma3_text"])
 def test_lint_is_quiet_where_the_graph_follows_its_config(graph, tmp_path):
     from rope_passes.lint import lint_bundle
 
@@ -204,3 +203,90 @@ def test_cli_hf_config_flag(tmp_path):
     assert pc["status"] == "rewritten 2" and "LongRoPE frozen at export" in pc["findings"][0]["reason"]
     without = cli("optimize", str(bare), "-o", str(tmp_path / "out2.onnx"), "--target", "exporter", "--json")
     assert json.loads(without.stdout)["passes"][0]["status"].startswith("refused: table size unknown")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Positions made in the graph: the forms around the Range that must not be rewritten
+# ----------------------------------------------------------------------------------------------------------------
+def _range_graph(between: str = "pos = Identity (r)", start: str = "past = Gather <axis = 0> (shp, i2)") -> ir.Model:
+    """``Range(past, past + S) → <between> → Unsqueeze → Cast → Mul(inv_freq) → Concat → Cos|Sin``, optimum style."""
+    from onnx import parser
+
+    text = f"""<ir_version: 10, opset_import: ["" : 20]>
+    g (int64[B, S] input_ids, float[B, 2, P, 4] past_key, int64[B, T] attention_mask)
+      => (float[1, 1, S, 4] cos_out, float[1, 1, S, 4] sin_out) {{
+        inv = Constant <value = float[2] {{1.0, 0.01}}> ()
+        shp = Shape (past_key)
+        i2 = Constant <value = int64 {{2}}> ()
+        {start}
+        ids = Shape (input_ids)
+        i1 = Constant <value = int64 {{1}}> ()
+        s = Gather <axis = 0> (ids, i1)
+        lim = Add (past, s)
+        one = Constant <value = int64 {{1}}> ()
+        r = Range (past, lim, one)
+        {between}
+        z = Constant <value = int64[1] {{0}}> ()
+        p1 = Unsqueeze (pos, z)
+        a2 = Constant <value = int64[1] {{2}}> ()
+        p2 = Unsqueeze (p1, a2)
+        f = Cast <to = 1> (p2)
+        fr = Mul (f, inv)
+        emb = Concat <axis = -1> (fr, fr)
+        c = Cos (emb)
+        si = Sin (emb)
+        a1 = Constant <value = int64[1] {{1}}> ()
+        cos_out = Unsqueeze (c, a1)
+        sin_out = Unsqueeze (si, a1)
+    }}"""
+    model = ir.serde.deserialize_model(parser.parse_model(text))
+    for node in model.graph:
+        node.name = node.name or f"{node.op_type.lower()}_{node.outputs[0].name}"
+    return model
+
+
+def _run_range(model: ir.Model, past: int, seq: int) -> list[np.ndarray]:
+    from _utils import serialize
+
+    feeds = {"input_ids": np.zeros((1, seq), np.int64), "past_key": np.zeros((1, 2, past, 4), np.float32),
+             "attention_mask": np.ones((1, past + seq), np.int64)}
+    return create_session(serialize(model), "cpu").run(None, feeds)
+
+
+def test_range_positions_rewritten_bit_identical():
+    from rope_passes.passes import PrecomputeCosSinPass
+
+    model = _range_graph()
+    before = [_run_range(model, past, seq) for past, seq in ((0, 5), (7, 1), (60, 3))]
+    result = PrecomputeCosSinPass(max_positions=64)(model)
+    assert result.report.count(Outcome.REWRITTEN) == 2, result.report.status
+    assert {n.op_type for n in model.graph} >= {"Range", "Gather", "Unsqueeze"} and not any(
+        n.op_type in ("Cos", "Sin") for n in model.graph)
+    for (past, seq), ref in zip(((0, 5), (7, 1), (60, 3)), before, strict=True):
+        for r, n in zip(ref, _run_range(model, past, seq), strict=True):
+            np.testing.assert_array_equal(n, r)
+
+
+@pytest.mark.parametrize(("case", "between", "start", "outcome", "reason"), [
+    ("plus-call-length", "pos = Add (r, s)", None, Outcome.REFUSED,
+     "Add 'add_pos' (r, s) mixes a value computed from the call's shape"),
+    ("plus-single-token-flag", "eq = Equal (s, one)\n flag = Cast <to = 7> (eq)\n pos = Add (r, flag)", None,
+     Outcome.REFUSED, "Add 'add_pos' (r, flag) mixes a value computed from the call's shape"),
+    ("relative-to-first", "z0 = Constant <value = int64[1] {0}> ()\n first = Gather <axis = 0> (r, z0)\n"
+     "pos = Sub (r, first)", None, Outcome.REFUSED, "Gather 'gather_first' (r, z0) gathers along a position axis"),
+    ("reversed", "pos = ReverseSequence (r, r)", None, Outcome.REFUSED, "ReverseSequence 'reversesequence_pos'"),
+    ("mask-cumsum-left-padding", "ax = Constant <value = int64 {1}> ()\n cs = CumSum (attention_mask, ax)\n"
+     "pos = Sub (cs, one)", None, Outcome.REFUSED, "CumSum 'cumsum_cs' (attention_mask, ax) reads across"),
+    ("past-from-mask-values", "pos = Identity (r)", "msum = ReduceSum <keepdims = 0> (attention_mask)\n"
+     "past = Sub (msum, i2)", Outcome.REFUSED, "ReduceSum 'reducesum_msum' (attention_mask) reads across"),
+])
+def test_range_forms_that_must_not_be_rewritten(case, between, start, outcome, reason):
+    """A dependency on anything but the token's own position between the Range and the rows is refused (naming the
+    node); a Range whose start is read from a tensor's values (it could be negative) is no position source: the
+    tensor it reads is then taken for the positions, and the cone refuses the reduction."""
+    from rope_passes.passes import PrecomputeCosSinPass
+
+    model = _range_graph(between, start or "past = Gather <axis = 0> (shp, i2)")
+    result = PrecomputeCosSinPass(max_positions=64)(model)
+    assert not result.modified and result.report.count(outcome) == 2, result.report.status
+    assert result.report.findings[0].reason.startswith(reason), result.report.findings[0].reason

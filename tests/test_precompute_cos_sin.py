@@ -358,7 +358,8 @@ def test_small_token_mixing_refused_by_evaluation_too(monkeypatch):
     """The numeric evidence stands on its own: with the cone accounting switched off, the probes still refuse."""
     from rope_passes.passes import _cos_sin_cone
 
-    monkeypatch.setattr(_cos_sin_cone.Cone, "prove", lambda self, end, trig: 0)
+    monkeypatch.setattr(_cos_sin_cone.Cone, "prove", lambda self, end, trig, unit_axes=False: 0)
+    monkeypatch.setattr(_cos_sin_cone.Cone, "unit_axes", [], raising=False)
     result = PrecomputeCosSinPass(max_positions=32)(_chain_graph("relative"))
     assert not result.modified and result.report.count(Outcome.REFUSED) == 2
     assert result.report.findings[0].reason.endswith(

@@ -83,14 +83,20 @@ class Cone:
             self.vals[id(v)] = Known(dims if v.shape is not None else None, None, None, True)
 
     # -- walking --------------------------------------------------------------------------------------------------
-    def prove(self, end: ir.Value, trig: ir.Node) -> int:
-        """The end's feature width D; MatchFailure.refuse naming the node that breaks the proof."""
+    def prove(self, end: ir.Value, trig: ir.Node, unit_axes: bool = False) -> int:
+        """The end's feature width D; MatchFailure.refuse naming the node that breaks the proof. ``unit_axes``: the
+        end may have static extent-1 axes besides (kept in :attr:`unit_axes`)."""
         val = self.value(end)
         labels = tuple(Label(k) for k in range(len(self.ext)))
-        if not (isinstance(val, Token) and val.axes[:-1] == labels and isinstance(val.axes[-1], int)):
+        self.unit_axes: list[int] = []
+        axes = val.axes if isinstance(val, Token) else ()
+        if unit_axes:
+            self.unit_axes = [i for i, a in enumerate(axes[:-1]) if isinstance(a, int) and a == 1]
+            axes = tuple(a for i, a in enumerate(axes) if i not in self.unit_axes)
+        if not (isinstance(val, Token) and axes[:-1] == labels and isinstance(axes[-1], int)):
             raise MatchFailure.refuse(f"the chain's end {end.name!r} is {val} in the cone accounting, not one row per "
                                       "position (positions.shape + [D])", trig.name)
-        return val.axes[-1]
+        return axes[-1]
 
     def value(self, root: ir.Value) -> Val:
         stack: list[tuple[ir.Value, bool]] = [(root, False)]

@@ -51,7 +51,7 @@ class Verdict:
 
 def calls(positions: ir.Value, rows: int) -> np.ndarray:
     """One call of positions ``0..rows-1`` in the position input's layout (``[1, rows]`` or ``[3, 1, rows]``)."""
-    call = np.arange(rows)[None, :]
+    call = np.arange(rows)[None, :] if len(positions.shape) > 1 else np.arange(rows)  # rank 1: a Range source
     if len(positions.shape) == 3:
         call = np.stack([call] * 3)
     return call.astype(np.int64 if positions.dtype == ir.DataType.INT64 else np.int32)
@@ -97,7 +97,7 @@ def rows_of(model: ir.Model, positions: ir.Value, ends: Sequence[ir.Value], rows
     except Exception as exc:  # noqa: BLE001 - any failure is a reason in a report
         raise MatchFailure.absent(f"cannot evaluate the cos/sin subgraph on onnxruntime CPU "
                                   f"({type(exc).__name__}: {str(exc).splitlines()[0][:160]})") from exc
-    return [r[0] if r.ndim == 3 else r[0, 0] for r in results]
+    return [r.reshape(-1, rows, r.shape[-1])[0] for r in results]  # [1, rows, D] or [3, 1, rows, D]: first rows
 
 
 def _want(rope: Rope, rows: int, role: str, width: int, long: bool) -> np.ndarray | None:

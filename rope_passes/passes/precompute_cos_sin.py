@@ -41,6 +41,15 @@ around to the end of the table (Gather's negative indices) where the original co
 ``max_positions`` must cover every position the model will be run at; it is written to the model's
 ``metadata_props["rope_passes.cos_sin_max_positions"]`` and to the report (a note).
 
+**Positions made in the graph** (optimum's Gemma exports: ``Range(past, past + length, 1)`` from tensor shapes, no
+``position_ids`` input): the Range output is the chain's position source (:mod:`._cos_sin_positions`: its values are
+never negative); the tables are gathered by it, exact while ``past + length <= max_positions``.
+
+**With a Hugging Face config** beside the model (or the ``hf_config`` option; :mod:`rope_passes.hf_config`): the
+table size defaults to ``max_position_embeddings``, each chain is compared with what the config computes, LongRoPE
+frozen at export is rebuilt as two tables and transformers' switch (:mod:`._cos_sin_config`), and a dynamic NTK
+config is refused.
+
 **Refuses** (graph unchanged at that chain, reason in the report): LongRoPE chosen per call
 (``Where(ReduceMax(position_ids)+1 > original_max, long_inv_freq, short_inv_freq)``, census ``longrope-where``);
 any other op mixing the positions of a call (dynamic NTK spelled out in the graph); rows that do not permute
@@ -53,6 +62,7 @@ exactly as (in)correct as the exported graph — nothing in the graph says other
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Sequence
 
@@ -65,6 +75,7 @@ from rope_passes.analysis.longrope import longrope_where
 from rope_passes.hf_config import HFConfig
 from rope_passes.passes._cos_sin_cone import Cone
 from rope_passes.passes._cos_sin_config import UNKNOWN_SIZE, against_config, emit_switch, find_ropes, shape_feeds
+from rope_passes.passes._cos_sin_positions import range_source, typed
 from rope_passes.passes._rewrite import NodeTape, add_initializer, remove_dead
 from rope_passes.passes.base import RopePass, option
 from rope_passes.report import MatchFailure, PassReport
@@ -89,6 +100,10 @@ class _Chain:
     nodes: list[ir.Node]  # the chain's nodes (ancestors of ``end``)
     #: other graph inputs the chain reads only the shape of (the batch from Shape(past_key_values.0.value))
     shape_inputs: list[ir.Value] = dataclasses.field(default_factory=list)
+    #: positions made in the graph: the Range whose output is ``positions`` (None: a graph input)
+    source: ir.Node | None = None
+    #: axes of ``end`` of extent 1 besides the positions' (a Range source's ``Unsqueeze(0)``)
+    unit_axes: list[int] = dataclasses.field(default_factory=list)
     #: LongRoPE frozen at export, rebuilt from config.json: (short table, long table, original_max_position_embeddings)
     switch: tuple[np.ndarray, np.ndarray, int] | None = None
 
@@ -144,23 +159,46 @@ def find_chain(model: ir.Model, trig: ir.Node) -> _Chain:
     in_chain = {id(n) for n in nodes}
     shape_only = [v for v in inputs if all(u.op_type in ("Shape", "Size") for u, _ in v.uses() if id(u) in in_chain)]
     read = [v for v in inputs if all(v is not s for s in shape_only)]
-    if len(read) != 1:
-        names = ", ".join(sorted(repr(v.name) for v in inputs)) or "none"
-        raise MatchFailure.absent(f"{trig.op_type} depends on {len(inputs)} graph inputs ({names}), not on one "
-                                  "position input", trig.name)
-    (positions,) = read
     by_value = {id(i) for n in ancestors(product.inputs, stop=("Shape", "Size")) if n.op_type not in ("Shape",
                 "Size") for i in n.inputs if i is not None}
-    if id(positions) not in by_value:
-        names = ", ".join(sorted(repr(v.name) for v in inputs))
+    if len(read) != 1 or id(read[0]) not in by_value:
+        source = range_source(product)
+        if source is not None:
+            return _range_chain(trig, end, product, inv_freq, source)
+        names = ", ".join(sorted(repr(v.name) for v in inputs)) or "none"
+        if len(read) != 1:
+            raise MatchFailure.absent(f"{trig.op_type} depends on {len(inputs)} graph inputs ({names}), not on one "
+                                      "position input", trig.name)
         raise MatchFailure.absent(f"{trig.op_type} reads no position input: its positions are made in the graph "
-                                  f"from the shapes of {names} (e.g. Range(past, past + length))", trig.name)
+                                  f"from the shapes of {names}, not by a Range this pass knows", trig.name)
+    (positions,) = read
     shape = positions.shape
     if positions.dtype not in (ir.DataType.INT64, ir.DataType.INT32) or shape is None or not (
             len(shape) == 2 or (len(shape) == 3 and shape[0] == 3)):
         raise MatchFailure.absent(f"position input {positions.name!r} is {positions.dtype} {shape}, not an "
                                   "integer [batch, seq] or [3, batch, seq] tensor", trig.name)
     return _Chain(trig, end, positions, product, inv_freq, nodes, shape_inputs=shape_only)
+
+
+def _range_chain(trig: ir.Node, end: ir.Value, product: ir.Node, inv_freq: ir.Value, source: ir.Node) -> _Chain:
+    """The chain from a Range position source (positions made in the graph) to ``end``."""
+    positions = source.outputs[0]
+    nodes: dict[int, ir.Node] = {}
+    stack = [end.producer()]
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in nodes:
+            continue
+        nodes[id(node)] = node
+        stack.extend(i.producer() for i in node.inputs if i is not None and i is not positions)
+    inputs = _graph_inputs(list(nodes.values()), end)
+    shape_only = [v for v in inputs if all(u.op_type in ("Shape", "Size") for u, _ in v.uses() if id(u) in nodes)]
+    if len(shape_only) != len(inputs):
+        names = ", ".join(sorted(repr(v.name) for v in inputs if all(v is not s for s in shape_only)))
+        raise MatchFailure.absent(f"{trig.op_type} reads {names} besides its positions ({source.op_type} "
+                                  f"{source.name!r})", trig.name)
+    return _Chain(trig, end, positions, product, inv_freq, list(nodes.values()), shape_inputs=shape_only,
+                  source=source)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,18 +216,24 @@ class PrecomputeCosSinPass(RopePass):
     options: PrecomputeCosSinOptions
 
     def apply(self, model: ir.Model, report: PassReport) -> None:
-        graph = model.graph
-        trig = [n for n in graph if n.op_type in ("Cos", "Sin") and n.domain in ("", "ai.onnx")]
+        trig = [n for n in model.graph if n.op_type in ("Cos", "Sin") and n.domain in ("", "ai.onnx")]
         if not trig:
             raise MatchFailure.absent("no Cos/Sin node in the main graph (nothing computed per call)")
-        chains: list[_Chain] = []
-        for node in trig:
-            try:
-                chains.append(self._match(model, node))
-            except MatchFailure as failure:
-                report.record(failure, node.name)
-        if not chains:
-            return
+        with contextlib.ExitStack() as typing:  # Range position sources get a type while the pass works with them
+            chains: list[_Chain] = []
+            for node in trig:
+                try:
+                    chain = find_chain(model, node)
+                    typing.enter_context(typed(chain.source))
+                    self._check_static(model, chain)
+                    chains.append(chain)
+                except MatchFailure as failure:
+                    report.record(failure, node.name)
+            if chains:
+                self._apply(model, chains, report)
+
+    def _apply(self, model: ir.Model, chains: list[_Chain], report: PassReport) -> None:
+        graph = model.graph
         hf, ropes = find_ropes(self.context.model_path, self.options.hf_config)
         if isinstance(ropes, MatchFailure):
             for c in chains:
@@ -231,12 +275,6 @@ class PrecomputeCosSinPass(RopePass):
         return hf.max_position_embeddings if hf is not None else None
 
     # -- matching ---------------------------------------------------------------------------------------------
-    def _match(self, model: ir.Model, trig: ir.Node) -> _Chain:
-        """The per-call chain ending at ``trig``; MatchFailure (absent: not this form; refused: dynamic)."""
-        chain = find_chain(model, trig)
-        self._check_static(model, chain)
-        return chain
-
     @staticmethod
     def _check_static(model: ir.Model, chain: _Chain) -> None:
         """MatchFailure.refuse unless the cone accounting proves each row a function of its own position."""
@@ -248,7 +286,9 @@ class PrecomputeCosSinPass(RopePass):
                 "table)", chain.trig.name, inv_freq=chain.inv_freq.name)
         opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx", 18))
         try:
-            Cone(chain.positions, opset, chain.shape_inputs).prove(chain.end, chain.trig)
+            cone = Cone(chain.positions, opset, chain.shape_inputs)
+            cone.prove(chain.end, chain.trig, unit_axes=chain.source is not None)
+            chain.unit_axes = cone.unit_axes
         except MatchFailure as failure:
             raise MatchFailure.refuse(failure.reason, chain.trig.name, inv_freq=chain.inv_freq.name,
                                       node=failure.target) from None
@@ -296,6 +336,11 @@ class PrecomputeCosSinPass(RopePass):
                                      name=f"rope_passes/{c.role}_gather_{n}", output=f"rope_passes.{c.role}_rows_{n}",
                                      dtype=ir.DataType.from_numpy(table.dtype),
                                      shape=[*c.positions.shape, table.shape[-1]])
+            if c.unit_axes:  # a Range source [S]: the end was [1, S, D]
+                axes = tape.op("Constant", [], {"value": ir.tensor(np.array(c.unit_axes, np.int64))},
+                               name=f"rope_passes/{c.role}_axes_{n}", output=f"rope_passes.{c.role}_axes_{n}")
+                rows_value = tape.op("Unsqueeze", [rows_value, axes], name=f"rope_passes/{c.role}_unsqueeze_{n}",
+                                     output=f"rope_passes.{c.role}_rows_{n}_unsqueezed", dtype=rows_value.dtype)
             producer = c.end.producer()
             assert producer is not None  # a chain end is computed from the positions
             tape.insert_after(graph, producer)
@@ -311,7 +356,8 @@ class PrecomputeCosSinPass(RopePass):
                 table=init.name, rows=rows, columns=int(table.shape[-1]), dtype=str(table.dtype),
                 table_bytes=int(table.nbytes), inv_freq=c.inv_freq.name, replaced=c.end.name,
                 positions=c.positions.name, chain_nodes=len(c.nodes),
-                exact_when=f"every position in [0, {rows})",
+                exact_when=f"every position in [0, {rows})" + ("" if c.source is None else
+                                                               f" (made by {c.source.name!r}: past + length <= {rows})"),
             )
         remove_dead(graph, old)
 
@@ -349,6 +395,8 @@ def _evaluate(model: ir.Model, positions: ir.Value, ends: list[ir.Value], rows: 
     onnxruntime CPU on the :func:`probes` calls; MatchFailure.absent if it cannot be."""
     dtype = np.int64 if positions.dtype == ir.DataType.INT64 else np.int32
     calls = probes(rows, len(positions.shape) == 3)
+    if len(positions.shape) == 1:  # a Range source: the same calls, one row each
+        calls = [(label, p.reshape(-1)) for label, p in calls]
     try:
         results = [evaluate_subgraph(model, [positions, *shape_inputs], ends,
                                      [p.astype(dtype), *shape_feeds(shape_inputs, positions, p)]) for _, p in calls]
@@ -362,11 +410,13 @@ def _evaluate(model: ir.Model, positions: ir.Value, ends: list[ir.Value], rows: 
 
 def _table(chain: _Chain, probes: list[np.ndarray], labels: list[str], results: list[np.ndarray]) -> np.ndarray:
     """The chain's ``[rows, D]`` table, proved per position on every probe; MatchFailure otherwise."""
+    if chain.unit_axes:  # a Range source [S]: the end is [1, S, D]
+        results = [np.squeeze(r, axis=tuple(chain.unit_axes)) for r in results]
     first = results[0]
     if first.ndim != probes[0].ndim + 1 or first.shape[:-1] != probes[0].shape:
         raise MatchFailure.absent(f"{chain.end.name!r} has shape {list(first.shape)} for positions of shape "
                                   f"{list(probes[0].shape)}, not positions.shape + [D]", chain.trig.name)
-    table = first[0] if probes[0].ndim == 2 else first[0, 0]
+    table = first if probes[0].ndim == 1 else first[0] if probes[0].ndim == 2 else first[0, 0]
     bad = next((label for p, r, label in zip(probes, results, labels, strict=True) if not (
         r.shape == p.shape + table.shape[-1:] and np.array_equal(r, table[p]))), None)
     if bad is not None:
