@@ -43,9 +43,9 @@ from pathlib import Path
 
 import numpy as np
 
-from rope_passes.check import plugin
 from rope_passes.check.compare import TOLERANCES, Tolerance
 from rope_passes.check.models import ModelInfo, embedding_for, load_reference, read_model
+from rope_passes.check.plugin import ALLOW_SOFTWARE_ENV, default_python
 from rope_passes.check.report import COULD_NOT_RUN, EQUIVALENT, EXIT_CODES, NOT_EQUIVALENT, EquivalenceReport
 from rope_passes.check.runner import LOAD_FAILED, RunResult, RunSpec, execute_run, run_isolated
 from rope_passes.check.sweep import DEFAULT_SWEEP, sweep_positions
@@ -162,7 +162,7 @@ def check(
     tol.update(tolerance or {})
     tolerance_used = Tolerance(float(tol["atol"]), float(tol["rtol"]), orig.precision)
 
-    fallback = plugin.default_python() if fallback_python == "auto" else fallback_python
+    fallback = default_python() if fallback_python == "auto" else fallback_python
     with tempfile.TemporaryDirectory(prefix="rope-check-") as tmpdir:
         tmp = Path(tmpdir)
         emb_orig = embedding_for(orig, rew, embeddings, tmp)
@@ -189,7 +189,7 @@ def check(
                     progress(f"{s.label} sweep", k, len(s.sweep))
 
             if isolate or python:
-                env = {plugin.ALLOW_SOFTWARE_ENV: "1"} if python and adapter is not None and adapter.software else {}
+                env = {ALLOW_SOFTWARE_ENV: "1"} if python and adapter is not None and adapter.software else {}
                 return run_isolated(s, on_step, timeout, python=python, on_sweep=on_sweep, env_extra=env)
             return execute_run(s, on_step, on_sweep=on_sweep)
 

@@ -90,11 +90,11 @@ def execute_run(spec: RunSpec, on_step: Callable[[int], None] | None = None, cap
 
     ``capture_log``: log the capture session at info level (the worker does, so the parent can count replays).
     """
-    from rope_passes.check import plugin
+    from rope_passes.check.plugin import is_plugin_runtime, plugin_session, runtime_name
     from rope_passes.runtime.sessions import create_session
 
     start = time.perf_counter()
-    result = RunResult(spec.label, OK, runtime=plugin.runtime_name())
+    result = RunResult(spec.label, OK, runtime=runtime_name())
     table = np.load(spec.embedding) if spec.embedding else None
     dspec = None
     try:
@@ -104,8 +104,8 @@ def execute_run(spec: RunSpec, on_step: Callable[[int], None] | None = None, cap
             driver = CaptureDriver(spec, table, log_severity=1 if capture_log else 3)
             result.providers = driver.providers
         else:
-            if spec.ep == "webgpu" and plugin.is_plugin_runtime():
-                sess = plugin.plugin_session(spec.model, spec.webgpu_options)
+            if spec.ep == "webgpu" and is_plugin_runtime():
+                sess = plugin_session(spec.model, spec.webgpu_options)
             else:
                 sess = create_session(spec.model, spec.ep, webgpu_options=spec.webgpu_options)
             result.providers = list(sess.get_providers())
