@@ -70,7 +70,7 @@ class EquivalenceReport:
                 lines.append(f"{label} {d.step}, output {d.output}, {c.name}: max abs {d.max_abs:.3g}"
                              + (f" ({d.reason})" if d.reason else ""))
         if self.tables is not None and self.tables.status == "compared" and not self.tables.ok:
-            lines.append(f"rotation tables: {self.tables.first.line()}")
+            lines.append(f"rotation tables: {self.tables.diffs[0].line()}")  # not ok: there is a first
         return lines
 
     def run(self, label: str) -> RunResult | None:

@@ -14,12 +14,12 @@ long one) with its neighbours, the table's last two rows, and log-spaced positio
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from rope_passes.check.compare import Comparison, OutputDiff, diff_arrays
-from rope_passes.check.decode import TOKEN_HIGH, TOKEN_LOW, DecoderSpec, _dim, step_feeds
+from rope_passes.check.decode import TOKEN_HIGH, TOKEN_LOW, DecoderSpec, InputSpec, _dim, step_feeds
 
 #: default number of sweep positions
 DEFAULT_SWEEP = 32
@@ -56,7 +56,7 @@ def sweep_feeds(spec: DecoderSpec, position: int, seed: int = 0) -> dict[str, np
     if position:
         past = {}
         for name in sorted(spec.past_names):
-            i = spec.input(name)
+            i = cast(InputSpec, spec.input(name))  # a past name is an input
             kv_heads = _dim(i, 1, spec.dims, "number of KV heads")
             known = dict(spec.dims)
             if spec.head_size and isinstance(i.shape[3], str):
@@ -120,7 +120,9 @@ def compare_sweep(actual: Any, reference: Any, comparison: Comparison, only: Cal
 
 
 def _spans(values: Sequence[int]) -> str:
-    out, start, prev = [], None, None
+    out: list[str] = []
+    start: int | None = None
+    prev = 0  # read only once start is set
     for v in sorted(values):
         if start is None:
             start = prev = v

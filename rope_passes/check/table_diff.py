@@ -105,7 +105,7 @@ class TableComparison:
                 f"0..{self.positions - 1}, {self.precision}")
         if self.ok:
             return f"equal ({head}; largest difference {self.max_ulps:.3g} ulp)"
-        return f"DIFFERENT ({head}): first: {self.first.line()}"
+        return f"DIFFERENT ({head}): first: {self.diffs[0].line()}"  # not ok: there is a first
 
     def to_dict(self) -> dict[str, Any]:
         return {"status": self.status, "reason": self.reason, "ok": self.ok, "form": self.form,

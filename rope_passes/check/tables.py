@@ -296,7 +296,7 @@ def _position_input(model: ir.Model, config: GenaiConfig) -> ir.Value | None:
 def _cone_frontier(model: ir.Model, pos: ir.Value) -> tuple[list[ir.Value], int | None]:
     """Float values computed from ``pos`` and constants alone that other nodes read; the rows of the smallest
     constant table gathered on the way (None: none)."""
-    derived, consts = {id(pos)}, set()
+    derived, consts = {id(pos)}, set[int]()
     cone: list[ir.Node] = []
     for node in model.graph:
         if any(a.type == ir.AttributeType.GRAPH for a in node.attributes.values()):

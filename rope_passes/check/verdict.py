@@ -10,6 +10,7 @@ runtime (:mod:`.plugin`), its runs there (``original@webgpu:plugin``, ``original
 from __future__ import annotations
 
 import dataclasses
+from typing import TypeGuard
 
 import numpy as np
 
@@ -68,7 +69,7 @@ def _short(reason: str) -> str:
     return text if len(text) <= 200 else text[:197] + "..."
 
 
-def _ran(run: RunResult | None) -> bool:
+def _ran(run: RunResult | None) -> TypeGuard[RunResult]:
     return run is not None and (run.ok or bool(run.steps))
 
 
