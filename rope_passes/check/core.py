@@ -122,7 +122,8 @@ def check(
 
     # --- the rotation tables (no session) and the sweep positions ---
     orig_t, rew_t = (_graph_tables(orig, ep), _graph_tables(rew, ep)) if tables or sweep else (None, None)
-    table_cmp = compare_tables(orig_t, rew_t, orig.context_length) if tables else None
+    table_cmp = (compare_tables(orig_t, rew_t, orig.context_length)
+                 if tables and orig_t is not None and rew_t is not None else None)  # tables: both were read
     end = table_cmp.positions if table_cmp is not None and table_cmp.status == "compared" else (
         (orig_t.covers if orig_t is not None and not orig_t.unavailable else None) or orig.context_length)
     switches = set(orig_t.switches if orig_t else []) | set(rew_t.switches if rew_t else [])
@@ -139,7 +140,7 @@ def check(
         notes.append(f"LongRoPE cache switching after {switch} tokens: decoding {prefill + steps} tokens in all to "
                      f"cross it")
     limit = max_webgpu_prefill(adapter) if adapter else None
-    if limit is not None and prefill > limit:
+    if adapter is not None and limit is not None and prefill > limit:  # a limit comes from an adapter
         notes.append(f"software WebGPU adapter ({adapter.summary}): WebGPU GroupQueryAttention prefill is wrong for "
                      f"query rows >= 8 there, so the prefill is {limit} tokens and the other {prefill - limit} come "
                      f"as single-token decode steps")

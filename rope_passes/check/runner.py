@@ -223,7 +223,9 @@ def _worker(spec_path: str, out_dir: str) -> int:
         print(f"SWEEP {k}", flush=True)
 
     def save(path: str, outs: dict[str, np.ndarray]) -> None:  # npz has no bfloat16: such outputs travel as float32
-        np.savez(path, **{n: (v.astype(np.float32) if v.dtype.name == "bfloat16" else v) for n, v in outs.items()})
+        arrays: dict[str, Any] = {n: (v.astype(np.float32) if v.dtype.name == "bfloat16" else v)
+                                  for n, v in outs.items()}  # Any: numpy's stub would read ** as allow_pickle
+        np.savez(path, **arrays)
 
     result = execute_run(spec, on_step, capture_log=True, on_sweep=on_sweep)
     for k, outs in enumerate(result.steps):
