@@ -290,3 +290,19 @@ def test_range_forms_that_must_not_be_rewritten(case, between, start, outcome, r
     result = PrecomputeCosSinPass(max_positions=64)(model)
     assert not result.modified and result.report.count(outcome) == 2, result.report.status
     assert result.report.findings[0].reason.startswith(reason), result.report.findings[0].reason
+
+
+@pytest.mark.webgpu
+def test_exporter_then_ort_fusions_example():
+    """examples/exporter_then_ort_fusions.py runs (WebGPU) and every variant stays within 1e-5 of the original."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, str(FIXTURES.parents[1] / "examples" / "exporter_then_ort_fusions.py"),
+                           "--steps", "3"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = {line.split()[0]: line.split() for line in proc.stdout.splitlines()
+            if line.split() and line.split()[0] in ("original", "exporter", "original+fusions", "exporter+fusions")}
+    assert set(rows) == {"original", "exporter", "original+fusions", "exporter+fusions"}, proc.stdout
+    assert all(float(r[5]) <= 1e-5 for r in rows.values()), proc.stdout
+    assert "rope-passes precompute-cos-sin: rewritten 2" in proc.stdout
