@@ -148,6 +148,14 @@ def check(
         prefill = limit
     elif adapter is not None and adapter.software:
         notes.append(f"software WebGPU adapter ({adapter.summary}): prefills kept at <= {limit} tokens")
+    for info in (orig, rew):
+        ignored_by = (info.longrope or {}).get("offset_ignored_by") or []
+        if ignored_by:
+            notes.append(f"WARNING {info.path}: multiRotaryCacheConcatOffset={info.longrope['switch']} is IGNORED by "
+                         f"{len(ignored_by)} GroupQueryAttention node(s) with separate Q/K/V ({ignored_by[0]!r}…): "
+                         "onnxruntime applies the offset to packed QKV only, so on WebGPU a position p reads row p of "
+                         f"the [short; long] cache: past {info.longrope['switch']} tokens the short rows (wrong); "
+                         "lint RP206; fix: rope-passes optimize --target webgpu-graph packs Q/K/V")
     if orig.longrope and orig.longrope["kind"] == "concat":
         notes.append(f"{orig.path.name}: concatenated LongRoPE cache with offset {orig.longrope['switch']}: the CPU "
                      f"EP has no multiRotaryCacheConcatOffset, so comparisons with original@cpu stop at "
