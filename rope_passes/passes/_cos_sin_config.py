@@ -63,7 +63,7 @@ def _typed(value: ir.Value) -> Iterator[None]:
     tensor = const_tensor(value)
     old = value.type, value.shape
     if tensor is not None:
-        value.type, value.shape = ir.TensorType(tensor.dtype), ir.Shape(tensor.shape)
+        value.type, value.shape = ir.TensorType(tensor.dtype), ir.Shape(tensor.shape.numpy())
     try:
         yield
     finally:
@@ -92,7 +92,7 @@ def rows_of(model: ir.Model, positions: ir.Value, ends: Sequence[ir.Value], rows
                 stack.enter_context(_typed(value))
                 tensor = const_tensor(value)
                 inputs.append(value)
-                feeds.append(np.asarray(array, dtype=tensor.dtype.numpy()).reshape(tensor.shape))
+                feeds.append(np.asarray(array, dtype=tensor.dtype.numpy()).reshape(tensor.shape.numpy()))
             results = evaluate_subgraph(model, inputs, list(ends), feeds)
     except Exception as exc:  # noqa: BLE001 - any failure is a reason in a report
         raise MatchFailure.absent(f"cannot evaluate the cos/sin subgraph on onnxruntime CPU "
