@@ -8,9 +8,13 @@ plugin EP in ``.venv-plugin``, which CI installs: a missing one FAILS here, neve
   int4 build is compared with the original int4 graph on onnxruntime's CPU EP (run on the plugin runtime, which
   loads its MRotaryEmbedding) within the corpus README's int4 WebGPU-vs-CPU bound, 0.14;
 * gets a WebGPU session with ``enableGraphCapture=1`` and 0 Memcpy (the runtime's own placement log);
+* the others decode 4 more tokens (the captured-decode test compares with them);
 * LongRoPE (phi3_mini_128k): decoding on from the 8-token prefill to 44 tokens, past original_max_position = 32,
   matches ``ref_long.npy`` — fp32 1e-4; fp16 0.05 past the switch and 0.1 before it (the builder's own fp16 graph,
   unoptimized, is 0.075 off there on 1.27 and 0.059 on the plugin: fp16 error accumulating over the decode steps).
+
+Four outputs are also decoded under graph capture on both runtimes (the checker's capture driver on R's interpreter):
+the replayed steps equal the plain decode, and LongRoPE's captured decode past the switch matches ``ref_long.npy``.
 
 The session side runs in ``tests/runtime_worker.py`` on R's interpreter. WebGPU prefills stay at 8 tokens (the
 lavapipe GQA prefill defect past 8 query rows, docs/webgpu-on-cpu.md).
@@ -83,7 +87,7 @@ def outcomes(genai_corpus, embeddings, tmp_path_factory) -> dict[tuple[str, str]
                           runtime=runtime)
         embedding = embeddings.get("/".join(rel.split("/")[:2]))
         worker, prefill, last = run_worker(runtime, dest / "model.onnx", Path(tempfile.mkdtemp(dir=root)),
-                                           total=44 if rel in LONGROPE else 8, embedding=embedding)
+                                           total=44 if rel in LONGROPE else 12, embedding=embedding)
         options = GenaiConfig.load(dest).provider_options("webgpu")
         probe = probe_placement(dest / "model.onnx", graph_capture=True, webgpu_options=options, runtime=runtime)
         return Outcome(report, dest, worker, prefill, last, probe)
@@ -152,3 +156,35 @@ def test_report_and_metadata_name_the_runtime(outcomes, runtime):
         if o.report.modified:
             meta = {p.key: p.value for p in onnx.load(o.output / "model.onnx", load_external_data=False).metadata_props}
             assert meta.get(RUNTIME_METADATA_KEY) == runtime, rel
+
+
+#: outputs driven under graph capture on both runtimes (the checker's capture driver: fixed WebGPU buffers, decode
+#: step 1 captured, the rest replayed); the 1.27 side of every loadable model is tests/test_total_seq_on_gpu.py's
+CAPTURED = ["current/llama/webgpu_fp16_graph", "current/phi3_mini_128k/webgpu_fp16_graph", "current/qwen3/webgpu_fp16",
+            "current/qwen25_vl/webgpu_int4_graph"]
+
+
+@pytest.mark.parametrize("rel", CAPTURED)
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_captured_decode_replays_the_plain_one(outcomes, runtime, rel):
+    from rope_passes.check.runner import RunSpec, run_isolated
+    from rope_passes.runtime.interpreters import child_env, python_for
+
+    o = outcomes[(runtime, rel)]
+    config = GenaiConfig.load(o.output)
+    total = 44 if rel in LONGROPE else 12
+    spec = RunSpec(label=f"{rel}@{runtime}+capture", model=str(o.output / "model.onnx"), ep="webgpu", prefill=8,
+                   steps=total - 8, genai_config=config.data, graph_capture=True, max_length=64,
+                   webgpu_options={k: v for k, v in config.provider_options("webgpu").items()
+                                   if k != "enableGraphCapture"})
+    env = {k: v for k, v in child_env(runtime).items() if k == "ORT_WEBGPU_EP_ALLOW_SOFTWARE_ADAPTER"}
+    run = run_isolated(spec, python=python_for(runtime), env_extra=env)
+    assert run.ok, (run.status, run.reason)
+    assert any("replays of the captured graph" in n for n in run.notes), run.notes
+    last = np.stack([s["logits"][0, -1].astype(np.float32) for s in run.steps])
+    if rel in LONGROPE:  # the captured decode crosses the LongRoPE switch: same bound as the plain one
+        reference = np.load(GENAI / "hf/phi3_mini_128k/ref_long.npy")
+        assert np.abs(last - reference)[ORIGINAL_MAX - 8 + 1:].max() <= TOL[_precision(rel)]
+    else:  # the replayed decode steps compute what the plain decode computes
+        assert last.shape == o.last.shape
+        np.testing.assert_allclose(last, o.last, atol=1e-6, rtol=0)

@@ -2,7 +2,10 @@
 
 * :mod:`.sessions` — ``session_options`` (WebGPU provider options as ``ep.webgpuexecutionprovider.<key>`` session
   config entries: a provider dict is silently ignored) and ``create_session``, which raises
-  ``WebGPUUnavailableError`` instead of silently falling back to CPU.
+  ``WebGPUUnavailableError`` instead of silently falling back to CPU, on onnxruntime-webgpu 1.27 or on onnxruntime
+  with the WebGPU plugin EP (``onnxruntime_ep_webgpu``), whichever is installed.
+* :mod:`.interpreters` — which Python runs which WebGPU runtime (:mod:`rope_passes.targets`): the two cannot share a
+  venv, so a session on the other one runs in a child process of its interpreter.
 * :mod:`.adapter` — does onnxruntime get a WebGPU adapter (``probe``; ``python -m rope_passes.runtime.adapter``, run by
   scripts/setup.sh), and is it a software one such as Mesa lavapipe (``adapter_info``, ``max_webgpu_prefill``).
 * :mod:`.evaluate` — ``evaluate_subgraph``: a small subgraph on the CPU EP, the numbers behind the passes' numeric
@@ -12,6 +15,7 @@
   (:mod:`rope_passes.analysis.placement`) is tested against.
 
 The rule: ``rope_passes.analysis`` never imports this package (nor ``onnxruntime``): analysis is pure graph reasoning,
-on measured facts stored as data (``analysis/webgpu_kernels.json``). Dependencies point one way, runtime -> analysis.
+on measured facts stored as data (``runtime_tables/<runtime>.json`` via :mod:`rope_passes.targets`,
+``analysis/webgpu_kernels.json``). Dependencies point one way, runtime -> analysis.
 tests/test_architecture.py enforces it.
 """

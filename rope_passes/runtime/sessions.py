@@ -46,13 +46,16 @@ _PLUGIN_DEVICE: list[Any] = []
 
 
 def plugin_device() -> Any:
-    """Register the WebGPU plugin library (once per process) and return its WebGPU ``OrtEpDevice``; a hardware
-    device is preferred over a software one. Raises WebGPUUnavailableError when it lists none."""
+    """Register the WebGPU plugin library (once per process, unless it already is) and return its WebGPU
+    ``OrtEpDevice``; a hardware device is preferred over a software one. Raises WebGPUUnavailableError when it lists
+    none."""
     if not _PLUGIN_DEVICE:
-        import onnxruntime_ep_webgpu
-
-        ort.register_execution_provider_library("webgpu", onnxruntime_ep_webgpu.get_library_path())
         devices = [d for d in ort.get_ep_devices() if d.ep_name == WEBGPU]
+        if not devices:  # not registered yet in this process (by us or by anyone else: a second one fails)
+            import onnxruntime_ep_webgpu
+
+            ort.register_execution_provider_library("webgpu", onnxruntime_ep_webgpu.get_library_path())
+            devices = [d for d in ort.get_ep_devices() if d.ep_name == WEBGPU]
         if not devices:
             hint = "" if os.environ.get(ALLOW_SOFTWARE_ADAPTER) == "1" else (
                 f"; without a GPU set {ALLOW_SOFTWARE_ADAPTER}=1 to allow a software Vulkan adapter")
