@@ -294,8 +294,9 @@ def evaluate_tables(cone: ManualCone, run: Run) -> TextTables:
         return cos, sin
 
     parts = [call(np.arange(lo, min(lo + CHUNK, cone.rows))[None, :]) for lo in range(0, cone.rows, CHUNK)]
-    cos = np.concatenate([c for c, _ in parts]).astype(np.float32)
-    sin = np.concatenate([s for _, s in parts]).astype(np.float32)
+    cos = np.concatenate([c for c, _ in parts]).astype(np.float32, copy=False)
+    sin = np.concatenate([s for _, s in parts]).astype(np.float32, copy=False)
+    del parts
     for label, p in probes(cone.rows):
         got_cos, got_sin = call(p)
         flat = p.reshape(-1)
