@@ -72,7 +72,8 @@ class Cone:
     """The abstract values of the cone of ``end``; :meth:`prove` refuses unless ``end`` is ``positions.shape + [D]``
     Token-valued (each row a function of its own position)."""
 
-    def __init__(self, positions: ir.Value, opset: int, shape_inputs: Sequence[ir.Value] = ()) -> None:
+    def __init__(self, positions: ir.Value, opset: int, shape_inputs: Sequence[ir.Value] = (),
+                 assume: dict[int, Val] | None = None) -> None:
         self.positions = positions
         self.opset = opset
         self.ext = tuple(d if isinstance(d, int) else Dim(k) for k, d in enumerate(positions.shape))
@@ -81,6 +82,7 @@ class Cone:
         for v in shape_inputs:  # read only through Shape/Size: their declared dims, a name shared with the positions'
             dims = tuple(d if isinstance(d, int) else names.get(str(d), OPAQUE) for d in (v.shape or ()))
             self.vals[id(v)] = Known(dims if v.shape is not None else None, None, None, True)
+        self.vals.update(assume or {})  # values taken as given (LongRoPE's per-call branch: one constant at a time)
 
     # -- walking --------------------------------------------------------------------------------------------------
     def prove(self, end: ir.Value, trig: ir.Node, unit_axes: bool = False) -> int:

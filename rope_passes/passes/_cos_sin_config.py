@@ -58,12 +58,10 @@ def calls(positions: ir.Value, rows: int) -> np.ndarray:
 
 
 @contextlib.contextmanager
-def _typed(value: ir.Value) -> Iterator[None]:
-    """Give a constant's value its type and shape while it is fed as an input (restored after)."""
-    tensor = const_tensor(value)
+def _typed(value: ir.Value, array: np.ndarray) -> Iterator[None]:
+    """Give a value fed as an input the type and shape of ``array`` while it is (restored after)."""
     old = value.type, value.shape
-    if tensor is not None:
-        value.type, value.shape = ir.TensorType(tensor.dtype), ir.Shape(tensor.shape.numpy())
+    value.type, value.shape = ir.TensorType(ir.DataType.from_numpy(array.dtype)), ir.Shape(array.shape)
     try:
         yield
     finally:
@@ -87,12 +85,11 @@ def rows_of(model: ir.Model, positions: ir.Value, ends: Sequence[ir.Value], rows
     inputs = [positions, *shape_inputs]
     try:
         with contextlib.ExitStack() as stack:
-            if inv_freq is not None:
+            if inv_freq is not None:  # a value replaced: the array has its dtype and shape
                 value, array = inv_freq
-                stack.enter_context(_typed(value))
-                tensor = const_tensor(value)
+                stack.enter_context(_typed(value, array))
                 inputs.append(value)
-                feeds.append(np.asarray(array, dtype=tensor.dtype.numpy()).reshape(tensor.shape.numpy()))
+                feeds.append(array)
             results = evaluate_subgraph(model, inputs, list(ends), feeds)
     except Exception as exc:  # noqa: BLE001 - any failure is a reason in a report
         raise MatchFailure.absent(f"cannot evaluate the cos/sin subgraph on onnxruntime CPU "
@@ -255,10 +252,42 @@ def _rebuild(model: ir.Model, c: _Chain, table: np.ndarray, rope: Rope, frozen: 
             current.numpy().reshape(-1), frozen_inv, rtol=1e-6, atol=0):
         raise MatchFailure.refuse(f"LongRoPE frozen at export, but {c.inv_freq.name!r} is not config.json's "
                                   f"{frozen} inv_freq: not rebuilt", c.trig.name)
-    other = rows_of(model, c.positions, [c.end], len(table), (c.inv_freq, rope.inv_freq(long=frozen == "short")),
-                    c.shape_inputs)[0]
+    replaced = rope.inv_freq(long=frozen == "short").astype(current.dtype.numpy()).reshape(current.shape.numpy())
+    other = rows_of(model, c.positions, [c.end], len(table), (c.inv_freq, replaced), c.shape_inputs)[0]
     short, long = (table, other) if frozen == "short" else (other, table)
     return np.ascontiguousarray(short), np.ascontiguousarray(long), int(rope.original_max or len(table))
+
+
+def per_call_tables(model: ir.Model, c: _Chain, ropes: Sequence[Rope], rows: int, lr) -> tuple[np.ndarray,
+                                                                                                 np.ndarray, int]:
+    """LongRoPE chosen per call in the graph (``Where(ReduceMax(positions) + 1 > original, long, short)``) with a
+    LongRoPE config: the two tables are the chain evaluated with each branch fed in place of the Where's output;
+    refused unless the branches and the threshold are the config's, and the graph equals the rebuilt switch on calls
+    on both sides of it."""
+    rope = next((r for r in ropes if r.switches), None)
+    if rope is None or lr.threshold != rope.original_max:
+        raise MatchFailure.refuse(f"LongRoPE chosen per call: {lr.switch} (node {lr.switch_node!r}) does not switch "
+                                  f"where config.json says ({rope.describe() if rope else 'no longrope rope'})",
+                                  c.trig.name)
+    branches = []
+    for which, value in (("long", lr.long[0]), ("short", lr.short[0])):
+        array = const_tensor(value).numpy()
+        if not np.allclose(array.reshape(-1), rope.inv_freq(long=which == "long"), rtol=1e-6, atol=0):
+            raise MatchFailure.refuse(f"LongRoPE chosen per call: the {which} inv_freq {value.name!r} is not "
+                                      "config.json's", c.trig.name)
+        branches.append(rows_of(model, c.positions, [c.end], rows, (lr.node.outputs[0], array), c.shape_inputs)[0])
+    long, short = branches
+    orig = int(rope.original_max)
+    for call in (np.arange(orig)[None], np.arange(rows)[None], np.array([[orig - 2, orig - 1], [0, 5]]),
+                 np.array([[orig - 1, orig]]), np.array([[0], [orig]])):
+        call = call.astype(np.int64 if c.positions.dtype == ir.DataType.INT64 else np.int32)
+        (got,) = evaluate_subgraph(model, [c.positions, *c.shape_inputs], [c.end],
+                                   [call, *shape_feeds(c.shape_inputs, c.positions, call)])
+        want = long[call] if call.max() + 1 > orig else short[call]
+        if got.shape != want.shape or not np.array_equal(got, want):
+            raise MatchFailure.refuse(f"LongRoPE chosen per call: with positions {call.tolist()} the graph's rows are "
+                                      "not the rebuilt switch's", c.trig.name)
+    return np.ascontiguousarray(short), np.ascontiguousarray(long), orig
 
 
 def emit_switch(tape: NodeTape, positions: ir.Value, short: ir.Value, long: ir.Value, original: int,
@@ -286,4 +315,4 @@ def emit_switch(tape: NodeTape, positions: ir.Value, short: ir.Value, long: ir.V
 
 
 __all__ = ["TOL", "TOL_FP16", "UNKNOWN_SIZE", "Verdict", "against_config", "best_verdict", "calls", "emit_switch",
-           "find_ropes", "judge", "rows_of", "shape_feeds"]
+           "find_ropes", "judge", "per_call_tables", "rows_of", "shape_feeds"]

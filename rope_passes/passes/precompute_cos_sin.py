@@ -74,7 +74,15 @@ from rope_passes.analysis.inv_freq import inv_freq_product
 from rope_passes.analysis.longrope import longrope_where
 from rope_passes.hf_config import HFConfig
 from rope_passes.passes._cos_sin_cone import Cone
-from rope_passes.passes._cos_sin_config import UNKNOWN_SIZE, against_config, emit_switch, find_ropes, shape_feeds
+from rope_passes.passes._cos_sin_config import (
+    UNKNOWN_SIZE,
+    against_config,
+    emit_switch,
+    find_ropes,
+    per_call_tables,
+    shape_feeds,
+)
+from rope_passes.passes._cos_sin_known import const
 from rope_passes.passes._cos_sin_positions import range_source, typed
 from rope_passes.passes._rewrite import NodeTape, add_initializer, remove_dead
 from rope_passes.passes.base import RopePass, option
@@ -104,6 +112,8 @@ class _Chain:
     source: ir.Node | None = None
     #: axes of ``end`` of extent 1 besides the positions' (a Range source's ``Unsqueeze(0)``)
     unit_axes: list[int] = dataclasses.field(default_factory=list)
+    #: LongRoPE chosen per call in the graph (analysis.longrope's ``where`` form): tables only with a config
+    per_call: object | None = None
     #: LongRoPE frozen at export, rebuilt from config.json: (short table, long table, original_max_position_embeddings)
     switch: tuple[np.ndarray, np.ndarray, int] | None = None
 
@@ -244,15 +254,31 @@ class PrecomputeCosSinPass(RopePass):
             for c in chains:
                 report.refused(c.trig.name, UNKNOWN_SIZE)
             return
+        done_per_call: list[_Chain] = []
+        tables: dict[int, np.ndarray] = {}
+        for c in [c for c in chains if c.per_call is not None]:
+            chains.remove(c)
+            lr = c.per_call
+            try:
+                if not any(r.switches for r in ropes):
+                    raise MatchFailure.refuse(
+                        f"LongRoPE chosen per call: {lr.switch} (node {lr.switch_node!r}) picks the long or short "
+                        "inv_freq from the largest position of the call, so a row depends on the other positions "
+                        "(dynamic: no single table; a LongRoPE config.json beside the model gives two tables and the "
+                        "switch)", c.trig.name, inv_freq=c.inv_freq.name)
+                c.switch = per_call_tables(model, c, ropes, max_positions, lr)
+                tables[id(c.end)] = c.switch[0]
+                done_per_call.append(c)
+            except MatchFailure as failure:
+                report.record(failure, c.trig.name)
         by_positions: dict[int, list[_Chain]] = {}
         for c in chains:
             by_positions.setdefault(id(c.positions), []).append(c)
-        tables: dict[int, np.ndarray] = {}
         for group in by_positions.values():
             tables.update(self._tables(model, group, max_positions, report))
         if ropes:
             against_config(model, [c for c in chains if id(c.end) in tables], tables, ropes, report)
-        done = [c for c in chains if id(c.end) in tables]
+        done = [c for c in chains if id(c.end) in tables] + done_per_call
         if not done:
             return
         self._rewrite(graph, done, tables, max_positions, report)
@@ -279,14 +305,13 @@ class PrecomputeCosSinPass(RopePass):
     def _check_static(model: ir.Model, chain: _Chain) -> None:
         """MatchFailure.refuse unless the cone accounting proves each row a function of its own position."""
         lr = longrope_where(model)
-        if lr is not None and any(n.op_type == "Where" and n.name == lr.switch_node for n in chain.nodes):
-            raise MatchFailure.refuse(
-                f"LongRoPE chosen per call: {lr.switch} (node {lr.switch_node!r}) picks the long or short inv_freq "
-                "from the largest position of the call, so a row depends on the other positions (dynamic: no single "
-                "table)", chain.trig.name, inv_freq=chain.inv_freq.name)
+        assume = {}
+        if lr is not None and any(n is lr.node for n in chain.nodes):  # per call: proved with the branch as a constant
+            chain.per_call = lr
+            assume = {id(lr.node.outputs[0]): const(const_tensor(lr.long[0]))}
         opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx", 18))
         try:
-            cone = Cone(chain.positions, opset, chain.shape_inputs)
+            cone = Cone(chain.positions, opset, chain.shape_inputs, assume)
             cone.prove(chain.end, chain.trig, unit_axes=chain.source is not None)
             chain.unit_axes = cone.unit_axes
         except MatchFailure as failure:
@@ -348,8 +373,10 @@ class PrecomputeCosSinPass(RopePass):
             old.append(c.end)
             what = (f"Gather({init.name} {list(table.shape)} {table.dtype}, {c.positions.name})" if c.switch is None
                     else f"Where(max({c.positions.name}) + 1 > {c.switch[2]}, Gather({long_init.name}), "
-                         f"Gather({init.name})) [{table.shape[0]}, {table.shape[-1]}] {table.dtype} (LongRoPE frozen at "
-                         "export, rebuilt from config.json: both tables and transformers' switch)")
+                         f"Gather({init.name})) [{table.shape[0]}, {table.shape[-1]}] {table.dtype} " + (
+                             "(LongRoPE frozen at export, rebuilt from config.json: both tables and transformers' "
+                             "switch)" if c.per_call is None else "(LongRoPE chosen per call: a table for each of the "
+                             "graph's two inv_freq branches, checked against config.json, and its switch)"))
             report.rewritten(
                 c.trig.name,
                 f"{c.trig.op_type} of positions × {c.inv_freq.name!r} ({c.product.op_type}) → {what}",
