@@ -1,4 +1,5 @@
-"""Positions made in the graph, for ``precompute-cos-sin``: ``Range(past, past + length, 1)``.
+"""Positions for ``precompute-cos-sin``: made in the graph (``Range(past, past + length, 1)``), and the calls the
+numeric evidence runs (:func:`probes`).
 
 Exporters of models called without ``position_ids`` (optimum's Gemma family, TorchScript) compute them in the graph:
 ``Range(Cast(Shape(past_key)[2]), Cast(Shape(past_key)[2] + Shape(embeds)[1]), 1) → Unsqueeze(0)``. That Range is the
@@ -108,4 +109,31 @@ def typed(range_node: ir.Node | None) -> Iterator[None]:
             value.type, value.shape = old
 
 
-__all__ = ["range_source", "typed"]
+def probes(rows: int, three: bool, switches: tuple[int, ...] = ()) -> list[tuple[str, np.ndarray]]:
+    """Calls differing in what callers vary: the table (0..rows-1), permuted, batch 1..3, one and two tokens at the
+    smallest and largest positions, windows across every power of two and every ``switches`` position, and random
+    calls; for ``[3, B, S]`` positions also with the three axes differing."""
+    rng = np.random.RandomState(0)
+    last = rows - 1
+    edges = sorted({b for b in [*(1 << k for k in range(1, 40) if (1 << k) < rows), *switches] if 0 < b < rows})
+    out = [("positions 0..max_positions-1", np.arange(rows)[None, :]),
+           ("permuted positions", rng.permutation(rows)[None, :]),
+           ("a batch of 2 full-length calls", np.stack([np.arange(rows)[::-1], rng.permutation(rows)])),
+           ("one token at position 0", np.array([[0]])),
+           (f"one token at position {last}", np.array([[last]])),
+           ("one token, batch 3", np.array([[min(5, last)], [last], [0]])),
+           ("two tokens at the end", np.array([[max(last - 1, 0), last]])),
+           ("two tokens, batch 2", np.array([[0, min(1, last)], [last, min(3, last)]])),
+           ("positions of another batch and length", rng.randint(0, rows, size=(2, 3))),
+           ("positions of batch 3, length 5", rng.randint(0, rows, size=(3, 5)))]
+    for b in edges:
+        window = np.clip(np.arange(b - 2, b + 2), 0, last)
+        out += [(f"4 tokens across {b}", window[None, :]), (f"one token at {b - 1}", np.array([[b - 1]])),
+                (f"one token at {b}", np.array([[b]])), (f"offset calls across {b}", np.stack([window, window[::-1]]))]
+    if not three:
+        return out
+    shifted = [(f"{label}, axes differing", np.stack([p, (p + 7) % rows, p[:, ::-1]])) for label, p in out[1:]]
+    return [(label, np.stack([p, p, p])) for label, p in out] + shifted
+
+
+__all__ = ["probes", "range_source", "typed"]

@@ -29,7 +29,7 @@ call, no dependence on batch or sequence length beyond shape plumbing) and every
 (:class:`rope_passes.passes._cos_sin_cone.Cone`: an allow-list of per-token ops from the position input to the chain
 end; any op reading across tokens, and any value computed from the call's shape that reaches the arithmetic,
 refuses naming the node), then checks it numerically: the subgraph evaluated on calls differing in what callers
-vary (:func:`probes`: one token at the smallest and largest positions, two tokens, batch 1..3, the whole table
+vary (:func:`._cos_sin_positions.probes`: one token at the smallest and largest positions, two tokens, batch 1..3, the whole table
 permuted, windows across every power of two; ``[3,B,S]`` inputs also with differing axes) must give exactly the
 table's rows at those positions. Then the rewrite is exact under
 ONNX semantics, and in float32 bit-identical on onnxruntime (the tables come from the same kernels on the same
@@ -83,7 +83,7 @@ from rope_passes.passes._cos_sin_config import (
     shape_feeds,
 )
 from rope_passes.passes._cos_sin_known import const
-from rope_passes.passes._cos_sin_positions import range_source, typed
+from rope_passes.passes._cos_sin_positions import probes, range_source, typed
 from rope_passes.passes._rewrite import NodeTape, add_initializer, remove_dead
 from rope_passes.passes.base import RopePass, option
 from rope_passes.report import MatchFailure, PassReport
@@ -389,37 +389,10 @@ class PrecomputeCosSinPass(RopePass):
         remove_dead(graph, old)
 
 
-def probes(rows: int, three: bool, switches: tuple[int, ...] = ()) -> list[tuple[str, np.ndarray]]:
-    """Calls differing in what callers vary: the table (0..rows-1), permuted, batch 1..3, one and two tokens at the
-    smallest and largest positions, windows across every power of two and every ``switches`` position, and random
-    calls; for ``[3, B, S]`` positions also with the three axes differing."""
-    rng = np.random.RandomState(0)
-    last = rows - 1
-    edges = sorted({b for b in [*(1 << k for k in range(1, 40) if (1 << k) < rows), *switches] if 0 < b < rows})
-    out = [("positions 0..max_positions-1", np.arange(rows)[None, :]),
-           ("permuted positions", rng.permutation(rows)[None, :]),
-           ("a batch of 2 full-length calls", np.stack([np.arange(rows)[::-1], rng.permutation(rows)])),
-           ("one token at position 0", np.array([[0]])),
-           (f"one token at position {last}", np.array([[last]])),
-           ("one token, batch 3", np.array([[min(5, last)], [last], [0]])),
-           ("two tokens at the end", np.array([[max(last - 1, 0), last]])),
-           ("two tokens, batch 2", np.array([[0, min(1, last)], [last, min(3, last)]])),
-           ("positions of another batch and length", rng.randint(0, rows, size=(2, 3))),
-           ("positions of batch 3, length 5", rng.randint(0, rows, size=(3, 5)))]
-    for b in edges:
-        window = np.clip(np.arange(b - 2, b + 2), 0, last)
-        out += [(f"4 tokens across {b}", window[None, :]), (f"one token at {b - 1}", np.array([[b - 1]])),
-                (f"one token at {b}", np.array([[b]])), (f"offset calls across {b}", np.stack([window, window[::-1]]))]
-    if not three:
-        return out
-    shifted = [(f"{label}, axes differing", np.stack([p, (p + 7) % rows, p[:, ::-1]])) for label, p in out[1:]]
-    return [(label, np.stack([p, p, p])) for label, p in out] + shifted
-
-
 def _evaluate(model: ir.Model, positions: ir.Value, ends: list[ir.Value], rows: int,
               shape_inputs: Sequence[ir.Value] = ()) -> tuple[list[np.ndarray], list[str], list[list[np.ndarray]]]:
     """(probes, their labels, the ends' values per probe): the subgraph from ``positions`` to ``ends`` run on
-    onnxruntime CPU on the :func:`probes` calls; MatchFailure.absent if it cannot be."""
+    onnxruntime CPU on the :func:`._cos_sin_positions.probes` calls; MatchFailure.absent if it cannot be."""
     dtype = np.int64 if positions.dtype == ir.DataType.INT64 else np.int32
     calls = probes(rows, len(positions.shape) == 3)
     if len(positions.shape) == 1:  # a Range source: the same calls, one row each
