@@ -14,8 +14,11 @@ import argparse
 
 import onnx_ir as ir
 
-from rope_passes import PRESETS, load_bundle, save_bundle
+from rope_passes import load_bundle, save_bundle
+from rope_passes.api import RUNTIME_METADATA_KEY
 from rope_passes.passes import ALL_PASSES, PassContext
+from rope_passes.pipeline import presets_for
+from rope_passes.targets import default_runtime
 
 
 def main() -> None:
@@ -26,9 +29,10 @@ def main() -> None:
     args = ap.parse_args()
 
     bundle = load_bundle(args.model_dir)  # onnx_ir model (weights stay on disk) + its genai_config.json
-    context = PassContext(bundle.genai_config)
+    runtime = default_runtime()  # the WebGPU runtime installed here: the preset runs the downlevel passes it needs
+    context = PassContext(bundle.genai_config, runtime=runtime)
     passes = []
-    for name in PRESETS["webgpu-graph"]:
+    for name in presets_for(runtime)["webgpu-graph"]:
         cls = ALL_PASSES[name]
         options = {"text_only": True} if args.text_only and "text_only" in cls.option_names() else {}
         passes.append(cls(context, **options))
@@ -36,6 +40,8 @@ def main() -> None:
     for p in passes:
         print(f"{p.name}: {p.report.status}")
     bundle.model = result.model
+    if result.modified:  # as optimize does: a rewritten graph names the runtime its passes were chosen for
+        bundle.model.metadata_props[RUNTIME_METADATA_KEY] = runtime
     # save_bundle: IR version <= 13 (onnxruntime 1.27), external data beside the model, the folder copied whole,
     # genai_config.json written from the context the passes changed; nothing changed: a byte-for-byte copy
     save_bundle(bundle, args.out_dir, graph_modified=result.modified)

@@ -31,8 +31,8 @@ def python_for(runtime: str | None = None) -> str | None:
         return sys.executable
     variable, venv = PYTHON_ENV[runtime]
     value = os.environ.get(variable)
-    if value is not None:
-        return value.strip() or None
+    if value is not None:  # "" or "none": no interpreter for it
+        return None if value.strip().lower() in ("", "none") else value.strip()
     candidate = REPO / venv / "bin" / "python"
     return str(candidate) if candidate.exists() else None
 

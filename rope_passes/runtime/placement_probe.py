@@ -62,6 +62,7 @@ def probe_placement(model_path: str | os.PathLike, *, graph_capture: bool = True
     """The runtime truth: a WebGPU session in a subprocess with verbose logging (see the module docstring), on
     ``runtime``'s interpreter (default: the runtime installed here)."""
     from rope_passes.runtime.interpreters import child_env, python_for
+    from rope_passes.targets import default_runtime
 
     python = python_for(runtime)
     if python is None:
@@ -71,7 +72,7 @@ def probe_placement(model_path: str | os.PathLike, *, graph_capture: bool = True
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False,  # exit code is data
                           env=child_env(runtime))
     result = parse_probe_log(str(model_path), graph_capture, proc.stdout + "\n" + proc.stderr, proc.returncode)
-    result.runtime = runtime or ""
+    result.runtime = runtime or default_runtime()
     return result
 
 
