@@ -132,7 +132,7 @@ class FoldTextMRoPEPass(RopePass):
             raise MatchFailure.absent("no com.microsoft::GroupQueryAttention node")
         self.evaluations = 0
         self._keys = ConeKeys()
-        self._sources: dict[tuple, _Source | MatchFailure] = {}
+        self._sources: dict[tuple, _Source] = {}
         # 1. everything decided without numbers, for every GQA
         candidates: list[_Site] = []
         for gqa in gqas:
@@ -204,8 +204,8 @@ class FoldTextMRoPEPass(RopePass):
         return site
 
     def _static(self, model: ir.Model, rot: Rotation) -> tuple[tuple, PositionSource, int]:
-        """(table key, positions, table columns) of one rotation, proved without numbers; failures are cached per
-        distinct cone so every layer sharing it reports the same reason."""
+        """(table key, positions, table columns) of one rotation, proved without numbers, once per distinct cone
+        (a failed proof is redone per rotation, so each reason names that rotation's own node)."""
         node = rot.node
         if rot.kind == "MRotaryEmbedding":
             key = ("mrotary", *mrotary_key(node))
@@ -216,15 +216,10 @@ class FoldTextMRoPEPass(RopePass):
             return key, positions, half
         key = ("manual", self._keys.of(node.inputs[2]), self._keys.of(node.inputs[3]))
         if key not in self._sources:
-            try:
-                max_positions = self.options.max_positions or self.genai_config.context_length
-                preferred = self.genai_config.decoder_inputs.get("position_ids")
-                self._sources[key] = manual_cone(model, node, max_positions, preferred)
-            except MatchFailure as failure:
-                self._sources[key] = failure
+            max_positions = self.options.max_positions or self.genai_config.context_length
+            preferred = self.genai_config.decoder_inputs.get("position_ids")
+            self._sources[key] = manual_cone(model, node, max_positions, preferred)
         found = self._sources[key]
-        if isinstance(found, MatchFailure):
-            raise found
         assert isinstance(found, ManualCone)
         return key, found.positions, found.half
 
