@@ -71,9 +71,9 @@ import onnx_ir as ir
 
 from rope_passes.analysis.graph import ancestors, const_tensor
 from rope_passes.analysis.inv_freq import inv_freq_product
-from rope_passes.analysis.longrope import longrope_where
+from rope_passes.analysis.longrope import LongRoPE, longrope_where
 from rope_passes.hf_config import HFConfig
-from rope_passes.passes._cos_sin_cone import Cone
+from rope_passes.passes._cos_sin_cone import Cone, Val
 from rope_passes.passes._cos_sin_config import (
     UNKNOWN_SIZE,
     against_config,
@@ -113,7 +113,7 @@ class _Chain:
     #: axes of ``end`` of extent 1 besides the positions' (a Range source's ``Unsqueeze(0)``)
     unit_axes: list[int] = dataclasses.field(default_factory=list)
     #: LongRoPE chosen per call in the graph (analysis.longrope's ``where`` form): tables only with a config
-    per_call: object | None = None
+    per_call: LongRoPE | None = None
     #: LongRoPE frozen at export, rebuilt from config.json: (short table, long table, original_max_position_embeddings)
     switch: tuple[np.ndarray, np.ndarray, int] | None = None
 
@@ -305,7 +305,7 @@ class PrecomputeCosSinPass(RopePass):
     def _check_static(model: ir.Model, chain: _Chain) -> None:
         """MatchFailure.refuse unless the cone accounting proves each row a function of its own position."""
         lr = longrope_where(model)
-        assume = {}
+        assume: dict[int, Val] = {}
         if lr is not None and any(n is lr.node for n in chain.nodes):  # per call: proved with the branch as a constant
             chain.per_call = lr
             assume = {id(lr.node.outputs[0]): const(const_tensor(lr.long[0]))}
