@@ -313,7 +313,7 @@ def test_ctrl_c_at_each_step(where, in_place, tiny, tmp_path, monkeypatch, capsy
 
     before = digest(tiny)
     if where == "passes":
-        monkeypatch.setattr(api, "remaining_problems", lambda bundle: interrupt_here())
+        monkeypatch.setattr(api, "remaining_problems", lambda bundle, *runtime: interrupt_here())
     elif where == "staging":
         real_save = onnx.save
         monkeypatch.setattr(onnx, "save", lambda *a, **kw: (real_save(*a, **kw), interrupt_here()))
