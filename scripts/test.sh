@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Set up (venv + package + WebGPU driver when missing), check style (ruff), and run the test suite.
+# Set up (venv + package + WebGPU driver when missing), check style (ruff) and types (mypy), and run the test suite.
 # Extra arguments go to pytest:
 #   scripts/test.sh                                  # everything: what CI runs
 #   scripts/test.sh -m "not corpus and not webgpu"   # the fast inner loop (markers: tests/conftest.py)
 # Setup runs when the venv is missing or was set up from other setup inputs (pyproject.toml, scripts/setup.sh,
 # scripts/install-webgpu-cpu.sh: their hash is stamped in the venv); ROPE_PASSES_SETUP=1 forces it.
+# The test files are spread over ROPE_PASSES_TEST_WORKERS pytest-xdist workers (default 2, a file stays on one worker
+# so its module fixtures run once; 0: one process).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
@@ -16,4 +18,8 @@ if [ "${ROPE_PASSES_SETUP:-0}" = 1 ] || [ ! -x "$VENV/bin/python" ] || [ "$(cat 
   echo "$inputs" >"$stamp"
 fi
 "$VENV/bin/ruff" check rope_passes tests bench examples tools
-exec "$VENV/bin/python" -m pytest -q "$@"
+"$VENV/bin/mypy" rope_passes  # configuration and strictness: [tool.mypy] in pyproject.toml
+workers=${ROPE_PASSES_TEST_WORKERS:-2}
+parallel=()
+[ "$workers" = 0 ] || parallel=(-n "$workers" --dist loadfile)
+exec "$VENV/bin/python" -m pytest -q ${parallel[@]+"${parallel[@]}"} "$@"
