@@ -6,7 +6,8 @@ Exporters (optimum, transformers' own, ``save_pretrained`` next to a ``torch.onn
 ``original_max_position_embeddings``, attention scaling) and the partial rotary factor. Both layouts are read:
 transformers 4 (``rope_theta``, ``rope_scaling``, top-level ``partial_rotary_factor`` /
 ``original_max_position_embeddings``, Gemma3's ``rope_local_base_freq``) and transformers 5 (``rope_parameters``,
-flat or per layer type).
+flat or per layer type). Olive's ``model_config.json`` is read through its ``config.model_attributes`` (the HF
+config Olive copied there).
 
     config = HFConfig.find("model_dir")           # config.json / model_config.json beside it, or None
     rope = config.rope()                          # Rope; MatchFailure.refuse for dynamic NTK
@@ -192,6 +193,15 @@ class Rope:
         return (f"{self.layer_type}: " if self.layer_type else "") + ", ".join(parts)
 
 
+def _olive_attributes(data: dict[str, Any]) -> dict[str, Any]:
+    """Olive's ``model_config.json`` (``{"type": "onnxmodel", "config": {"model_attributes": {...}}}``, written
+    beside the graph by ``olive capture-onnx-graph``) holds the Hugging Face config as ``model_attributes``."""
+    inner = data.get("config")
+    if "model_type" not in data and isinstance(inner, dict) and isinstance(inner.get("model_attributes"), dict):
+        return inner["model_attributes"]
+    return data
+
+
 @dataclasses.dataclass(frozen=True)
 class HFConfig:
     """A parsed Hugging Face model config (``config.json``)."""
@@ -216,7 +226,7 @@ class HFConfig:
             raise ModelLoadError(f"{p}: not valid JSON ({exc})") from None
         if not isinstance(data, dict):
             raise ModelLoadError(f"{p}: not a Hugging Face config (the top level is not an object)")
-        return cls(p, data)
+        return cls(p, _olive_attributes(data))
 
     @classmethod
     def find(cls, model_path: str | os.PathLike | None, explicit: str | os.PathLike | None = None) -> HFConfig | None:
