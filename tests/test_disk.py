@@ -492,3 +492,47 @@ def test_streaming_copy_keeps_holes(tmp_path):
     assert dst.read_bytes() == src.read_bytes()
     if src.stat().st_blocks * 512 < (1 << 20):  # the filesystem keeps holes
         assert dst.stat().st_blocks * 512 < (1 << 20), "the copy filled the holes"
+
+
+def test_make_dirs_is_race_safe(tiny, tmp_path, monkeypatch):
+    """Two writers creating outputs under the same new parent folder: the one that loses the race to ``mkdir`` uses
+    the folder the other made (and does not count it as its own to remove on failure)."""
+    import threading
+
+    from rope_passes.io.disk import make_dirs
+
+    parent = tmp_path / "new" / "parent"
+    real_mkdir = Path.mkdir
+
+    def lose_the_race(self: Path, *args, **kwargs):
+        if self == parent and not self.exists():
+            os.mkdir(self)  # the other writer, between make_dirs' check and its mkdir
+        return real_mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", lose_the_race)
+    created: list[Path] = []
+    make_dirs(parent / "out", created)
+    assert created == [tmp_path / "new", parent / "out"]
+    monkeypatch.undo()
+
+    # end to end: threads writing outputs under one new folder at once
+    root = tmp_path / "shared" / "outputs"
+    bundles = [load_bundle(tiny) for _ in range(4)]
+    barrier = threading.Barrier(len(bundles))
+    errors: list[BaseException] = []
+
+    def write(i: int) -> None:
+        barrier.wait()
+        try:
+            save_bundle(bundles[i], root / f"out{i}")
+        except BaseException as exc:  # noqa: BLE001 - collected and asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(len(bundles))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert all((root / f"out{i}" / "model.onnx").is_file() for i in range(len(bundles)))
+    assert not staging_left(tmp_path / "shared")

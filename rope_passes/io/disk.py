@@ -99,7 +99,12 @@ def make_dirs(folder: Path, created: list[Path]) -> None:
         missing.append(p)
         p = p.parent
     for d in reversed(missing):
-        d.mkdir()
+        try:
+            d.mkdir()
+        except FileExistsError:  # another thread or process made it since the check: theirs, not ours to remove
+            if not d.is_dir():
+                raise
+            continue
         created.append(d)
 
 
