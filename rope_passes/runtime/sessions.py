@@ -67,8 +67,17 @@ def plugin_device() -> Any:
 
 
 def runtime_label() -> str:
-    """The onnxruntime this process runs: ``onnxruntime 1.31.1 + onnxruntime-ep-webgpu`` or ``onnxruntime 1.27.0``."""
-    return f"onnxruntime {ort.__version__}" + (" + onnxruntime-ep-webgpu" if uses_plugin() else "")
+    """The onnxruntime this process runs: ``onnxruntime 1.31.1 + onnxruntime-ep-webgpu 0.4.0`` (the plugin EP) or
+    ``onnxruntime 1.27.0`` (onnxruntime-webgpu, WebGPU built in)."""
+    if not uses_plugin():
+        return f"onnxruntime {ort.__version__}"
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        plugin = f" {version('onnxruntime-ep-webgpu')}"
+    except PackageNotFoundError:  # importable without metadata (a source checkout): no version to say
+        plugin = ""
+    return f"onnxruntime {ort.__version__} + onnxruntime-ep-webgpu{plugin}"
 
 
 def session_options(
