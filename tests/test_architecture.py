@@ -2,6 +2,8 @@
 
 * ``rope_passes.analysis`` is pure graph reasoning: it never imports ``onnxruntime`` nor ``rope_passes.runtime``
   (the layer that owns every onnxruntime session).
+* No module outside ``rope_passes.runtime`` creates an onnxruntime session (no ``InferenceSession(...)`` call, however
+  spelled, and no ``from onnxruntime import InferenceSession``).
 * The ``rope_passes`` modules import each other without cycles.
 """
 
@@ -122,6 +124,31 @@ def test_analysis_imports_no_onnxruntime_and_no_runtime_layer():
             if imported.split(".")[0] == "onnxruntime" or imported.startswith("rope_passes.runtime"):
                 offenders.append(f"{path.relative_to(PACKAGE.parent)}:{line} imports {imported}")
     assert not offenders, "analysis must stay pure (no sessions):\n" + "\n".join(sorted(set(offenders)))
+
+
+def _session_calls(path: Path) -> list[int]:
+    """Lines of ``<anything>.InferenceSession(...)`` / ``InferenceSession(...)`` calls and of imports of the name."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Call):
+            func = node.func
+            if (isinstance(func, ast.Attribute) and func.attr == "InferenceSession") or (
+                    isinstance(func, ast.Name) and func.id == "InferenceSession"):
+                lines.append(node.lineno)
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "onnxruntime":
+            lines.extend(node.lineno for alias in node.names if alias.name == "InferenceSession")
+    return lines
+
+
+def test_only_the_runtime_layer_creates_sessions():
+    offenders = [f"{path.relative_to(PACKAGE.parent)}:{line}"
+                 for name, path in _modules().items()
+                 if not (name == "rope_passes.runtime" or name.startswith("rope_passes.runtime."))
+                 for line in _session_calls(path)]
+    assert not offenders, ("onnxruntime sessions are created in rope_passes.runtime only "
+                           "(rope_passes.runtime.sessions.create_session):\n" + "\n".join(offenders))
+    # the finder finds what it looks for
+    assert _session_calls(PACKAGE / "runtime" / "sessions.py")
 
 
 def test_no_import_cycles():

@@ -16,6 +16,8 @@ What onnxruntime-webgpu 1.27 needs (measured; see docs/checker.md):
 
 ``present.*`` outputs are read back trimmed to the tokens so far, so they compare with an uncaptured run's.
 A session that cannot be created with capture (Memcpy nodes, control flow) raises with onnxruntime's reason.
+Both sessions here (the decoder's and the one-node allocator's) come from
+:func:`rope_passes.runtime.sessions.create_session`, on either WebGPU runtime; this module only binds buffers to them.
 """
 
 from __future__ import annotations

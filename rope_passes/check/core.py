@@ -20,9 +20,12 @@ original@cpu is shown, not counted: it is the EP's error, not the rewrite's.
 
 Where the original cannot load (an op onnxruntime-webgpu 1.27 lacks, e.g. ``MRotaryEmbedding``), the report says so
 and the rewritten graph is compared with what is left: the original's CPU run, else the original on the second
-WebGPU runtime (:mod:`.plugin`: runs ``original@webgpu:plugin`` and ``original@cpu:plugin``), else the rotation
-tables alone; ``report.reference`` says which. With no reference at all the result is "could not run" (exit 2),
-with the reason in ``report.reason``.
+WebGPU runtime (onnxruntime + the plugin EP, in its own interpreter: runs ``original@webgpu:plugin`` and
+``original@cpu:plugin``), else the rotation tables alone; ``report.reference`` says which. With no reference at all
+the result is "could not run" (exit 2), with the reason in ``report.reason``.
+
+``runtime`` (``--runtime``, :mod:`.runtimes`): the WebGPU runtime every run uses, the other one's in subprocesses of
+its own interpreter; :func:`check_runtimes` checks on several (``"all"``), one report each.
 
 Schedule adjustments, each recorded in ``report.notes``:
 * software WebGPU adapter (lavapipe): prefill capped at :func:`.adapter.max_webgpu_prefill` tokens, the rest of the
@@ -40,23 +43,26 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from rope_passes.check.compare import TOLERANCES, Tolerance
 from rope_passes.check.models import ModelInfo, embedding_for, load_reference, read_model
-from rope_passes.check.plugin import ALLOW_SOFTWARE_ENV, default_python
 from rope_passes.check.report import COULD_NOT_RUN, EQUIVALENT, EXIT_CODES, NOT_EQUIVALENT, EquivalenceReport
 from rope_passes.check.runner import LOAD_FAILED, RunResult, RunSpec, execute_run, run_isolated
+from rope_passes.check.runtimes import fallback_interpreter, interpreter, resolve, runtimes_for
 from rope_passes.check.sweep import DEFAULT_SWEEP, sweep_positions
 from rope_passes.check.table_diff import TableComparison, compare_tables
 from rope_passes.check.tables import GraphTables, graph_tables
 from rope_passes.check.verdict import PLUGIN, Evidence, compare_all, decide
 from rope_passes.errors import UsageError
 from rope_passes.runtime.adapter import adapter_info, max_webgpu_prefill
+from rope_passes.runtime.sessions import ALLOW_SOFTWARE_ADAPTER
+from rope_passes.targets import WEBGPU_PLUGIN
 
 __all__ = ["COULD_NOT_RUN", "EQUIVALENT", "EXIT_CODES", "NOT_EQUIVALENT", "PAST_SWITCH", "EquivalenceReport",
-           "ModelInfo", "check", "rotation_tables"]
+           "ModelInfo", "check", "check_runtimes", "rotation_tables"]
 
 #: decode steps past a LongRoPE switch point
 PAST_SWITCH = 4
@@ -99,6 +105,7 @@ def check(
     sweep: int = DEFAULT_SWEEP,
     fallback_python: str | None = "auto",
     tables: bool = True,
+    runtime: str | None = None,
 ) -> EquivalenceReport:
     """Compare ``rewritten`` with ``original`` step by step on ``ep`` (see the module docstring).
 
@@ -106,7 +113,8 @@ def check(
     after each decode step of each run (label ``"<run> sweep"`` for sweep positions). ``reference_python``: run the
     original with this Python interpreter (another onnxruntime installation), in a subprocess. ``sweep``: number of
     sweep positions (0: no sweep). ``fallback_python``: the second runtime for an original that does not load here
-    (``"auto"``: :func:`.plugin.default_python`; None: none). ``tables``: compare the rotation tables.
+    (``"auto"``: :func:`.runtimes.fallback_interpreter`; None: none). ``tables``: compare the rotation tables.
+    ``runtime``: the WebGPU runtime every run uses (:mod:`.runtimes`; default: the one installed here).
     """
     start = time.perf_counter()
     if ep not in ("webgpu", "cpu"):
@@ -115,6 +123,8 @@ def check(
         raise UsageError("--prefill must be >= 1, --steps and --sweep >= 0")
     if graph_capture and ep != "webgpu":
         raise UsageError("--graph-capture needs --ep webgpu")
+    runtime = resolve(runtime)
+    here = interpreter(runtime)  # None: this process's runtime
     orig, rew = read_model(original), read_model(rewritten)
     ref_logits = None if reference_logits is None else load_reference(reference_logits)
     notes: list[str] = []
@@ -149,12 +159,13 @@ def check(
     elif adapter is not None and adapter.software:
         notes.append(f"software WebGPU adapter ({adapter.summary}): prefills kept at <= {limit} tokens")
     for info in (orig, rew):
-        ignored_by = (info.longrope or {}).get("offset_ignored_by") or []
+        lr = info.longrope or {}
+        ignored_by = lr.get("offset_ignored_by") or []
         if ignored_by:
-            notes.append(f"WARNING {info.path}: multiRotaryCacheConcatOffset={info.longrope['switch']} is IGNORED by "
+            notes.append(f"WARNING {info.path}: multiRotaryCacheConcatOffset={lr['switch']} is IGNORED by "
                          f"{len(ignored_by)} GroupQueryAttention node(s) with separate Q/K/V ({ignored_by[0]!r}…): "
                          "onnxruntime applies the offset to packed QKV only, so on WebGPU a position p reads row p of "
-                         f"the [short; long] cache: past {info.longrope['switch']} tokens the short rows (wrong); "
+                         f"the [short; long] cache: past {lr['switch']} tokens the short rows (wrong); "
                          "lint RP206; fix: rope-passes optimize --target webgpu-graph packs Q/K/V")
     if orig.longrope and orig.longrope["kind"] == "concat":
         notes.append(f"{orig.path.name}: concatenated LongRoPE cache with offset {orig.longrope['switch']}: the CPU "
@@ -171,7 +182,7 @@ def check(
     tol.update(tolerance or {})
     tolerance_used = Tolerance(float(tol["atol"]), float(tol["rtol"]), orig.precision)
 
-    fallback = default_python() if fallback_python == "auto" else fallback_python
+    fallback = fallback_interpreter(runtime) if fallback_python == "auto" else fallback_python
     with tempfile.TemporaryDirectory(prefix="rope-check-") as tmpdir:
         tmp = Path(tmpdir)
         emb_orig = embedding_for(orig, rew, embeddings, tmp)
@@ -188,7 +199,7 @@ def check(
                            graph_capture=capture, max_length=prefill + steps, dims=dict(dims or {}), embedding=emb,
                            sweep=[] if capture else list(positions))
 
-        def execute(s: RunSpec, python: str | None) -> RunResult:
+        def execute(s: RunSpec, python: str | None, run_runtime: str | None = None) -> RunResult:
             def on_step(k: int) -> None:
                 if progress is not None:
                     progress(s.label, k, steps + 1)
@@ -198,8 +209,9 @@ def check(
                     progress(f"{s.label} sweep", k, len(s.sweep))
 
             if isolate or python:
-                env = {ALLOW_SOFTWARE_ENV: "1"} if python and adapter is not None and adapter.software else {}
-                return run_isolated(s, on_step, timeout, python=python, on_sweep=on_sweep, env_extra=env)
+                env = {ALLOW_SOFTWARE_ADAPTER: "1"} if python and adapter is not None and adapter.software else {}
+                return run_isolated(s, on_step, timeout, python=python, on_sweep=on_sweep, env_extra=env,
+                                    runtime=run_runtime)
             return execute_run(s, on_step, on_sweep=on_sweep)
 
         specs = [spec("original@cpu", orig, "cpu", emb_orig)]
@@ -208,7 +220,12 @@ def check(
         specs.append(spec(f"rewritten@{ep}", rew, ep, emb_rew))
         if graph_capture:
             specs.append(spec("rewritten@webgpu+capture", rew, "webgpu", emb_rew, capture=True))
-        runs = [execute(s, reference_python if s.label.startswith("original@") else None) for s in specs]
+        runs = []
+        for s in specs:
+            if reference_python and s.label.startswith("original@"):
+                runs.append(execute(s, reference_python))
+            else:
+                runs.append(execute(s, here, runtime))
         by = {r.label: r for r in runs}
         originals = [r for r in runs if r.label.startswith("original@")]
         fallback_used = None
@@ -217,7 +234,7 @@ def check(
             # the original does not load on this runtime, the rewritten graph does: run the original on the other
             extra = [spec(f"original@webgpu{PLUGIN}", orig, "webgpu", emb_orig)] if ep == "webgpu" else []
             extra.append(spec(f"original@cpu{PLUGIN}", orig, "cpu", emb_orig))
-            runs.extend(execute(s, fallback) for s in extra)
+            runs.extend(execute(s, fallback, WEBGPU_PLUGIN) for s in extra)
             fallback_used = fallback
     if reference_python:
         versions = sorted({r.runtime for r in runs if r.label.startswith("original@") and r.runtime})
@@ -231,4 +248,15 @@ def check(
     verdict, reason, reference = decide(evidence, comparisons)
     return EquivalenceReport(verdict, orig, rew, ep, prefill, steps, runs, comparisons, notes, adapter,
                              time.perf_counter() - start, tables=table_cmp, sweep_positions=positions,
-                             reference=reference, reason=reason)
+                             reference=reference, reason=reason, runtime=runtime)
+
+
+def check_runtimes(original: str | Path, rewritten: str | Path, runtime: str | None = "all",
+                   **options: Any) -> list[EquivalenceReport]:
+    """:func:`check` once per runtime of ``runtime`` (``"all"``: both WebGPU runtimes, :mod:`.runtimes`), each on its
+    own interpreter; every interpreter is looked up before the first check runs. Exit code: the worst verdict's
+    (:func:`.runtimes.worst`)."""
+    names = runtimes_for(runtime)
+    for name in names:
+        interpreter(name)
+    return [check(original, rewritten, runtime=name, **options) for name in names]

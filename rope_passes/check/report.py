@@ -1,5 +1,6 @@
 """The checker's answer: runs, comparisons (decode steps, sweep positions), the rotation-table comparison, the
-reference used, and the verdict (exit code 0 equivalent / 1 not equivalent / 2 could not run)."""
+reference used, the WebGPU runtime it is for, and the verdict (exit code 0 equivalent / 1 not equivalent / 2 could
+not run)."""
 
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ class EquivalenceReport:
     sweep_positions: list[int] = dataclasses.field(default_factory=list)
     reference: str = ""  # what the rewritten graph was compared with, in one line
     reason: str = ""  # could not run: why, in one line
+    runtime: str = ""  # the WebGPU runtime the runs used (rope_passes.targets name: "onnxruntime-webgpu", ...)
 
     @property
     def equivalent(self) -> bool:
@@ -73,6 +75,13 @@ class EquivalenceReport:
             lines.append(f"rotation tables: {self.tables.diffs[0].line()}")  # not ok: there is a first
         return lines
 
+    @property
+    def runtime_label(self) -> str:
+        """The runtime with its versions, as the rewritten graph's run reported it (``onnxruntime 1.27.0``,
+        ``onnxruntime 1.31.1 + onnxruntime-ep-webgpu 0.4.0``); the runtime's name when that run said none."""
+        run = self.run(f"rewritten@{self.ep}")
+        return run.runtime if run is not None and run.runtime else self.runtime
+
     def run(self, label: str) -> RunResult | None:
         return next((r for r in self.runs if r.label == label), None)
 
@@ -83,7 +92,8 @@ class EquivalenceReport:
     def to_dict(self) -> dict[str, Any]:
         first = self.first_failure
         return {
-            "verdict": self.verdict, "exit_code": self.exit_code, "ep": self.ep, "reference": self.reference,
+            "verdict": self.verdict, "exit_code": self.exit_code, "ep": self.ep, "runtime": self.runtime,
+            "runtime_label": self.runtime_label, "reference": self.reference,
             "reason": self.reason,
             "schedule": {"prefill": self.prefill, "steps": self.steps, "total_tokens": self.prefill + self.steps,
                          "sweep_positions": self.sweep_positions},

@@ -7,8 +7,11 @@ segfault on some graphs (and under graph capture); in a subprocess a crash is a 
 
 The worker prints ``STEP k`` after each call (``SWEEP k`` after each sweep position) so the parent can drive a
 progress bar, writes every output of every step to ``step<k>.npz`` (of every swept position to ``sweep<p>.npz``) and
-the outcome to ``result.json``. Under another interpreter (``python=``) whose onnxruntime is the WebGPU plugin EP
-(:mod:`.plugin`), WebGPU runs open their session through :func:`.plugin.plugin_session`.
+the outcome to ``result.json``. Under another interpreter (``python=``: the other WebGPU runtime's, from
+:func:`rope_passes.runtime.interpreters.python_for`) the worker runs with this repository on its ``PYTHONPATH``
+(:func:`rope_passes.runtime.interpreters.child_env`). Every session, on either runtime, comes from
+:func:`rope_passes.runtime.sessions.create_session` (the plugin EP registered once per process, no silent CPU
+fallback).
 """
 
 from __future__ import annotations
@@ -90,11 +93,10 @@ def execute_run(spec: RunSpec, on_step: Callable[[int], None] | None = None, cap
 
     ``capture_log``: log the capture session at info level (the worker does, so the parent can count replays).
     """
-    from rope_passes.check.plugin import is_plugin_runtime, plugin_session, runtime_name
-    from rope_passes.runtime.sessions import create_session
+    from rope_passes.runtime.sessions import create_session, runtime_label
 
     start = time.perf_counter()
-    result = RunResult(spec.label, OK, runtime=runtime_name())
+    result = RunResult(spec.label, OK, runtime=runtime_label())
     table = np.load(spec.embedding) if spec.embedding else None
     dspec = None
     try:
@@ -104,10 +106,7 @@ def execute_run(spec: RunSpec, on_step: Callable[[int], None] | None = None, cap
             driver = CaptureDriver(spec, table, log_severity=1 if capture_log else 3)
             result.providers = driver.providers
         else:
-            if spec.ep == "webgpu" and is_plugin_runtime():
-                sess = plugin_session(spec.model, spec.webgpu_options)
-            else:
-                sess = create_session(spec.model, spec.ep, webgpu_options=spec.webgpu_options)
+            sess = create_session(spec.model, spec.ep, webgpu_options=spec.webgpu_options)
             result.providers = list(sess.get_providers())
     except Exception as exc:  # noqa: BLE001 - a model that does not load is a result
         result.status, result.reason = LOAD_FAILED, _one_line(exc)
@@ -141,18 +140,19 @@ def execute_run(spec: RunSpec, on_step: Callable[[int], None] | None = None, cap
 def run_isolated(
     spec: RunSpec, on_step: Callable[[int], None] | None = None, timeout: float = 600, python: str | None = None,
     on_sweep: Callable[[int], None] | None = None, env_extra: dict[str, str] | None = None,
+    runtime: str | None = None,
 ) -> RunResult:
     """Run ``spec`` in a subprocess; a segfault or a hang is a result (``crashed`` / ``timed-out``).
 
-    ``python``: the interpreter to run it with (another onnxruntime installation); this package is put on its
-    ``PYTHONPATH``, numpy and onnx must be importable there. ``env_extra``: variables set for the subprocess.
+    ``python``: the interpreter to run it with (another onnxruntime installation), in the environment
+    :func:`rope_passes.runtime.interpreters.child_env` gives ``runtime`` (this package on its ``PYTHONPATH``; numpy,
+    onnx and onnx_ir must be importable there). ``env_extra``: variables set for the subprocess.
     """
+    from rope_passes.runtime.interpreters import child_env
+
     start = time.perf_counter()
-    env = dict(os.environ)
+    env = child_env(runtime) if python else dict(os.environ)
     env.update(env_extra or {})
-    if python:
-        root = str(Path(__file__).resolve().parents[2])
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
     with tempfile.TemporaryDirectory(prefix="rope-check-") as tmp:
         spec_path = Path(tmp) / "spec.json"
         spec_path.write_text(json.dumps(dataclasses.asdict(spec)))

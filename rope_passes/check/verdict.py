@@ -3,8 +3,10 @@ reference was, and the verdict with its one-line reason.
 
 Counted: the rewritten run vs the original on the same EP, vs the original on CPU (not for int4; a concatenated
 LongRoPE original only up to its offset on CPU), the same two for the sweep positions, the captured run vs the
-plain one, the reference logits, and the rotation tables. When the original does not load here but on the second
-runtime (:mod:`.plugin`), its runs there (``original@webgpu:plugin``, ``original@cpu:plugin``) are the references.
+plain one, the reference logits, and the rotation tables. When the original does not load on onnxruntime-webgpu
+1.27 but on the second WebGPU runtime (onnxruntime + the ``onnxruntime-ep-webgpu`` plugin EP, run in its own
+interpreter: :mod:`rope_passes.runtime.interpreters`), its runs there (``original@webgpu:plugin``,
+``original@cpu:plugin``) are the references.
 """
 
 from __future__ import annotations
@@ -154,8 +156,6 @@ def compare_all(ev: Evidence) -> list[Comparison]:
 
 
 def _run_notes(ev: Evidence) -> None:
-    import onnxruntime
-
     primary = [r for r in ev.runs if r.label.startswith("original@") and not r.label.endswith(PLUGIN)]
     for r in ev.runs:
         if r.ok or (r in primary and not any(o.ok for o in primary)):  # summarised below
@@ -170,7 +170,7 @@ def _run_notes(ev: Evidence) -> None:
             ev.notes.append(f"{r.label}: {len(r.sweep_errors)} sweep position(s) raised, the first {first}: "
                             f"{r.sweep_errors[first]}")
     if primary and not any(o.ok for o in primary):
-        where = ev.reference_python or f"onnxruntime {onnxruntime.__version__}"
+        where = ev.reference_python or primary[0].runtime or "this onnxruntime"
         line = f"the original does not run here ({where}): {primary[0].reason}"
         fallback_ok = [r for r in ev.runs if r.label.endswith(PLUGIN) and _ran(r)]
         if fallback_ok:

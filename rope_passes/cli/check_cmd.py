@@ -1,4 +1,7 @@
-"""``rope-passes check ORIGINAL REWRITTEN``: same function, step by step, on CPU and WebGPU (exit 0 / 1 / 2)."""
+"""``rope-passes check ORIGINAL REWRITTEN``: same function, step by step, on CPU and WebGPU (exit 0 / 1 / 2).
+
+``--runtime onnxruntime-webgpu|onnxruntime-ep-webgpu|all`` (:mod:`rope_passes.check.runtimes`): the WebGPU runtime
+the runs use, each in its own interpreter; ``all``: one check and one verdict per runtime, exit the worst."""
 
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from rope_passes.check.runtimes import CHOICES
 from rope_passes.cli import output_console
 from rope_passes.errors import UsageError
 
@@ -57,13 +61,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--fallback-python", default="auto", metavar="PYTHON",
                    help="second onnxruntime (the WebGPU plugin venv) for an original that does not load here "
                    "(default: $ROPE_PASSES_PLUGIN_PYTHON, else .venv-plugin/bin/python if present; none: off)")
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--runtime", choices=CHOICES, default=None,
+                   help="WebGPU runtime every run uses, in its own interpreter (the plugin's: .venv-plugin or "
+                   "$ROPE_PASSES_PLUGIN_PYTHON); all: one verdict per runtime, exit the worst "
+                   "(default: the one installed here; see docs/runtimes.md)")
+    p.add_argument("--json", action="store_true",
+                   help="print the report as JSON (--runtime all: {verdict, exit_code, reports: [...]})")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    import json
+
     from rope_passes.check.core import check
     from rope_passes.check.decode import parse_dims
+    from rope_passes.check.report import EXIT_CODES
+    from rope_passes.check.runtimes import interpreter, runtimes_for, worst
 
     tolerance = {k: v for k, v in (("atol", args.atol), ("rtol", args.rtol)) if v is not None}
     if any(v < 0 for v in tolerance.values()):
@@ -73,23 +86,47 @@ def run(args: argparse.Namespace) -> int:
                         console=console, transient=True, disable=not console.is_terminal or args.json)
     tasks: dict[str, TaskID] = {}
 
+    runtimes = runtimes_for(args.runtime)
+    for name in runtimes:  # a runtime without an interpreter is refused before anything runs
+        interpreter(name)
+    several = len(runtimes) > 1
+    current = [runtimes[0]]  # the runtime being checked, for the progress labels of --runtime all
+
     def on_step(label: str, step: int, total: int) -> None:
+        if several:
+            label = f"{current[0]}: {label}"
         if label not in tasks:
             tasks[label] = progress.add_task(label, total=total)
         progress.update(tasks[label], completed=step + 1)
 
+    reports = []
     with progress:
-        report = check(args.original, args.rewritten, ep=args.ep, prefill=args.prefill, steps=args.steps,
-                       graph_capture=args.graph_capture, reference_logits=args.reference_logits,
-                       dims=parse_dims(args.dim), embeddings=args.embeddings, tolerance=tolerance,
-                       isolate=not args.in_process, timeout=args.timeout,
-                       reference_python=args.reference_python, progress=on_step, sweep=args.sweep,
-                       fallback_python=None if args.fallback_python.lower() == "none" else args.fallback_python)
+        for name in runtimes:
+            current[0] = name
+            reports.append(check(
+                args.original, args.rewritten, ep=args.ep, prefill=args.prefill, steps=args.steps,
+                graph_capture=args.graph_capture, reference_logits=args.reference_logits, dims=parse_dims(args.dim),
+                embeddings=args.embeddings, tolerance=tolerance, isolate=not args.in_process, timeout=args.timeout,
+                reference_python=args.reference_python, progress=on_step, sweep=args.sweep,
+                fallback_python=None if args.fallback_python.lower() == "none" else args.fallback_python,
+                runtime=name))
+    verdict = worst(reports)
     if args.json:
-        print(report.to_json())
-    else:
-        render(report, output_console())
-    return report.exit_code
+        if several:
+            print(json.dumps({"verdict": verdict, "exit_code": EXIT_CODES[verdict],
+                              "reports": [r.to_dict() for r in reports]}, indent=1))
+        else:
+            print(reports[0].to_json())
+        return EXIT_CODES[verdict]
+    out = output_console()
+    for i, report in enumerate(reports):
+        if several:
+            out.print(("\n" if i else "") + f"[bold]== {escape(report.runtime_label)} ({report.runtime}) ==[/bold]")
+        render(report, out)
+    if several:
+        out.print("verdicts: " + "; ".join(f"{r.runtime}: {r.verdict} (exit {r.exit_code})" for r in reports)
+                  + f"; exit {EXIT_CODES[verdict]} (the worst)")
+    return EXIT_CODES[verdict]
 
 
 def _fmt(x: float) -> str:
@@ -105,6 +142,7 @@ def render(report, console: Console) -> None:
     if report.sweep_positions:
         console.print(f"sweep: {len(report.sweep_positions)} single steps after a random past, positions "
                       f"{', '.join(map(str, report.sweep_positions))}")
+    console.print(f"runtime: {escape(report.runtime_label)} ({escape(report.runtime)})")
     console.print(f"reference: {escape(report.reference)}")
     tolerances = dict.fromkeys(str(c.tolerance) for c in report.comparisons)
     console.print("tolerance (pass when |a - b| <= atol + rtol * |reference|): " + "; ".join(tolerances))
@@ -148,7 +186,8 @@ def render(report, console: Console) -> None:
         console.print(f"first failure: {escape(line)}")
     if report.reason:
         console.print(f"could not run: {escape(report.reason)}")
-    console.print(f"[{colour}]{report.verdict}[/{colour}] (exit {report.exit_code}) in {report.wall_s:.1f} s")
+    console.print(f"{escape(report.runtime)}: [{colour}]{report.verdict}[/{colour}] (exit {report.exit_code}) in "
+                  f"{report.wall_s:.1f} s")
 
 
 if __name__ == "__main__":  # pragma: no cover

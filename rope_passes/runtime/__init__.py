@@ -1,11 +1,14 @@
-"""Everything that opens an onnxruntime session. No module outside this package creates one.
+"""Everything that opens an onnxruntime session. No module outside this package creates one (the checker included:
+its runs, on either WebGPU runtime, open theirs with :func:`.sessions.create_session`; tests/test_architecture.py
+finds every ``InferenceSession(`` call).
 
 * :mod:`.sessions` — ``session_options`` (WebGPU provider options as ``ep.webgpuexecutionprovider.<key>`` session
   config entries: a provider dict is silently ignored) and ``create_session``, which raises
   ``WebGPUUnavailableError`` instead of silently falling back to CPU, on onnxruntime-webgpu 1.27 or on onnxruntime
   with the WebGPU plugin EP (``onnxruntime_ep_webgpu``), whichever is installed.
 * :mod:`.interpreters` — which Python runs which WebGPU runtime (:mod:`rope_passes.targets`): the two cannot share a
-  venv, so a session on the other one runs in a child process of its interpreter.
+  venv, so a session on the other one runs in a child process of its interpreter (``python_for``, ``child_env``;
+  ``rope-passes check --runtime``).
 * :mod:`.adapter` — does onnxruntime get a WebGPU adapter (``probe``; ``python -m rope_passes.runtime.adapter``, run by
   scripts/setup.sh), and is it a software one such as Mesa lavapipe (``adapter_info``, ``max_webgpu_prefill``).
 * :mod:`.evaluate` — ``evaluate_subgraph``: a small subgraph on the CPU EP, the numbers behind the passes' numeric
