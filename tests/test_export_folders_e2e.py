@@ -1,8 +1,9 @@
 """Export folders as the tools write them, end to end (issue 13's Done-when).
 
 ``tests/fixtures/optimum/<variant>/`` (``optimum-cli export onnx --task text-generation-with-past``: model.onnx,
-config.json, generation_config.json) and ``tests/fixtures/olive/<variant>/`` (``olive capture-onnx-graph
---use_dynamo_exporter``: model.onnx, model_config.json) for Llama, Qwen2, Mistral, Gemma2, Gemma3 text, Phi-3 128k
+config.json, generation_config.json) and ``tests/fixtures/olive/tf<N>/<variant>/`` (``olive capture-onnx-graph
+--use_dynamo_exporter``: model.onnx, model_config.json; transformers 5.23 and 4.57.6, the latter without the two
+LongRoPE variants, which torch.export cannot export there) for Llama, Qwen2, Mistral, Gemma2, Gemma3 text, Phi-3 128k
 and Phi-4-mini (LongRoPE, original 64 / max 256), built offline from tiny random checkpoints by
 ``tests/fixtures/tools/make_export_folders.py`` (see ``tests/fixtures/README.md``). Each folder goes through the
 CLI as a user would run it, ``rope-passes optimize FOLDER -o OUT --target exporter`` and no other flag:
@@ -35,7 +36,8 @@ pytestmark = pytest.mark.corpus  # reads the generated fixtures
 FIXTURES = Path(__file__).parent / "fixtures"
 VARIANTS = ["llama", "qwen2", "mistral", "gemma2", "gemma3_text", "phi3_longrope", "phi4mini_longrope_partial"]
 LONGROPE = {"phi3_longrope", "phi4mini_longrope_partial"}
-FOLDERS = [f"{tool}/{v}" for tool in ("optimum", "olive") for v in VARIANTS]
+FOLDERS = ([f"optimum/{v}" for v in VARIANTS] + [f"olive/tf5/{v}" for v in VARIANTS]
+           + [f"olive/tf4/{v}" for v in VARIANTS if v not in LONGROPE])
 #: TorchScript froze transformers-4 LongRoPE at the sample input; Olive's dynamo graphs choose per call (tf5 Where)
 FROZEN = {f"optimum/{v}" for v in LONGROPE}
 FILES = {"optimum": {"model.onnx", "config.json", "generation_config.json"}, "olive": {"model.onnx", "model_config.json"}}
@@ -97,11 +99,13 @@ def test_folders_are_as_the_tools_write_them():
 
 def test_olive_model_config_is_read_as_the_hf_config():
     """Olive writes the HF config as ``config.model_attributes`` of its ``model_config.json``: no --hf-config."""
-    config = HFConfig.find(FIXTURES / "olive" / "phi3_longrope" / "model.onnx")
+    config = HFConfig.find(FIXTURES / "olive" / "tf5" / "phi3_longrope" / "model.onnx")
     assert config is not None and config.path.name == "model_config.json"
     rope = config.rope()
     assert (config.max_position_embeddings, rope.kind, rope.original_max) == (256, "longrope", ORIGINAL_MAX)
-    assert HFConfig.load(FIXTURES / "olive" / "gemma3_text").layer_types() == ["full_attention", "sliding_attention"]
+    for tf in ("tf4", "tf5"):  # transformers 5: per-layer rope_parameters; 4: rope_local_base_freq
+        layers = HFConfig.load(FIXTURES / "olive" / tf / "gemma3_text").layer_types()
+        assert layers == ["full_attention", "sliding_attention"], (tf, layers)
 
 
 @pytest.mark.parametrize("folder", FOLDERS)
@@ -118,7 +122,7 @@ def test_export_folder(folder, tmp_path, capsys):
     tables = [v for k, v in model.graph.initializers.items() if k.startswith("rope_passes.")]
     assert tables and all(t.shape[0] == 256 for t in tables)  # max_position_embeddings from the folder's config
     assert model.metadata_props["rope_passes.cos_sin_max_positions"] == "256"
-    variant = folder.split("/")[1]
+    variant = folder.split("/")[-1]
     if variant in LONGROPE:  # two tables (short, long) and the switch, whichever way the graph chose
         assert {k for k in model.graph.initializers if k.startswith("rope_passes.")} >= {
             "rope_passes.cos_table_long", "rope_passes.cos_table_short"}
