@@ -108,6 +108,14 @@ def test_olive_model_config_is_read_as_the_hf_config():
         assert layers == ["full_attention", "sliding_attention"], (tf, layers)
 
 
+def test_olive_model_config_without_model_attributes_is_not_a_config(tmp_path):
+    (tmp_path / "model_config.json").write_text(json.dumps({"type": "onnxmodel", "config": {"model_path": "m.onnx"}}))
+    assert HFConfig.find(tmp_path / "model.onnx") is None
+    olive = json.loads((FIXTURES / "olive" / "tf4" / "llama" / "model_config.json").read_text())
+    (tmp_path / "model_config.json").write_text(json.dumps(olive))
+    assert HFConfig.find(tmp_path / "model.onnx").data["model_type"] == "llama"
+
+
 @pytest.mark.parametrize("folder", FOLDERS)
 def test_export_folder(folder, tmp_path, capsys):
     src, out = FIXTURES / folder, tmp_path / "out"
