@@ -27,6 +27,10 @@ the result is "could not run" (exit 2), with the reason in ``report.reason``.
 ``runtime`` (``--runtime``, :mod:`.runtimes`): the WebGPU runtime every run uses, the other one's in subprocesses of
 its own interpreter; :func:`check_runtimes` checks on several (``"all"``), one report each.
 
+``layers=N`` (``--layers N``): both graphs are first cut after decoder layer N (:mod:`.layers`: outputs
+``hidden_states.N`` and the KV caches of layers < N, weights referenced, not copied) and the cut graphs are compared
+as above: a real-size model checks in the time and memory of N layers; later layers and logits are not compared.
+
 Schedule adjustments, each recorded in ``report.notes``:
 * software WebGPU adapter (lavapipe): prefill capped at :func:`.adapter.max_webgpu_prefill` tokens, the rest of the
   prompt fed by single-token steps (WebGPU GQA prefill is wrong for query rows >= 8 there);
@@ -48,6 +52,7 @@ from typing import Any
 import numpy as np
 
 from rope_passes.check.compare import TOLERANCES, Tolerance
+from rope_passes.check.layers import cut_pair, describe
 from rope_passes.check.models import ModelInfo, embedding_for, load_reference, read_model
 from rope_passes.check.report import COULD_NOT_RUN, EQUIVALENT, EXIT_CODES, NOT_EQUIVALENT, EquivalenceReport
 from rope_passes.check.runner import LOAD_FAILED, RunResult, RunSpec, execute_run, run_isolated
@@ -105,6 +110,7 @@ def check(
     sweep: int = DEFAULT_SWEEP,
     fallback_python: str | None = "auto",
     tables: bool = True,
+    layers: int | None = None,
     runtime: str | None = None,
 ) -> EquivalenceReport:
     """Compare ``rewritten`` with ``original`` step by step on ``ep`` (see the module docstring).
@@ -115,6 +121,8 @@ def check(
     sweep positions (0: no sweep). ``fallback_python``: the second runtime for an original that does not load here
     (``"auto"``: :func:`.runtimes.fallback_interpreter`; None: none). ``tables``: compare the rotation tables.
     ``runtime``: the WebGPU runtime every run uses (:mod:`.runtimes`; default: the one installed here).
+    ``layers``: compare the first ``layers`` decoder layers only (see the module docstring). ``progress`` is also
+    called with step -1 when a run (or the cut) starts.
     """
     start = time.perf_counter()
     if ep not in ("webgpu", "cpu"):
@@ -123,6 +131,22 @@ def check(
         raise UsageError("--prefill must be >= 1, --steps and --sweep >= 0")
     if graph_capture and ep != "webgpu":
         raise UsageError("--graph-capture needs --ep webgpu")
+    if layers is not None:
+        if reference_logits is not None:
+            raise UsageError("--reference-logits compares logits, which --layers cuts off")
+        if progress is not None:
+            progress(f"cut after layer {layers}", -1, 1)
+        with cut_pair(original, rewritten, layers) as cuts:
+            if progress is not None:
+                progress(f"cut after layer {layers}", 0, 1)
+            report = check(cuts[0].model, cuts[1].model, ep=ep, prefill=prefill, steps=steps,
+                           graph_capture=graph_capture, dims=dims, embeddings=embeddings, tolerance=tolerance,
+                           isolate=isolate, timeout=timeout, reference_python=reference_python, progress=progress,
+                           sweep=sweep, fallback_python=fallback_python, tables=tables, runtime=runtime)
+        report.notes[:0] = describe(cuts)
+        report.original.path, report.rewritten.path = cuts[0].source, cuts[1].source
+        report.wall_s = time.perf_counter() - start
+        return report
     runtime = resolve(runtime)
     here = interpreter(runtime)  # None: this process's runtime
     orig, rew = read_model(original), read_model(rewritten)
@@ -222,6 +246,8 @@ def check(
             specs.append(spec("rewritten@webgpu+capture", rew, "webgpu", emb_rew, capture=True))
         runs = []
         for s in specs:
+            if progress is not None:
+                progress(s.label, -1, steps + 1)
             if reference_python and s.label.startswith("original@"):
                 runs.append(execute(s, reference_python))
             else:
@@ -234,7 +260,10 @@ def check(
             # the original does not load on this runtime, the rewritten graph does: run the original on the other
             extra = [spec(f"original@webgpu{PLUGIN}", orig, "webgpu", emb_orig)] if ep == "webgpu" else []
             extra.append(spec(f"original@cpu{PLUGIN}", orig, "cpu", emb_orig))
-            runs.extend(execute(s, fallback, WEBGPU_PLUGIN) for s in extra)
+            for s in extra:
+                if progress is not None:
+                    progress(s.label, -1, steps + 1)
+                runs.append(execute(s, fallback, WEBGPU_PLUGIN))
             fallback_used = fallback
     if reference_python:
         versions = sorted({r.runtime for r in runs if r.label.startswith("original@") and r.runtime})

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from rope_passes.check.decode import DecoderSpec, random_feeds, run_decode, token_ids
+from rope_passes.check.decode import PRESENT_PREFIX, DecoderSpec, random_feeds, run_decode, token_ids
 
 #: status values of a run
 OK, LOAD_FAILED, RUN_FAILED, CRASHED, TIMED_OUT = "ok", "load-failed", "run-failed", "crashed", "timed-out"
@@ -132,7 +132,15 @@ def execute_run(spec: RunSpec, on_step: Callable[[int], None] | None = None, cap
     if spec.sweep and dspec is not None and dspec.is_decoder and not spec.graph_capture:
         from rope_passes.check.sweep import run_sweep
 
-        run_sweep(sess, dspec, spec.sweep, spec.seed, result.sweep, result.sweep_errors, on_sweep)
+        for k, position in enumerate(spec.sweep):
+            run_sweep(sess, dspec, [position], spec.seed, result.sweep, result.sweep_errors)
+            # the past in present.* is the random input, the new token's row is what the graph computed: keep that
+            # (a long table's last positions would otherwise hold GBs of copied past per run)
+            for name, value in result.sweep.get(position, {}).items():
+                if name.startswith(PRESENT_PREFIX) and value.ndim == 4 and value.shape[2] > 1:
+                    result.sweep[position][name] = np.ascontiguousarray(value[:, :, -1:, :])
+            if on_sweep is not None:
+                on_sweep(k)
     result.wall_s = time.perf_counter() - start
     return result
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 
 from rich.console import Console
 from rich.markup import escape
@@ -61,6 +62,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--fallback-python", default="auto", metavar="PYTHON",
                    help="second onnxruntime (the WebGPU plugin venv) for an original that does not load here "
                    "(default: $ROPE_PASSES_PLUGIN_PYTHON, else .venv-plugin/bin/python if present; none: off)")
+    p.add_argument("--layers", type=int, metavar="N",
+                   help="compare the first N decoder layers only: both graphs cut after layer N (outputs "
+                   "hidden_states.N and present.0..N-1; weights referenced, not copied); for real-size models. "
+                   "Later layers and logits are not compared")
     p.add_argument("--runtime", choices=CHOICES, default=None,
                    help="WebGPU runtime every run uses, in its own interpreter (the plugin's: .venv-plugin or "
                    "$ROPE_PASSES_PLUGIN_PYTHON); all: one verdict per runtime, exit the worst "
@@ -85,6 +90,8 @@ def run(args: argparse.Namespace) -> int:
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=console, transient=True, disable=not console.is_terminal or args.json)
     tasks: dict[str, TaskID] = {}
+    lines = not console.is_terminal and not args.json  # a log, not a terminal: one line per run start and step
+    start = time.perf_counter()
 
     runtimes = runtimes_for(args.runtime)
     for name in runtimes:  # a runtime without an interpreter is refused before anything runs
@@ -95,6 +102,13 @@ def run(args: argparse.Namespace) -> int:
     def on_step(label: str, step: int, total: int) -> None:
         if several:
             label = f"{current[0]}: {label}"
+        if lines:
+            every = max(1, total // 8)  # long sweeps: about 8 lines, not one per position
+            if 0 <= step < total - 1 and (step + 1) % every:
+                return
+            what = "started" if step < 0 else f"{step + 1}/{total}"
+            print(f"[{time.perf_counter() - start:7.1f} s] {label}: {what}", file=sys.stderr, flush=True)
+            return
         if label not in tasks:
             tasks[label] = progress.add_task(label, total=total)
         progress.update(tasks[label], completed=step + 1)
@@ -109,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
                 embeddings=args.embeddings, tolerance=tolerance, isolate=not args.in_process, timeout=args.timeout,
                 reference_python=args.reference_python, progress=on_step, sweep=args.sweep,
                 fallback_python=None if args.fallback_python.lower() == "none" else args.fallback_python,
-                runtime=name))
+                layers=args.layers, runtime=name))
     verdict = worst(reports)
     if args.json:
         if several:
