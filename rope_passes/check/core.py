@@ -52,7 +52,7 @@ from typing import Any
 import numpy as np
 
 from rope_passes.check.compare import TOLERANCES, Tolerance
-from rope_passes.check.layers import cut_pair, describe
+from rope_passes.check.layers import cut_pair, default_sweep, describe
 from rope_passes.check.models import ModelInfo, embedding_for, load_reference, read_model
 from rope_passes.check.report import COULD_NOT_RUN, EQUIVALENT, EXIT_CODES, NOT_EQUIVALENT, EquivalenceReport
 from rope_passes.check.runner import LOAD_FAILED, RunResult, RunSpec, execute_run, run_isolated
@@ -107,7 +107,7 @@ def check(
     timeout: float = 300,
     reference_python: str | None = None,
     progress: Callable[[str, int, int], None] | None = None,
-    sweep: int = DEFAULT_SWEEP,
+    sweep: int | None = None,
     fallback_python: str | None = "auto",
     tables: bool = True,
     layers: int | None = None,
@@ -118,8 +118,9 @@ def check(
     ``tolerance`` overrides ``atol``/``rtol`` of the dtype default; ``progress(label, step, n_steps)`` is called
     after each decode step of each run (label ``"<run> sweep"`` for sweep positions). ``reference_python``: run the
     original with this Python interpreter (another onnxruntime installation), in a subprocess. ``sweep``: number of
-    sweep positions (0: no sweep). ``fallback_python``: the second runtime for an original that does not load here
-    (``"auto"``: :func:`.runtimes.fallback_interpreter`; None: none). ``tables``: compare the rotation tables.
+    sweep positions (0: no sweep; default 32, with ``layers`` :func:`.layers.default_sweep`).
+    ``fallback_python``: the second runtime for an original that does not load here (``"auto"``:
+    :func:`.runtimes.fallback_interpreter`; None: none). ``tables``: compare the rotation tables.
     ``runtime``: the WebGPU runtime every run uses (:mod:`.runtimes`; default: the one installed here).
     ``layers``: compare the first ``layers`` decoder layers only (see the module docstring). ``progress`` is also
     called with step -1 when a run (or the cut) starts.
@@ -127,6 +128,9 @@ def check(
     start = time.perf_counter()
     if ep not in ("webgpu", "cpu"):
         raise UsageError(f"unknown execution provider {ep!r} (choose webgpu or cpu)")
+    sweep_note = ""
+    if sweep is None:  # real size: every call costs N real layers (seconds each on a software adapter)
+        sweep, sweep_note = default_sweep(ep) if layers is not None else (DEFAULT_SWEEP, "")
     if prefill < 1 or steps < 0 or sweep < 0:
         raise UsageError("--prefill must be >= 1, --steps and --sweep >= 0")
     if graph_capture and ep != "webgpu":
@@ -143,7 +147,7 @@ def check(
                            graph_capture=graph_capture, dims=dims, embeddings=embeddings, tolerance=tolerance,
                            isolate=isolate, timeout=timeout, reference_python=reference_python, progress=progress,
                            sweep=sweep, fallback_python=fallback_python, tables=tables, runtime=runtime)
-        report.notes[:0] = describe(cuts)
+        report.notes[:0] = describe(cuts) + ([sweep_note] if sweep_note else [])
         report.original.path, report.rewritten.path = cuts[0].source, cuts[1].source
         report.wall_s = time.perf_counter() - start
         return report

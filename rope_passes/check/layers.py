@@ -46,7 +46,27 @@ import onnx
 from rope_passes.errors import UsageError
 from rope_passes.io import resolve_model_path
 
-__all__ = ["Cut", "cut_model", "cut_pair", "hidden_name", "node_layer"]
+__all__ = ["LAYERS_SWEEP", "Cut", "cut_model", "cut_pair", "default_sweep", "hidden_name", "node_layer"]
+
+#: default sweep positions with --layers: at real size every call runs N real layers, and a 128k table's last
+#: positions attend over a random past of 128k tokens; 4 keep a LongRoPE switch's two sides and the table's last row
+#: (the rotation tables themselves are still compared at every position). On a software WebGPU adapter: none (below)
+LAYERS_SWEEP = 4
+
+
+def default_sweep(ep: str) -> tuple[int, str]:
+    """The sweep size ``check(layers=...)`` uses when none is given, and the note that says why when it is 0.
+
+    A software adapter (lavapipe) runs a single-token step of 2 real 7B layers in 4-15 s and a step after a 128k
+    past in over a minute: the sweep's far positions alone would take minutes per WebGPU run."""
+    from rope_passes.runtime.adapter import adapter_info
+
+    adapter = adapter_info() if ep == "webgpu" else None
+    if adapter is not None and adapter.software:
+        return 0, ("--layers on a software WebGPU adapter: no position sweep by default (a step after a long past "
+                   "takes minutes at real width there; --sweep N adds one); rows past the decode are checked by the "
+                   "rotation tables (every position), when both graphs' tables are read")
+    return LAYERS_SWEEP, ""
 
 _LAYER_IN_NAME = re.compile(r"(?:^|[/.])layers\.(\d+)(?:[/.]|$)")
 _LAYER_IN_NAMESPACE = re.compile(r"(?:^|[\s/:.])layers\.(\d+)(?:[:./]|$)")

@@ -55,9 +55,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--in-process", action="store_true",
                    help="run the sessions in this process (faster; an EP crash then ends the checker)")
     p.add_argument("--timeout", type=float, default=300, help="seconds per run before it counts as hung (default 300)")
-    p.add_argument("--sweep", type=int, default=32, metavar="N",
+    p.add_argument("--sweep", type=int, metavar="N",
                    help="single decode steps at N positions spread over the whole cos/sin table, each after a random "
-                   "past (default 32)")
+                   "past (default 32; with --layers 4, none on a software WebGPU adapter)")
     p.add_argument("--no-sweep", dest="sweep", action="store_const", const=0, help="no position sweep")
     p.add_argument("--fallback-python", default="auto", metavar="PYTHON",
                    help="second onnxruntime (the WebGPU plugin venv) for an original that does not load here "
