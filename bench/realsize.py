@@ -83,6 +83,8 @@ _PHI3_SHORT = tuple(float(x) for x in np.round(np.linspace(1.0, 1.19, 48), 4))
 _PHI3_LONG = tuple(float(x) for x in np.round(np.geomspace(1.08, 60.0, 48), 4))
 
 CONFIGS = {
+    "qwen25vl-3b": Config(hidden=2048, layers=36, heads=16, kv_heads=2, head=128, inter=11008, vocab=151936,
+                          context=128000, theta=1e6, eps=1e-6, mrope_section=(16, 24, 24)),
     "qwen25vl-7b": Config(hidden=3584, layers=28, heads=28, kv_heads=4, head=128, inter=18944, vocab=152064,
                           context=128000, theta=1e6, eps=1e-6, mrope_section=(16, 24, 24)),
     "phi3-mini-128k": Config(hidden=3072, layers=32, heads=32, kv_heads=32, head=96, inter=8192, vocab=32064,
@@ -107,6 +109,10 @@ class ModelSpec:
 MODELS = {
     m.name: m
     for m in [
+        ModelSpec("qwen25vl-3b-legacy", "legacy/qwen25_vl/webgpu_fp16_graph", "qwen25vl-3b", "manual mRoPE",
+                  "Qwen2.5-VL-3B text decoder, builder 0.15.2 manual mRoPE subgraph, fp16, inputs_embeds"),
+        ModelSpec("qwen25vl-3b", "current/qwen25_vl/webgpu_fp16", "qwen25vl-3b", "MRotaryEmbedding",
+                  "Qwen2.5-VL-3B text decoder, builder 0.18 com.microsoft::MRotaryEmbedding, GQA do_rotary=0, fp16"),
         ModelSpec("qwen25vl-7b-legacy", "legacy/qwen25_vl/webgpu_fp16_graph", "qwen25vl-7b", "manual mRoPE",
                   "Qwen2.5-VL-7B text decoder, builder 0.15.2 manual mRoPE subgraph, fp16, inputs_embeds"),
         ModelSpec("qwen25vl-7b", "current/qwen25_vl/webgpu_fp16", "qwen25vl-7b", "MRotaryEmbedding",
