@@ -2,7 +2,8 @@
 
 ``realsize.smoke()`` builds every model at 2 layers (real widths, sparse zero weights, a 256-row context); optimize
 in each ``--weights`` mode, lint and inspect run on them (in this process: no interpreter start per command) and
-the outputs load with the sizes each mode promises; ``bench/run_all --quick`` prints every row of its table.
+the outputs load with the sizes each mode promises; ``bench/run_all --quick`` (1 layer) prints every row of its
+table, the dense model's too.
 Budget (2 cores): < 60 s.
 """
 
@@ -116,9 +117,13 @@ def test_run_all_prints_every_row(tmp_path):
                           capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads((tmp_path / "out.json").read_text())
-    status = {r["command"]: r["status"] for r in result["rows"]}
+    status = {r["command"]: r["status"] for r in result["rows"] if r["model"] == "qwen25vl-3b-legacy"}
     assert set(status) == {"cp", "floor", "opt-webgpu", "opt-reflink", "opt-copy", "opt-link", "opt-rewrite", "lint",
                            "inspect", "onnxscript-nosave", "onnxscript"}
     assert status["opt-rewrite"] == status["onnxscript"] == "skip(budget)"  # dense rows past --dense-limit
     assert all(s == "ok" for c, s in status.items() if c not in ("opt-rewrite", "onnxscript")), status
     assert "targets (issue 14" in done.stdout and "opt-link" in done.stdout
+    dense = {r["command"]: r["status"] for r in result["rows"] if r["model"] == "qwen25vl-3b-legacy(dense)"}
+    assert dense == dict.fromkeys(["cp", "floor", "opt-reflink", "opt-copy", "opt-link", "opt-rewrite"], "ok")
+    assert result["models"]["qwen25vl-3b-legacy(dense)"]["disk_bytes"] >= result["models"][
+        "qwen25vl-3b-legacy(dense)"]["apparent_bytes"]  # every block allocated
