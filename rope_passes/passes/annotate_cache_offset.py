@@ -8,7 +8,9 @@ the config has it), and checks the rows are really two tables: row ``original + 
 table itself: each half's per-column frequency ``w`` is the least-squares slope of the unwrapped phase
 ``atan2(sin, cos)`` over its positions, and every row must then match ``scale * cos(p * w)`` / ``scale * sin(p * w)``
 (``scale`` = the half's row 0, LongRoPE's attention scaling) within the dtype's rounding (2e-3 float16, 1e-4
-float32), and the two halves' frequencies must differ — a table that is not a [short; long] pair is refused.
+float32) plus the float32 rounding of the angle ``p * w`` that builders make (``|p * w| * 2**-22``: 0.03 rad at
+row 131072, where a misplaced split is off by ~1), and the two halves' frequencies must differ — a table that
+is not a [short; long] pair is refused.
 
 **Writes** ``multiRotaryCacheConcatOffset = original`` into ``genai_config.json``'s WebGPU provider options and the
 model metadata (the same as ``longrope-concat``), and marks the model WebGPU-only (the CPU EP has no offset).
@@ -31,6 +33,8 @@ head size).
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import onnx_ir as ir
 
@@ -42,19 +46,66 @@ from rope_passes.report import MatchFailure, PassReport
 
 #: worst row error of a fitted table: float16 rounds values ~1.3 (LongRoPE scaling) to 1e-3 steps; float32 to ~1e-7
 ROW_TOLERANCE = {ir.DataType.FLOAT16: 2e-3, ir.DataType.FLOAT: 1e-4}
+#: builders compute the angle ``p * w`` in float32 (``torch.outer(t, inv_freq)``): the product and ``w`` itself are
+#: rounded, so a row's angle is off by up to ``|p * w| * 2**-23`` (4e-3 rad at position 131072); allowed twice that
+ANGLE_REL = 2.0**-22
 
 
-def fit_frequencies(cos: np.ndarray, sin: np.ndarray, rows: range) -> tuple[np.ndarray, float]:
+@dataclasses.dataclass(frozen=True)
+class Fit:
+    """Per-column angular frequencies of one half and how well every row fits them."""
+
+    w: np.ndarray
+    error: float  # worst |scale * cos(p * w) - row| over rows and columns
+    excess: float  # worst error / allowed error (<= 1: every row fits)
+    row: int  # the row (within the half) of the worst excess
+
+
+#: rows per step of the fit: two passes over ~3 MB pieces instead of a dozen table-sized temporaries (a 131072-row
+#: table's float64 temporaries are 50 MB each, paid in page faults on every call)
+FIT_CHUNK = 8192
+
+
+def fit_frequencies(cos: np.ndarray, sin: np.ndarray, rows: range, tolerance: float) -> Fit:
     """Per-column angular frequency of a cos/sin table over ``rows`` (first row = position 0), and the worst error
-    of ``scale * cos(p * w)`` / ``scale * sin(p * w)`` against the table (scale = row 0, the attention scaling)."""
-    c = cos.astype(np.float64)[rows.start : rows.stop]
-    s = sin.astype(np.float64)[rows.start : rows.stop]
-    scale = c[0]
-    phase = np.unwrap(np.arctan2(s, c), axis=0)
-    p = np.arange(c.shape[0], dtype=np.float64)[:, None]
-    w = (p * phase).sum(axis=0) / max(float((p * p).sum()), 1.0)
-    err = max(float(np.max(np.abs(scale * np.cos(p * w) - c))), float(np.max(np.abs(scale * np.sin(p * w) - s))))
-    return w, err
+    of ``scale * cos(p * w)`` / ``scale * sin(p * w)`` against the table (scale = row 0, the attention scaling),
+    allowed ``tolerance`` (the dtype's rounding) plus the float32 rounding of the angle ``p * w`` (ANGLE_REL).
+
+    ``w`` is the least-squares slope through 0 of the unwrapped phase ``atan2(sin, cos)``; unwrapping adds the
+    multiple of 2π that brings each step within (-π, π], exact for RoPE, whose per-row step ``w`` is at most 1."""
+    n = len(rows)
+    if n == 0:
+        return Fit(w=np.zeros(cos.shape[1]), error=0.0, excess=0.0, row=0)
+    scale = cos[rows.start].astype(np.float64)
+    # pass 1: sum(p * phase) over the unwrapped phase, carried from piece to piece
+    moment = np.zeros(cos.shape[1])
+    last = None
+    for lo in range(0, n, FIT_CHUNK):
+        hi = min(lo + FIT_CHUNK, n)
+        phase = np.arctan2(sin[rows.start + lo : rows.start + hi].astype(np.float64),
+                           cos[rows.start + lo : rows.start + hi].astype(np.float64))
+        prev = phase[:1] if last is None else last[None, :]
+        step = np.diff(phase, axis=0, prepend=prev)
+        step -= (2 * np.pi) * np.round(step / (2 * np.pi))
+        phase = prev + np.cumsum(step, axis=0)
+        last = phase[-1]
+        moment += np.arange(lo, hi, dtype=np.float64) @ phase
+    w = moment / max(float((n - 1) * n * (2 * n - 1) / 6), 1.0)  # sum of p*p over 0..n-1
+    # pass 2: every row against scale * cos/sin(p * w)
+    error = excess = 0.0
+    row = 0
+    for lo in range(0, n, FIT_CHUNK):
+        hi = min(lo + FIT_CHUNK, n)
+        angle = np.arange(lo, hi, dtype=np.float64)[:, None] * w
+        allowed = tolerance + np.abs(scale) * np.abs(angle) * ANGLE_REL
+        err = np.maximum(np.abs(scale * np.cos(angle) - cos[rows.start + lo : rows.start + hi]),
+                         np.abs(scale * np.sin(angle) - sin[rows.start + lo : rows.start + hi]))
+        ratio = err / allowed
+        at = int(np.argmax(ratio))
+        error = max(error, float(err.max()))
+        if ratio.flat[at] > excess:
+            excess, row = float(ratio.flat[at]), lo + at // ratio.shape[1]
+    return Fit(w=w, error=error, excess=excess, row=row)
 
 
 class AnnotateCacheOffsetPass(RopePass):
@@ -102,11 +153,13 @@ class AnnotateCacheOffsetPass(RopePass):
         cos = const_tensor(found.cos)
         cos_t, sin_t = cos.numpy(), const_tensor(found.sin).numpy()
         tolerance = ROW_TOLERANCE.get(cos.dtype, 2e-3)
-        short, short_err = fit_frequencies(cos_t, sin_t, range(found.offset))
-        long, long_err = fit_frequencies(cos_t, sin_t, range(found.offset, found.rows))
-        if max(short_err, long_err) > tolerance:
-            raise MatchFailure.refuse(f"rows do not fit a short+long RoPE pair (worst row error "
-                                      f"{max(short_err, long_err):.2e} > {tolerance})", target)
-        if np.allclose(short, long, rtol=1e-3, atol=0):
+        short = fit_frequencies(cos_t, sin_t, range(found.offset), tolerance)
+        long = fit_frequencies(cos_t, sin_t, range(found.offset, found.rows), tolerance)
+        for half, fit, first in (("short", short, 0), ("long", long, found.offset)):
+            if fit.excess > 1.0:
+                raise MatchFailure.refuse(f"rows do not fit a short+long RoPE pair: {half} half, row "
+                                          f"{first + fit.row} is off by {fit.excess:.1f}x the allowed error "
+                                          f"({tolerance:g} + float32 angle rounding)", target)
+        if np.allclose(short.w, long.w, rtol=1e-3, atol=0):
             raise MatchFailure.refuse("short and long halves use the same factors: not LongRoPE", target)
-        return found, (short_err, long_err)
+        return found, (short.error, long.error)
