@@ -123,6 +123,8 @@ def test_run_all_prints_every_row(tmp_path):
     assert status["opt-rewrite"] == status["onnxscript"] == "skip(budget)"  # dense rows past --dense-limit
     assert all(s == "ok" for c, s in status.items() if c not in ("opt-rewrite", "onnxscript")), status
     assert "targets (issue 14" in done.stdout and "opt-link" in done.stdout
+    startup = {r["command"]: r["status"] for r in result["rows"] if r["model"] == "startup"}
+    assert startup == {"startup-floor": "ok", "startup-rope": "ok"} and "opt-link past start-up" in done.stdout
     dense = {r["command"]: r["status"] for r in result["rows"] if r["model"] == "qwen25vl-3b-legacy(dense)"}
     assert dense == dict.fromkeys(["cp", "floor", "opt-reflink", "opt-copy", "opt-link", "opt-rewrite"], "ok")
     assert result["models"]["qwen25vl-3b-legacy(dense)"]["disk_bytes"] >= result["models"][
