@@ -66,7 +66,8 @@ def const_tensor(value: ir.Value | None) -> ir.TensorProtocol | None:
     producer = value.producer()
     if producer is not None and producer.op_type == "Constant" and producer.domain in ("", "ai.onnx"):
         a = producer.attributes.get("value")
-        if a is not None and isinstance(a.value, ir.TensorProtocol):
+        # the attribute's declared type, not isinstance(TensorProtocol): a runtime Protocol check costs ~0.1 ms
+        if a is not None and a.type == ir.AttributeType.TENSOR:
             return a.value
     return None
 

@@ -204,6 +204,8 @@ def dtype_name(dtype: ir.DataType | None) -> str | None:
 
 
 def jsonable(value: Any) -> Any:
+    if isinstance(value, (int, str, bool)) or value is None:  # first: the Protocol checks below cost ~0.1 ms each
+        return value
     if isinstance(value, ir.TensorProtocol):
         return f"<tensor {shape_list(value.shape)} {dtype_name(value.dtype)}>"
     if isinstance(value, (ir.Graph, ir.GraphProtocol)):
@@ -212,8 +214,6 @@ def jsonable(value: Any) -> Any:
         return [jsonable(v) for v in value]
     if isinstance(value, float):
         return round(value, 6)
-    if isinstance(value, (int, str, bool)) or value is None:
-        return value
     return str(value)
 
 

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import onnx_ir as ir
 
 from rope_passes.config import GenaiConfig
-from rope_passes.targets import RuntimeTarget, resolve_target
+from rope_passes.targets import LoadProblem, RuntimeTarget, resolve_target
 
 if TYPE_CHECKING:
     from rope_passes.analysis.census import RopeCensus
@@ -55,6 +56,11 @@ class LintContext:
     @property
     def target(self) -> RuntimeTarget:
         return resolve_target(self.runtime)
+
+    @functools.cached_property
+    def load_problems(self) -> list[LoadProblem]:
+        """The target runtime's load problems with this model (one graph walk for the four rules that read them)."""
+        return self.target.load_problems(self.model)
 
 
 @dataclasses.dataclass(frozen=True)

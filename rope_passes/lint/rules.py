@@ -39,7 +39,7 @@ def _provider_options(ctx: LintContext) -> dict[str, str]:
 
 
 def _load_problems(ctx: LintContext, kind: str) -> list[LoadProblem]:
-    return [p for p in ctx.target.load_problems(ctx.model) if p.kind == kind]
+    return [p for p in ctx.load_problems if p.kind == kind]
 
 
 @rule("RP001", "ir-version-unsupported", Severity.ERROR,

@@ -122,7 +122,7 @@ class ConeKeys:
 
 def _attr_key(a: ir.Attr) -> object:
     value = a.value
-    if isinstance(value, ir.TensorProtocol):
+    if a.type == ir.AttributeType.TENSOR:
         return ("tensor", value.numpy().dtype.str, tuple(value.shape), value.numpy().tobytes()) if value.size <= SMALL \
             else ("tensor-id", id(value))
     if isinstance(value, (list, tuple)):
