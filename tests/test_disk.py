@@ -24,6 +24,7 @@ from rope_passes.cli import main
 from rope_passes.demo import build_tiny_decoder
 from rope_passes.errors import ModelSaveError
 from rope_passes.io import load_bundle, save_bundle
+from rope_passes.io.load import external_tensors
 
 
 def cli(*args: str, **kw) -> subprocess.CompletedProcess:
@@ -422,6 +423,42 @@ def test_unchanged_model_carries_files_in_the_weights_mode(tiny, tmp_path):
     assert report["copied_verbatim"] and report["weights"] == "link"
     assert (tmp_path / "out" / "model.onnx.data").stat().st_ino == (tiny / "model.onnx.data").stat().st_ino
     assert digest(tmp_path / "out") == digest(tiny)
+
+
+def _tensor_values(folder: Path) -> dict[str, np.ndarray]:
+    return {t.name: t.numpy().copy() for t in external_tensors(load_bundle(folder).model)}
+
+
+def test_hard_linked_weights_read_again(tiny, tmp_path):
+    """After --weights link the data file has two names (nlink 2) and onnx_ir refuses to read it ("may indicate a
+    hard link attack"): input and output alike must still optimize, lint and read their tensors (rope-passes waives
+    that one check: io.load.LinkedExternalTensor)."""
+    before = _tensor_values(tiny)
+    assert before, "the tiny model keeps its weights in model.onnx.data"
+    optimize_json(str(tiny), "-o", str(tmp_path / "out"), "--target", "webgpu-graph", "--weights", "link")
+    assert (tiny / "model.onnx.data").stat().st_nlink == 2
+    with pytest.raises(ValueError, match="multiple hard links"):  # the premise: onnx_ir alone refuses
+        next(t for t in external_tensors(ir.load(tiny / "model.onnx"))).numpy()
+    for folder in (tiny, tmp_path / "out"):
+        after = _tensor_values(folder)
+        assert after.keys() == before.keys()
+        for name, value in before.items():
+            np.testing.assert_array_equal(after[name], value)
+        again = optimize_json(str(folder), "-o", str(tmp_path / f"again-{folder.name}"), "--target", "webgpu-graph")
+        assert again["weights"] in ("reflink", "copy"), again
+        assert cli("lint", str(folder)).returncode in (0, 1)
+
+
+def test_hard_link_waiver_keeps_the_containment_checks(tiny, tmp_path):
+    """A data file that is a symbolic link leading out of the model's folder is still refused, hard-linked or not."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    os.replace(tiny / "model.onnx.data", outside / "weights.bin")
+    os.link(outside / "weights.bin", outside / "second-name.bin")  # nlink 2: the waiver applies, containment not
+    (tiny / "model.onnx.data").symlink_to(outside / "weights.bin")
+    tensor = next(t for t in external_tensors(load_bundle(tiny).model))
+    with pytest.raises(ValueError, match="outside the base directory"):
+        tensor.numpy()
 
 
 def decode_outputs(model_path: Path) -> list[np.ndarray]:

@@ -103,6 +103,50 @@ def resolve_model_path(path: str | os.PathLike) -> tuple[Path, Path | None]:
     return p, None
 
 
+class LinkedExternalTensor(ir.ExternalTensor):
+    """An external tensor in a data file with more than one hard link: the file ``optimize --weights link`` leaves
+    on both sides (and any file a user hard-linked). onnx_ir refuses to read such a file (``nlink > 1`` "may indicate a
+    hard link attack"), so without this a model could not be read again after ``--weights link``. Its other checks
+    still run and still refuse (a location outside the model's folder, a symbolic link leading out of it): only the
+    hard-link check, onnx_ir's last one, is waived. The hazard it guards against (a file hard-linked into a model
+    folder by someone else) is the user's own folder here; ``--weights link``'s own hazard is documented with it."""
+
+    def _check_path_containment(self) -> None:
+        try:
+            super()._check_path_containment()
+        except ValueError as exc:
+            if "multiple hard links" not in str(exc):  # containment and symlink checks: still refused
+                raise
+
+
+def _readable_hard_links(model: ir.Model) -> None:
+    """Initializers and Constant tensors in hard-linked data files become :class:`LinkedExternalTensor` (same file,
+    offset, length, dtype, shape, name and base folder: what a save reuses is unchanged)."""
+
+    def linked(tensor: ir.TensorProtocol) -> ir.TensorProtocol:
+        if not isinstance(tensor, ir.ExternalTensor) or isinstance(tensor, LinkedExternalTensor):
+            return tensor
+        try:
+            if os.stat(tensor.path).st_nlink <= 1:
+                return tensor
+        except OSError:
+            return tensor  # a missing file is reported by _check_external_data
+        return LinkedExternalTensor(tensor.location, tensor.offset, tensor.length, tensor.dtype, shape=tensor.shape,
+                                    name=tensor.name, doc_string=tensor.doc_string,
+                                    metadata_props=dict(tensor.metadata_props), base_dir=tensor.base_dir)
+
+    for graph in model.graphs():
+        for value in graph.initializers.values():
+            if value.const_value is not None:
+                value.const_value = linked(value.const_value)
+    for node in ir.traversal.RecursiveGraphIterator(model.graph):
+        for name, attr in list(node.attributes.items()):
+            if attr.type == ir.AttributeType.TENSOR and isinstance(attr.value, ir.ExternalTensor):
+                new = linked(attr.value)
+                if new is not attr.value:
+                    node.attributes[name] = ir.AttrTensor(name, new)
+
+
 def _check_external_data(model: ir.Model, model_path: Path) -> None:
     sizes: dict[Path, int] = {}
     for tensor in external_tensors(model):
@@ -137,6 +181,7 @@ def load_model(path: str | os.PathLike) -> ir.Model:
     if not model.graph.outputs and not len(model.graph):
         raise ModelLoadError(f"{model_path}: not an ONNX model (empty graph)")
     _check_external_data(model, model_path)
+    _readable_hard_links(model)
     return model
 
 
