@@ -137,7 +137,12 @@ def test_decode_steps_reproduce_the_prefill():
     steps = run_decode(sess, spec, token_ids(8), prefill=3, steps=5)
     rows = np.concatenate([steps[0]["logits"][0]] + [s["logits"][0] for s in steps[1:]])
     np.testing.assert_allclose(rows, np.load(GENAI / "hf/llama/ref_S8.npy"), atol=1e-4, rtol=0)
-    assert [s["present.0.key"].shape[2] for s in steps] == [3, 4, 5, 6, 7, 8]
+    # kept: the prefill's 3 rows, each step's new row, the last call's whole cache (keep_step)
+    assert [s["present.0.key"].shape[2] for s in steps] == [3, 1, 1, 1, 1, 8]
+    full = run_decode(sess, spec, token_ids(8), prefill=8, steps=0)[0]["present.0.key"]
+    kept = np.concatenate([s["present.0.key"] for s in steps[:-1]] + [steps[-1]["present.0.key"][:, :, -1:]], axis=2)
+    np.testing.assert_allclose(kept, full, atol=1e-5, rtol=0)  # fp32 keys, the prefill path vs the decode path
+    np.testing.assert_array_equal(steps[-1]["present.0.key"][:, :, :7], kept[:, :, :7])  # the past is fed back
 
 
 @pytest.mark.corpus

@@ -22,6 +22,7 @@ from rope_passes.analysis.graph import nodes_of
 from rope_passes.analysis.placement import predict_placement
 from rope_passes.api import optimize
 from rope_passes.check import check
+from rope_passes.check.core import EQUIVALENT, NOT_EQUIVALENT
 from rope_passes.check.decode import DecoderSpec, run_decode, token_ids
 from rope_passes.io import load_bundle
 from rope_passes.passes.longrope_concat import (
@@ -269,3 +270,28 @@ def test_longrope_refusals(genai_corpus, edit, reason):
     edit(model)
     report = LongRoPEConcatPass()(model).report
     assert report.count(Outcome.REFUSED) == 1 and reason in report.findings[0].reason, report.findings
+
+
+# --- a switch too far to decode to: the check steps at its two sides instead ---------------------------------------
+
+
+@pytest.mark.webgpu
+@pytest.mark.parametrize("ep", ["webgpu", "cpu"])
+def test_far_switch_is_checked_by_steps_at_its_sides(rewritten, monkeypatch, ep):
+    """Real-size Phi-3-128k switches after 4096 tokens; here the corpus graph's 32 stands in, with the crossing limit
+    lowered below the 36 steps a crossing decode needs. The check then runs single steps after a random past at
+    positions 30..33 (total 31..34: short, short, long, long) with no other sweep. Independent reference: the If
+    graph on the CPU EP. On WebGPU the concatenated output (offset 32) is right at all four; on the CPU EP, which has
+    no offset, it reads short row 32 past the switch: wrong from position 32, exactly where the If takes the long
+    table."""
+    monkeypatch.setattr("rope_passes.check.core.MAX_CROSSING_STEPS", 8)
+    report = check(PHI3 / "cpu_fp32", rewritten["cpu_fp32"], ep=ep, sweep=0, tables=False)
+    assert report.sweep_positions == [30, 31, 32, 33], report.sweep_positions
+    assert report.prefill + report.steps < ORIGINAL  # no decode crossing
+    assert any("single steps after a random past" in n for n in report.notes), report.notes
+    if ep == "webgpu":
+        assert report.verdict == EQUIVALENT, (report.reason, report.first_differences())
+    else:
+        assert report.verdict == NOT_EQUIVALENT
+        comparison, diff = report.first_sweep_failure
+        assert diff.step == ORIGINAL and report.first_failure is None, (comparison.name, diff)

@@ -28,7 +28,7 @@ import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
-from rope_passes.check.decode import PAST_PREFIX, DecoderSpec, InputSpec, step_feeds, token_ids
+from rope_passes.check.decode import PAST_PREFIX, DecoderSpec, InputSpec, keep_step, step_feeds, token_ids
 from rope_passes.errors import UsageError
 from rope_passes.runtime.sessions import create_session, session_options
 
@@ -162,7 +162,8 @@ class CaptureDriver:
                 present = dspec.present_name(n)
                 if present in outputs:
                     result[present] = v.numpy()[:, :, :total].copy()
-            results.append({n: result[n] for n in dspec.outputs if n in result})
+            results.append(keep_step({n: result[n] for n in dspec.outputs if n in result}, past_len,
+                                     step == spec.steps))
             past_len = total
             if on_step is not None:
                 on_step(step)

@@ -35,7 +35,9 @@ Schedule adjustments, each recorded in ``report.notes``:
 * software WebGPU adapter (lavapipe): prefill capped at :func:`.adapter.max_webgpu_prefill` tokens, the rest of the
   prompt fed by single-token steps (WebGPU GQA prefill is wrong for query rows >= 8 there);
 * LongRoPE (an ``If`` between two cos/sin tables, or a concatenated table with ``multiRotaryCacheConcatOffset``):
-  the decode runs past the switch point (original context + 4 tokens); WebGPU sessions get the genai_config's
+  the decode runs past the switch point (original context + 4 tokens) when that is at most
+  :data:`MAX_CROSSING_STEPS` steps, else the sweep gets single steps at the switch's two sides (after a random
+  past; any ``--sweep``, even 0); WebGPU sessions get the genai_config's
   WebGPU provider options (the offset among them) as session config entries. A concatenated table is wrong on
   onnxruntime's CPU EP past the offset (it has no such option), so CPU comparisons stop at the offset there.
 """
@@ -66,11 +68,16 @@ from rope_passes.runtime.adapter import adapter_info, max_webgpu_prefill
 from rope_passes.runtime.sessions import ALLOW_SOFTWARE_ADAPTER
 from rope_passes.targets import WEBGPU_PLUGIN
 
-__all__ = ["COULD_NOT_RUN", "EQUIVALENT", "EXIT_CODES", "NOT_EQUIVALENT", "PAST_SWITCH", "EquivalenceReport",
-           "ModelInfo", "check", "check_runtimes", "rotation_tables"]
+__all__ = ["COULD_NOT_RUN", "EQUIVALENT", "EXIT_CODES", "MAX_CROSSING_STEPS", "NOT_EQUIVALENT", "PAST_SWITCH",
+           "EquivalenceReport", "ModelInfo", "check", "check_runtimes", "rotation_tables"]
 
 #: decode steps past a LongRoPE switch point
 PAST_SWITCH = 4
+#: the most decode steps spent to reach a LongRoPE switch by decoding; a later switch is checked by sweep steps after
+#: a random past at its two sides (a step is equal on both graphs given the same past, so a decode of equal steps is
+#: equal: the steps are what a crossing adds). Real size: 4096 single steps of real layers per run are hours on a
+#: software adapter (a 2-layer Phi-3-128k run here: 5 minutes per WebGPU run, and the process tree grew to 23 GB).
+MAX_CROSSING_STEPS = 256
 
 
 def _graph_tables(info: ModelInfo, ep: str) -> GraphTables:
@@ -174,9 +181,17 @@ def check(
     # --- the schedule every run shares ---
     switch = max((m.longrope["switch"] for m in (orig, rew) if m.longrope), default=None)
     if switch is not None and prefill + steps < switch + PAST_SWITCH:
-        steps = switch + PAST_SWITCH - prefill
-        notes.append(f"LongRoPE cache switching after {switch} tokens: decoding {prefill + steps} tokens in all to "
-                     f"cross it")
+        if switch + PAST_SWITCH - prefill <= MAX_CROSSING_STEPS:
+            steps = switch + PAST_SWITCH - prefill
+            notes.append(f"LongRoPE cache switching after {switch} tokens: decoding {prefill + steps} tokens in all "
+                         f"to cross it")
+        else:  # real size (Phi-3-128k: 4096): the switch's two sides as sweep steps after a random past
+            sides = [p for p in range(switch - 2, switch + 2) if p > 0 and (not end or p < end)]
+            positions = sorted(set(positions) | set(sides))
+            notes.append(f"LongRoPE cache switching after {switch} tokens: crossing it by decoding would take "
+                         f"{switch + PAST_SWITCH - prefill} steps (more than {MAX_CROSSING_STEPS}); positions "
+                         f"{', '.join(map(str, sides))} are single steps after a random past instead (the step at "
+                         f"each side of the switch, the same past for both graphs)")
     limit = max_webgpu_prefill(adapter) if adapter else None
     if adapter is not None and limit is not None and prefill > limit:  # a limit comes from an adapter
         notes.append(f"software WebGPU adapter ({adapter.summary}): WebGPU GroupQueryAttention prefill is wrong for "
