@@ -6,7 +6,7 @@ it every file carried unchanged: a folder's tokenizer files and other models, an
 * ``reflink`` (default): the data file is cloned copy-on-write where the filesystem can (btrfs, XFS, ...), else
   copied; ``copy``: always a real copy (streaming, sparse-aware, no slower than ``cp``); ``link``: a hard link, so
   the output costs no space and no time, but the two names are ONE file: editing either edits both, and onnx_ir
-  (so tools on it: onnxscript's optimizer, Olive) refuses to read a data file with two names ("hard link attack");
+  (so tools on it: onnxscript's optimizer, checked) refuses to read a data file with two names ("hard link attack");
   rope-passes reads it (:class:`rope_passes.io.load.LinkedExternalTensor`). In these modes
   the graph is written with its external references kept: every tensor still in an input data file keeps its
   offset and length in the same bytes, under the output's name for that file (``<model>.onnx.data``). Tensors the
