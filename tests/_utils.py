@@ -7,13 +7,19 @@
   CPU fallback: a test that uses it fails, never skips, without an adapter).
 * :data:`TOLERANCES`: the per-precision tolerances ``rope-passes check`` compares with (one home:
   :mod:`rope_passes.check.compare`), for tests that assert "as close as the checker requires".
+* :func:`exporter_feeds` / :func:`exporter_outputs`: fixed-seed calls of an exporter decoder (any batch, length and
+  past; 3D ``position_ids`` for mRoPE graphs), for comparing an export with its rewrite on the CPU EP.
+* :func:`realsize`: ``bench/realsize.py`` as a module (the real-size graph builder the bench and its tests share).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 from collections.abc import Mapping
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -23,7 +29,9 @@ from rope_passes.check.compare import TOLERANCES, Tolerance
 from rope_passes.io import MAX_IR_VERSION
 from rope_passes.runtime.sessions import create_session
 
-__all__ = ["TOLERANCES", "Tolerance", "run", "save", "serialize"]
+__all__ = ["TOLERANCES", "Tolerance", "exporter_feeds", "exporter_outputs", "realsize", "run", "save", "serialize"]
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 def serialize(model: ir.Model) -> bytes:
@@ -49,3 +57,38 @@ def run(
     """Every output of one call of ``model`` on ``ep``; ``session`` goes to ``create_session`` (graph_capture, ...)."""
     source = serialize(model) if isinstance(model, ir.Model) else model
     return create_session(source, ep, **session).run(None, dict(feeds))
+
+
+def exporter_feeds(sess: Any, batch: int, seq: int, past: int) -> dict[str, np.ndarray]:
+    """One call of an exporter decoder session: ``seq`` new tokens after a random past of ``past`` (fixed seed per
+    call shape); ``position_ids`` continue the past (tiled to the three mRoPE axes where the input is 3D)."""
+    rng = np.random.RandomState(1000 * batch + 10 * seq + past)
+    feeds = {}
+    for i in sess.get_inputs():
+        if i.name == "input_ids":
+            feeds[i.name] = rng.randint(0, 256, (batch, seq)).astype(np.int64)
+        elif i.name == "attention_mask":
+            feeds[i.name] = np.ones((batch, past + seq), np.int64)
+        elif i.name == "position_ids":
+            pos = np.tile(np.arange(past, past + seq, dtype=np.int64), (batch, 1))
+            feeds[i.name] = np.stack([pos] * 3) if len(i.shape) == 3 else pos
+        else:  # past_key_values.<i>.key|value [batch, kv heads, past, head dim]
+            feeds[i.name] = (0.5 * rng.randn(batch, i.shape[1], past, i.shape[3])).astype(np.float32)
+    return feeds
+
+
+def exporter_outputs(path: str | os.PathLike, calls: Any) -> list[list[np.ndarray]]:
+    """Every output of each ``(batch, seq, past)`` call of :func:`exporter_feeds` on the CPU EP."""
+    sess = create_session(str(path), "cpu")
+    return [sess.run(None, exporter_feeds(sess, *c)) for c in calls]
+
+
+def realsize() -> ModuleType:
+    """``bench/realsize.py``, imported once (registered in ``sys.modules``: its dataclasses look their module up)."""
+    if "realsize" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("realsize", REPO / "bench" / "realsize.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["realsize"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["realsize"]

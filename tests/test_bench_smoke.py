@@ -10,7 +10,6 @@ Budget (2 cores): < 60 s.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import os
 import shutil
@@ -20,6 +19,7 @@ from pathlib import Path
 
 import onnx
 import pytest
+from _utils import realsize
 from conftest import GENAI, REPO
 
 from rope_passes.cli import main
@@ -28,18 +28,11 @@ from rope_passes.io import load_model
 pytestmark = pytest.mark.corpus  # bench/realsize.py scales the corpus's tiny builder graphs
 
 
-def _realsize():
-    if "realsize" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("realsize", REPO / "bench" / "realsize.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["realsize"] = module  # its dataclasses look their module up
-        spec.loader.exec_module(module)
-    return sys.modules["realsize"]
 
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory) -> dict[str, Path]:
-    return _realsize().smoke(tmp_path_factory.mktemp("realsize"), layers=2, context=256)
+    return realsize().smoke(tmp_path_factory.mktemp("realsize"), layers=2, context=256)
 
 
 def _tensor_bytes(model_path: Path) -> int:
@@ -49,7 +42,7 @@ def _tensor_bytes(model_path: Path) -> int:
 
 
 def test_every_model_builds_at_real_width(smoke):
-    rs = _realsize()
+    rs = realsize()
     assert set(smoke) == set(rs.MODELS)
     for name, folder in smoke.items():
         cfg = rs.CONFIGS[rs.MODELS[name].config]
@@ -63,7 +56,7 @@ def test_every_model_builds_at_real_width(smoke):
 
 
 def test_the_3b_config_is_qwen25_vl_3b():
-    cfg = _realsize().CONFIGS["qwen25vl-3b"]
+    cfg = realsize().CONFIGS["qwen25vl-3b"]
     assert (cfg.hidden, cfg.layers, cfg.heads, cfg.kv_heads, cfg.head, cfg.inter, cfg.vocab, cfg.context) == (
         2048, 36, 16, 2, 128, 11008, 151936, 128000)
 
@@ -90,7 +83,7 @@ def test_optimize_each_weights_mode_keeps_the_data(smoke, tmp_path, mode):
 
 def test_optimize_rewrite_writes_one_data_file(tmp_path):
     """--weights rewrite re-serializes every tensor (dense): on a small config, not the real width."""
-    rs = _realsize()
+    rs = realsize()
     small = dataclasses.replace(rs.CONFIGS["qwen25vl-7b"], hidden=256, heads=2, kv_heads=1, inter=512, vocab=1000,
                                 context=512)
     src = rs.build("qwen25vl-7b-legacy", tmp_path / "src", layers=2, config=small, corpus=GENAI)

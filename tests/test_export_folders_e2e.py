@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import onnx_ir as ir
 import pytest
+from _utils import exporter_outputs
 
 from rope_passes.cli import main
 from rope_passes.hf_config import HFConfig
@@ -46,24 +47,8 @@ CALLS = [(1, 1, 0), (2, 4, 0), (1, 1, 1), (2, 3, 1), (1, 1, 50), (2, 20, 50), (1
 ORIGINAL_MAX, PROMPT, STEPS = 64, 60, 12
 
 
-def _feeds(sess, batch: int, seq: int, past: int) -> dict[str, np.ndarray]:
-    rng = np.random.RandomState(1000 * batch + 10 * seq + past)
-    feeds = {}
-    for i in sess.get_inputs():
-        if i.name == "input_ids":
-            feeds[i.name] = rng.randint(0, 256, (batch, seq)).astype(np.int64)
-        elif i.name == "attention_mask":
-            feeds[i.name] = np.ones((batch, past + seq), np.int64)
-        elif i.name == "position_ids":
-            feeds[i.name] = np.tile(np.arange(past, past + seq, dtype=np.int64), (batch, 1))
-        else:  # past_key_values.<i>.key|value [batch, kv heads, past, head dim]
-            feeds[i.name] = (0.5 * rng.randn(batch, i.shape[1], past, i.shape[3])).astype(np.float32)
-    return feeds
 
 
-def _outputs(path: Path, calls) -> list[list[np.ndarray]]:
-    sess = create_session(str(path), "cpu")
-    return [sess.run(None, _feeds(sess, *c)) for c in calls]
 
 
 def _decode(path: Path, ids: np.ndarray) -> np.ndarray:
@@ -135,7 +120,8 @@ def test_export_folder(folder, tmp_path, capsys):
         assert {k for k in model.graph.initializers if k.startswith("rope_passes.")} >= {
             "rope_passes.cos_table_long", "rope_passes.cos_table_short"}
     right = CALLS if folder not in FROZEN else [c for c in CALLS if c[1] + c[2] <= ORIGINAL_MAX]
-    for ref, new in zip(_outputs(src / "model.onnx", right), _outputs(out / "model.onnx", right), strict=True):
+    for ref, new in zip(exporter_outputs(src / "model.onnx", right), exporter_outputs(out / "model.onnx", right),
+                        strict=True):
         for r, n in zip(ref, new, strict=True):
             np.testing.assert_array_equal(n, r)  # bit-identical (where the original is right)
     if variant in LONGROPE:

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import onnx_ir as ir
 import pytest
+from _utils import exporter_outputs
 
 import rope_passes
 from rope_passes.report import Outcome
@@ -54,25 +55,8 @@ def _folder(tmp: Path, graph: str) -> Path:
     return folder
 
 
-def _feeds(sess, batch: int, seq: int, past: int) -> dict[str, np.ndarray]:
-    rng = np.random.RandomState(1000 * batch + 10 * seq + past)
-    feeds = {}
-    for i in sess.get_inputs():
-        if i.name == "input_ids":
-            feeds[i.name] = rng.randint(0, 256, (batch, seq)).astype(np.int64)
-        elif i.name == "attention_mask":
-            feeds[i.name] = np.ones((batch, past + seq), np.int64)
-        elif i.name == "position_ids":
-            pos = np.tile(np.arange(past, past + seq, dtype=np.int64), (batch, 1))
-            feeds[i.name] = np.stack([pos] * 3) if len(i.shape) == 3 else pos
-        else:
-            feeds[i.name] = (0.5 * rng.randn(batch, i.shape[1], past, i.shape[3])).astype(np.float32)
-    return feeds
 
 
-def _outputs(path: Path, calls) -> list[list[np.ndarray]]:
-    sess = create_session(str(path), "cpu")
-    return [sess.run(None, _feeds(sess, *c)) for c in calls]
 
 
 def test_fixtures_are_there():
@@ -102,7 +86,7 @@ def test_exporter_folder(graph, tmp_path):
     assert all(t.shape[0] == 256 for t in tables.values())  # max_position_embeddings: no --max-positions
     assert model.metadata_props["rope_passes.cos_sin_max_positions"] == "256"
     right = CALLS if graph not in FROZEN else [c for c in CALLS if c[1] + c[2] <= 64]
-    for ref, new in zip(_outputs(folder / "model.onnx", right), _outputs(out, right), strict=True):
+    for ref, new in zip(exporter_outputs(folder / "model.onnx", right), exporter_outputs(out, right), strict=True):
         for r, n in zip(ref, new, strict=True):
             np.testing.assert_array_equal(n, r)  # bit-identical where the original is right
     if graph in FROZEN:
@@ -129,8 +113,8 @@ def _check_switch(graph: str, model: ir.Model, tables: dict[str, np.ndarray], fo
         want = long[call] if call.max() + 1 > 64 else short[call]
         np.testing.assert_array_equal(got, want)
     # and past the switch the original (frozen) graph is wrong where the rewritten one follows transformers
-    original, rewritten = _outputs(folder / "model.onnx", [(1, 4, 80)]), _outputs(folder.parent / "out" /
-                                                                                  "model.onnx", [(1, 4, 80)])
+    original = exporter_outputs(folder / "model.onnx", [(1, 4, 80)])
+    rewritten = exporter_outputs(folder.parent / "out" / "model.onnx", [(1, 4, 80)])
     assert np.abs(original[0][0] - rewritten[0][0]).max() > 1e-3
 
 

@@ -10,14 +10,13 @@ real-size Qwen2.5-VL-7B layer block (hidden 3584, 28 heads, head 128, sections [
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import time
 
 import numpy as np
 import onnx_ir as ir
 import pytest
-from conftest import GENAI, REPO
+from _utils import realsize
+from conftest import GENAI
 
 from rope_passes.analysis.graph import MS_DOMAIN, nodes_of
 from rope_passes.io import load_bundle
@@ -28,17 +27,10 @@ pytestmark = pytest.mark.corpus  # bench/realsize.py scales the corpus's tiny bu
 CONTEXT = 4096
 
 
-def _realsize():
-    if "realsize" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("realsize", REPO / "bench" / "realsize.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["realsize"] = module  # its dataclasses look their module up
-        spec.loader.exec_module(module)
-    return sys.modules["realsize"]
 
 
 def _build(tmp_path, layers: int):
-    folder = _realsize().build("qwen25vl-7b-legacy", tmp_path / f"legacy{layers}", layers=layers, context=CONTEXT,
+    folder = realsize().build("qwen25vl-7b-legacy", tmp_path / f"legacy{layers}", layers=layers, context=CONTEXT,
                                corpus=GENAI)
     return load_bundle(folder)
 

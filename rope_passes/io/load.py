@@ -123,14 +123,18 @@ def _readable_hard_links(model: ir.Model) -> None:
     """Initializers and Constant tensors in hard-linked data files become :class:`LinkedExternalTensor` (same file,
     offset, length, dtype, shape, name and base folder: what a save reuses is unchanged)."""
 
+    nlinks: dict[str, int] = {}  # one stat per data file, not per tensor
+
     def linked(tensor: ir.TensorProtocol) -> ir.TensorProtocol:
         if not isinstance(tensor, ir.ExternalTensor) or isinstance(tensor, LinkedExternalTensor):
             return tensor
-        try:
-            if os.stat(tensor.path).st_nlink <= 1:
-                return tensor
-        except OSError:
-            return tensor  # a missing file is reported by _check_external_data
+        if tensor.path not in nlinks:
+            try:
+                nlinks[tensor.path] = os.stat(tensor.path).st_nlink
+            except OSError:
+                nlinks[tensor.path] = 1  # a missing file is reported by _check_external_data
+        if nlinks[tensor.path] <= 1:
+            return tensor
         return LinkedExternalTensor(tensor.location, tensor.offset, tensor.length, tensor.dtype, shape=tensor.shape,
                                     name=tensor.name, doc_string=tensor.doc_string,
                                     metadata_props=dict(tensor.metadata_props), base_dir=tensor.base_dir)
