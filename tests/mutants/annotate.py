@@ -82,6 +82,13 @@ def long_refactored(cos, sin):
     return np.concatenate([cos[:ORIGINAL], lc]), np.concatenate([sin[:ORIGINAL], ls])
 
 
+def long_shifted_by_one(cos, sin):
+    """[short; long RoPE of positions 1..256]: 288 rows that look like the pair, but row 32 + p holds position p + 1
+    (position arithmetic hidden in the table): no offset makes GroupQueryAttention read position p's row."""
+    lc, ls = _rope(cos, sin, ORIGINAL, 257)
+    return np.concatenate([cos[:ORIGINAL], lc[1:]]), np.concatenate([sin[:ORIGINAL], ls[1:]])
+
+
 def context_length(value: int):
     def edit(work: Work) -> list[str]:
         work.config["model"]["context_length"] = value
@@ -103,6 +110,8 @@ def mutants() -> list[Mutant]:
           "rows 32.. continue the short RoPE: not a LongRoPE pair (an offset of 32 would still be needed)", 32),
         m("split-at-24", REFUSE, tables(split_at_24),
           "288 rows, but the long half starts at row 24: offset 32 (rows - context) is wrong", 24),
+        m("long-shifted-by-one", REFUSE, tables(long_shifted_by_one),
+          "the long half starts at position 1, not 0: rows 32.. are no long table from position 0", 32),
         m("context-length-128", REFUSE, context_length(128),
           "genai_config context_length 128: rows - context = 160 is not the split", 32),
     ]
