@@ -13,7 +13,7 @@ import functools
 import os
 import sys
 
-from rope_passes import __version__
+from rope_passes import __version__, interrupts
 from rope_passes.errors import RopePassesError
 
 COMMANDS = ("optimize", "inspect", "check", "lint", "passes", "demo")
@@ -82,7 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        parser = build_parser()  # imports the commands (onnx_ir, onnxscript): Ctrl-C may come here already
+        with interrupts.held():  # imports the commands (onnx_ir, onnxscript): not safe to interrupt
+            parser = build_parser()
         args = parser.parse_args(argv)
         if not getattr(args, "func", None):
             parser.print_help()
@@ -95,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         print("rope-passes: interrupted", file=sys.stderr)
+        interrupts.forget_interrupt_seen_in_exec()
         return 130
     except BrokenPipeError:  # `rope-passes ... | head`: the reader left, which is fine
         _stdout_to_devnull()

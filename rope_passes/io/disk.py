@@ -18,12 +18,11 @@ import os
 import re
 import secrets
 import shutil
-import signal
 import stat
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
+
+from rope_passes import interrupts
 
 STAGING_PREFIX = ".rope-passes-"
 _STAGING_PID = re.compile(re.escape(STAGING_PREFIX) + r"(\d+)-")
@@ -127,22 +126,6 @@ def _remove(path: Path) -> None:
 # ------------------------------------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def deferred_sigint() -> Iterator[None]:
-    """Hold Ctrl-C until the block is done (a commit is not torn in half); then raise it."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    received: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        if received:
-            signal.raise_signal(signal.SIGINT)  # now handled as it would have been
-
-
 def is_read_only(path: Path) -> bool:
     try:
         mode = path.stat().st_mode
@@ -160,7 +143,7 @@ def commit_files(moves: list[tuple[Path, Path]], removals: list[Path], backup_di
     """
     backup_dir.mkdir(exist_ok=True)
     journal: list[tuple[Path, Path | None, bool]] = []  # (dest, its backup, new file placed)
-    with deferred_sigint():
+    with interrupts.held():
         try:
             for i, (src, dest) in enumerate([*moves, *((None, r) for r in removals)]):
                 backup = None
@@ -186,7 +169,7 @@ def commit_files(moves: list[tuple[Path, Path]], removals: list[Path], backup_di
 
 def swap_folder(staged: Path, target: Path) -> None:
     """Put the folder ``staged`` at ``target``, replacing whatever folder is there, all or nothing."""
-    with deferred_sigint():
+    with interrupts.held():
         if not target.exists():
             os.replace(staged, target)
             return

@@ -11,6 +11,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import onnx_ir as ir
 
+from rope_passes import interrupts
+
 
 def evaluate_subgraph(model: ir.Model, inputs: Sequence[ir.Value], outputs: Sequence[ir.Value], feeds: list[np.ndarray]):
     return subgraph_runner(model, inputs, outputs)(feeds)
@@ -20,7 +22,8 @@ def subgraph_runner(model: ir.Model, inputs: Sequence[ir.Value],
                     outputs: Sequence[ir.Value]) -> Callable[[list[np.ndarray]], list[np.ndarray]]:
     """The subgraph extracted and loaded once; the returned function runs it on one call's feeds (many calls,
     one session)."""
-    import onnxruntime as ort
+    with interrupts.held():  # a first import of onnxruntime is not safe to interrupt
+        import onnxruntime as ort
 
     sub = ir.convenience.extract(model.graph, inputs, outputs)
     for value in sub.initializers.values():  # small constants (caches, inv_freq, masks): load them into the proto

@@ -22,7 +22,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import onnxruntime as ort
+from rope_passes import interrupts
+
+with interrupts.held():  # not safe to interrupt (rope_passes.interrupts)
+    import onnxruntime as ort
 
 from rope_passes.errors import RopePassesError
 
