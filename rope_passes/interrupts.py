@@ -22,7 +22,7 @@ from collections.abc import Iterator
 
 
 @contextlib.contextmanager
-def held() -> Iterator[None]:
+def held_interrupts() -> Iterator[None]:
     """Hold Ctrl-C until the block is done; then raise it (as the handler in place before the block would)."""
     if threading.current_thread() is not threading.main_thread():
         yield

@@ -13,8 +13,9 @@ import functools
 import os
 import sys
 
-from rope_passes import __version__, interrupts
+from rope_passes import __version__
 from rope_passes.errors import RopePassesError
+from rope_passes.interrupts import forget_interrupt_seen_in_exec, held_interrupts
 
 COMMANDS = ("optimize", "inspect", "check", "lint", "passes", "demo")
 
@@ -82,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        with interrupts.held():  # imports the commands (onnx_ir, onnxscript): not safe to interrupt
+        with held_interrupts():  # imports the commands (onnx_ir, onnxscript): not safe to interrupt
             parser = build_parser()
         args = parser.parse_args(argv)
         if not getattr(args, "func", None):
@@ -96,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         print("rope-passes: interrupted", file=sys.stderr)
-        interrupts.forget_interrupt_seen_in_exec()
+        forget_interrupt_seen_in_exec()
         return 130
     except BrokenPipeError:  # `rope-passes ... | head`: the reader left, which is fine
         _stdout_to_devnull()

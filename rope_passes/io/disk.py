@@ -22,7 +22,7 @@ import stat
 import time
 from pathlib import Path
 
-from rope_passes import interrupts
+from rope_passes.interrupts import held_interrupts
 
 STAGING_PREFIX = ".rope-passes-"
 _STAGING_PID = re.compile(re.escape(STAGING_PREFIX) + r"(\d+)-")
@@ -143,7 +143,7 @@ def commit_files(moves: list[tuple[Path, Path]], removals: list[Path], backup_di
     """
     backup_dir.mkdir(exist_ok=True)
     journal: list[tuple[Path, Path | None, bool]] = []  # (dest, its backup, new file placed)
-    with interrupts.held():
+    with held_interrupts():
         try:
             for i, (src, dest) in enumerate([*moves, *((None, r) for r in removals)]):
                 backup = None
@@ -169,7 +169,7 @@ def commit_files(moves: list[tuple[Path, Path]], removals: list[Path], backup_di
 
 def swap_folder(staged: Path, target: Path) -> None:
     """Put the folder ``staged`` at ``target``, replacing whatever folder is there, all or nothing."""
-    with interrupts.held():
+    with held_interrupts():
         if not target.exists():
             os.replace(staged, target)
             return

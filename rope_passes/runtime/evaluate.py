@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import onnx_ir as ir
 
-from rope_passes import interrupts
+from rope_passes.interrupts import held_interrupts
 
 
 def evaluate_subgraph(model: ir.Model, inputs: Sequence[ir.Value], outputs: Sequence[ir.Value], feeds: list[np.ndarray]):
@@ -22,7 +22,7 @@ def subgraph_runner(model: ir.Model, inputs: Sequence[ir.Value],
                     outputs: Sequence[ir.Value]) -> Callable[[list[np.ndarray]], list[np.ndarray]]:
     """The subgraph extracted and loaded once; the returned function runs it on one call's feeds (many calls,
     one session)."""
-    with interrupts.held():  # a first import of onnxruntime is not safe to interrupt
+    with held_interrupts():  # a first import of onnxruntime is not safe to interrupt
         import onnxruntime as ort
 
     sub = ir.convenience.extract(model.graph, inputs, outputs)

@@ -22,9 +22,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from rope_passes import interrupts
+from rope_passes.interrupts import held_interrupts
 
-with interrupts.held():  # not safe to interrupt (rope_passes.interrupts)
+with held_interrupts():  # not safe to interrupt (rope_passes.interrupts)
     import onnxruntime as ort
 
 from rope_passes.errors import RopePassesError
