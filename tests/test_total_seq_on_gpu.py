@@ -20,13 +20,13 @@ import onnx_ir as ir
 import pytest
 from conftest import GENAI, UNLOADABLE, genai_models
 
-from rope_passes.analysis.graph import nodes_of
+from rope_passes.analysis.graph import ancestors, nodes_of
 from rope_passes.analysis.placement import predict_placement
 from rope_passes.api import optimize
 from rope_passes.check import check
 from rope_passes.check.core import PAST_SWITCH
 from rope_passes.check.decode import DecoderSpec, run_decode, token_ids
-from rope_passes.io import load_bundle, save_bundle
+from rope_passes.io import load_bundle
 from rope_passes.passes.total_seq_on_gpu import TotalSeqOnGpuPass
 from rope_passes.pipeline import run_pipeline
 from rope_passes.report import Outcome
@@ -62,10 +62,14 @@ def test_rewrites_builder_mask_subgraph_into_int32_reduce(genai_corpus):
     for gqa in nodes_of(model, "GroupQueryAttention"):
         seqlens, total = gqa.inputs[5], gqa.inputs[6]
         assert seqlens.producer().op_type == "Sub" and total.producer().op_type == "ReduceMax"
-        reduce = total.producer().inputs[0].producer()
-        assert reduce.op_type == "ReduceSum" and seqlens.producer().inputs[0].producer() is reduce
-        cast = reduce.inputs[0].producer()
-        assert cast.op_type == "Cast" and cast.inputs[0].name == "attention_mask"
+        row_sum = seqlens.producer().inputs[0].producer()
+        cast = row_sum.inputs[0].producer()
+        assert row_sum.op_type == "ReduceSum" and cast.op_type == "Cast" and cast.inputs[0].name == "attention_mask"
+        # the total: the width, as a row of ones summed (Add(Mul(mask, 0), 1))
+        width = total.producer().inputs[0].producer()
+        ones = width.inputs[0].producer()
+        assert width.op_type == "ReduceSum" and ones.op_type == "Add" and ones.inputs[0].producer().op_type == "Mul"
+        assert ones.inputs[0].producer().inputs[0].producer() is cast
         assert {seqlens.dtype, total.dtype} == {ir.DataType.INT32}
     placement = predict_placement(model)  # the pass removed the old chain itself
     assert placement.capture_ok and not placement.memcpy and not nodes_of(model, "Shape")
@@ -78,7 +82,7 @@ def test_a_dead_shape_chain_still_gets_memcpy(genai_corpus, tmp_path):
     model = _load("current/llama/webgpu_fp16")
     gqas = nodes_of(model, "GroupQueryAttention")
     mask = next(v for v in model.graph.inputs if v.name == "attention_mask")
-    seqlens, total = TotalSeqOnGpuPass._build(model.graph, mask, gqas[0].inputs[5], gqas[0].inputs[6])
+    seqlens, total = TotalSeqOnGpuPass._build(model.graph, mask, 0)
     for gqa in gqas:
         gqa.replace_input_with(5, seqlens)
         gqa.replace_input_with(6, total)
@@ -149,25 +153,89 @@ def test_bit_identical_on_cpu(genai_corpus, tmp_path):
         np.testing.assert_array_equal(a, b)
 
 
+def _llama_feeds(mask: np.ndarray, call: int, past: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    feeds = {"input_ids": rng.integers(4, 492, size=(mask.shape[0], call)).astype(np.int64),
+             "attention_mask": mask.astype(np.int64)}
+    for layer in range(2):
+        for kv in ("key", "value"):
+            feeds[f"past_key_values.{layer}.{kv}"] = rng.standard_normal((mask.shape[0], 2, past, 32), np.float32)
+    return feeds
+
+
 @pytest.mark.corpus
-def test_padded_mask_gives_row_length_not_width(genai_corpus, tmp_path):
-    """Under capture genai binds the mask at its maximum length, zeros past the current one: total_sequence_length
-    must be the row length (what the rewrite computes), not the buffer width (what Shape gave)."""
-    bundle = load_bundle(GENAI / "current/llama/cpu_fp32")
-    run_pipeline(bundle, passes=["total-seq-on-gpu", "cleanup"])
-    model = bundle.model
-    total = nodes_of(model, "GroupQueryAttention")[0].inputs[6]
-    seqlens = nodes_of(model, "GroupQueryAttention")[0].inputs[5]
-    model.graph.outputs.extend([total, seqlens])
-    save_bundle(bundle, tmp_path / "out")
-    sess = create_session(str(tmp_path / "out" / "model.onnx"), "cpu")
-    feeds = {"input_ids": np.array([[5, 6, 7]], dtype=np.int64),
-             "attention_mask": np.array([[1, 1, 1, 0, 0, 0, 0, 0]], dtype=np.int64)}
-    for name in ("past_key_values.0.key", "past_key_values.0.value", "past_key_values.1.key",
-                 "past_key_values.1.value"):
-        feeds[name] = np.zeros((1, 2, 0, 32), dtype=np.float32)
-    got = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
-    assert int(got[total.name]) == 3 and got[seqlens.name].tolist() == [2]
+@pytest.mark.parametrize("mask,call,past", [
+    ([[1, 1, 1, 1, 1, 0, 0, 0]], 8, 0),  # batch 1 right-padded to 8 (padding="max_length")
+    ([[0, 0, 1, 1, 1, 1, 1, 1, 1], [0, 0, 0, 0, 1, 1, 1, 1, 1]], 1, 8),  # a decode, left-padded, no row full
+    ([[1, 1, 1, 0, 0, 0, 0, 0, 0]], 1, 8),  # a decode into a mask wider than the sequence
+    ([[1] * 9, [0, 0, 0] + [1] * 6], 1, 8),  # the usual batch: one row full
+], ids=["right-padded-prefill", "left-padded-decode", "wide-mask-decode", "one-row-full"])
+def test_masks_without_a_full_row_give_the_original_outputs(genai_corpus, tmp_path, mask, call, past):
+    """total_sequence_length is the mask's width for every mask (what Shape gave), not the largest row sum: a mask
+    where no row is all ones (Hugging Face's padding="max_length") runs as the original did, with the same bits
+    (CPU) and the same KV-cache shapes; the largest row sum would fail the prefill and shorten the cache.
+
+    Compared where GroupQueryAttention defines its outputs (it reads seqlens_k as right padding): a prefill's
+    queries before the row's length, the cache rows before it. Past them the original itself returns whatever
+    memory held (two runs of the original differ there)."""
+    src = GENAI / "current/llama/cpu_fp32"
+    optimize(str(src), str(tmp_path / "out"), passes=["total-seq-on-gpu", "cleanup"])
+    feeds = _llama_feeds(np.array(mask), call, past)
+    runs = []
+    for folder in (src, tmp_path / "out"):
+        sess = create_session(str(folder / "model.onnx"), "cpu")
+        runs.append(dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds))))
+    for name, expected in runs[0].items():
+        got = runs[1][name]
+        assert got.shape == expected.shape, name
+        for row, length in enumerate(np.array(mask).sum(axis=1)):
+            defined = (slice(None), slice(0, length)) if name.startswith("present") else \
+                (slice(0, call if call == 1 else length),)
+            np.testing.assert_array_equal(got[row][defined], expected[row][defined], err_msg=f"{name} row {row}")
+
+
+@pytest.mark.corpus
+def test_two_chains_on_one_mask_share_one_computation(genai_corpus, tmp_path):
+    """Layers whose length inputs come from two copies of the builder's chain (same mask) get one int32 computation;
+    the output is a valid model (unique names) that onnxruntime loads."""
+    model = _load("current/llama/cpu_fp32")
+    gqas = nodes_of(model, "GroupQueryAttention")
+    chain = {id(n) for n in ancestors([gqas[1].inputs[5], gqas[1].inputs[6]])}
+    copies: dict[int, ir.Value] = {}
+    for node in [n for n in model.graph if id(n) in chain]:  # copy the chain, in graph order
+        new = ir.node(node.op_type, [copies.get(id(v), v) for v in node.inputs], dict(node.attributes),
+                      domain=node.domain, name=f"{node.name}_copy")
+        for old_out, new_out in zip(node.outputs, new.outputs):
+            new_out.name, new_out.dtype, new_out.shape = f"{old_out.name}_copy", old_out.dtype, old_out.shape
+            copies[id(old_out)] = new_out
+        model.graph.insert_after(node, new)
+    gqas[1].replace_input_with(5, copies[id(gqas[1].inputs[5])])
+    gqas[1].replace_input_with(6, copies[id(gqas[1].inputs[6])])
+    _, report = _rewrite(model)
+    assert report.count(Outcome.REWRITTEN) == 2 and report.count(Outcome.REFUSED) == 0, report.status
+    assert len([n for n in model.graph if n.op_type == "ReduceMax"]) == 1
+    assert gqas[0].inputs[6] is gqas[1].inputs[6] and gqas[0].inputs[5] is gqas[1].inputs[5]
+    names = [v.name for n in model.graph for v in n.outputs if v.name]
+    assert len(names) == len(set(names))  # single assignment: every value named once
+    ir.save(model, tmp_path / "model.onnx", external_data="model.onnx.data")
+    create_session(str(tmp_path / "model.onnx"), "cpu")
+
+
+@pytest.mark.corpus
+def test_refuses_constants_the_caller_can_override(genai_corpus):
+    """The chain's ``1`` as an initializer that is also a graph input (keep_initializers_as_inputs): a caller can
+    feed 2, so it is not the builder's seqlens_k; refused, naming the Sub."""
+    model = _load("current/llama/cpu_fp32")
+    sub = next(n for n in model.graph if n.op_type == "Sub" and "attn_mask" in (n.name or ""))
+    one = ir.Value(name="seqlens_one", type=ir.TensorType(ir.DataType.INT64), shape=ir.Shape([1]),
+                   const_value=ir.tensor(np.array([1], dtype=np.int64), name="seqlens_one"))
+    model.graph.register_initializer(one)
+    model.graph.inputs.append(one)
+    sub.replace_input_with(1, one)
+    _, report = _rewrite(model)
+    assert report.count(Outcome.REFUSED) == 1 and report.count(Outcome.REWRITTEN) == 0, report.status
+    assert report.findings[0].target == "/model/layers.0/attn/GroupQueryAttention"
+    assert "Sub" in report.findings[0].reason, report.findings[0].reason
 
 
 # --- Done-when: webgpu-graph makes every loadable corpus model capture-ready --------------------------------------
@@ -338,17 +406,22 @@ def test_total_only_when_seqlens_reads_the_mask(genai_corpus):
 
 
 @pytest.mark.corpus
-def test_total_only_refused_when_seqlens_reads_another_input(genai_corpus):
+def test_total_alone_moves_whatever_seqlens_reads(genai_corpus, tmp_path):
+    """seqlens_k fed by the caller (not matched): the total moves alone, and is still the mask's width."""
     model = _load("current/llama/cpu_fp32")
     seqlens = ir.Value(name="seqlens_k", type=ir.TensorType(ir.DataType.INT32), shape=ir.Shape(["batch_size"]))
     model.graph.inputs.append(seqlens)
     for gqa in nodes_of(model, "GroupQueryAttention"):
         gqa.replace_input_with(5, seqlens)
-    before = [g.inputs[6] for g in nodes_of(model, "GroupQueryAttention")]
     rewritten, report = _rewrite(model)
-    assert report.count(Outcome.REFUSED) == 1, report.findings
-    assert "is not matched and reads 'seqlens_k'" in report.findings[0].reason
-    assert [g.inputs[6] for g in nodes_of(rewritten, "GroupQueryAttention")] == before
+    assert report.status == "rewritten 1" and report.findings[0].details["seqlens_k_rewritten"] is False
+    gqas = nodes_of(rewritten, "GroupQueryAttention")
+    assert all(g.inputs[5] is seqlens for g in gqas)
+    rewritten.graph.outputs.append(gqas[0].inputs[6])
+    ir.save(rewritten, tmp_path / "model.onnx", external_data="model.onnx.data")
+    sess = create_session(str(tmp_path / "model.onnx"), "cpu")
+    feeds = _llama_feeds(np.array([[1, 1, 1, 0, 0, 0, 0]]), 7, 0) | {"seqlens_k": np.array([2], np.int32)}
+    assert int(sess.run([gqas[0].inputs[6].name], feeds)[0]) == 7
 
 
 def test_mask_named_by_genai_config():

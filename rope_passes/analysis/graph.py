@@ -58,8 +58,11 @@ def attr(node: ir.Node, name: str, default=None):
 
 
 def const_tensor(value: ir.Value | None) -> ir.TensorProtocol | None:
-    """The constant tensor behind ``value`` (initializer or Constant ``value`` attribute), without reading it."""
-    if value is None:
+    """The constant tensor behind ``value`` (initializer or Constant ``value`` attribute), without reading it.
+
+    An initializer that is also a graph input is not a constant: the caller may feed another value
+    (``keep_initializers_as_inputs`` exports); a proof that read its default would hold for that default only."""
+    if value is None or value.is_graph_input():
         return None
     if value.const_value is not None:
         return value.const_value

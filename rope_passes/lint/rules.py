@@ -125,8 +125,8 @@ def vl_mrope(ctx: LintContext) -> Found:
       "total_sequence_length computed from Shape on CPU",
       """GroupQueryAttention's total_sequence_length comes from Shape(attention_mask) → Gather → Cast. Shape
       outputs live on the CPU, so onnxruntime inserts a Memcpy and WebGPU graph capture is refused.
-      `total-seq-on-gpu` computes it from the mask on the GPU (ReduceSum / ReduceMax), as builders do for
-      enable_webgpu_graph.""",
+      `total-seq-on-gpu` computes the same width from the mask on the GPU (int32 ReduceSum of a row of ones),
+      with no Shape.""",
       fix="total-seq-on-gpu")
 def total_seq(ctx: LintContext) -> Found:
     for group in ctx.census.attention if ctx.census is not None else ():

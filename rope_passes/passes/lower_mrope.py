@@ -30,7 +30,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from rope_passes.analysis.graph import MS_DOMAIN, attr, nodes_of
+from rope_passes.analysis.graph import MS_DOMAIN, attr, const_tensor, nodes_of
 from rope_passes.analysis.mrope import axis_of_columns
 from rope_passes.passes._rewrite import NodeTape, add_initializer, remove_dead
 from rope_passes.passes.base import RopePass
@@ -115,7 +115,7 @@ class LowerMRoPEPass(RopePass):
             raise MatchFailure.refuse(f"mrope_section {sections} does not sum to the cache width {half}")
         axis_of_columns(sections, layout, half)
         scale = float(attr(node, "scale", 1.0) or 1.0)
-        if scale != 1.0 and (cos.const_value is None or sin.const_value is None):
+        if scale != 1.0 and (const_tensor(cos) is None or const_tensor(sin) is None):
             raise MatchFailure.refuse(f"scale={scale} with cos/sin caches that are not constants "
                                       "(cannot pre-scale them)")
         return (id(pos), id(cos), id(sin), tuple(sections), layout, scale), half, sections, layout, scale
@@ -161,5 +161,7 @@ class LowerMRoPEPass(RopePass):
 
 def _scaled(graph: ir.Graph, cache: ir.Value, scale: float) -> ir.Value:
     """A copy of constant ``cache`` times ``scale`` (MRotaryEmbedding scales cos/sin in float, then rounds)."""
-    array = cache.const_value.numpy()
+    tensor = const_tensor(cache)
+    assert tensor is not None  # checked by the match
+    array = tensor.numpy()
     return add_initializer(graph, f"{cache.name}_scaled", (array.astype(np.float32) * scale).astype(array.dtype))

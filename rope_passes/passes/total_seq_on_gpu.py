@@ -8,20 +8,25 @@ attention mask ``M [batch, total]`` (int64) as
 
 onnxruntime-webgpu 1.27 has no int64 ``ReduceSum``/``Sub``/``Gather`` kernels and ``Shape`` writes to CPU memory, so
 both land on CPU and two Memcpy nodes feed GQA: a WebGPU session with ``enableGraphCapture=1`` is refused. The pass
-replaces both chains with what the builder emits for graph capture (its ``_graph`` variants)::
+replaces both chains with int32 arithmetic on the mask (one computation per mask, shared by every layer)::
 
-    m32 = Cast<int32>(M);  s = ReduceSum(m32, axes=[1], keepdims=0)
-    seqlens_k = Sub(s, 1);  total_sequence_length = ReduceMax(s, keepdims=0)
+    m32 = Cast<int32>(M);  seqlens_k = Sub(ReduceSum(m32, axes=[1], keepdims=0), 1)
+    total_sequence_length = ReduceMax(ReduceSum(Add(Mul(m32, 0), 1), axes=[1], keepdims=0))   # the width of M
 
 All int32, all with WebGPU kernels, no ``Shape``: 0 Memcpy. The old chains are removed where nothing else reads
 them (onnxruntime places a dead ``Shape`` chain too, with its Memcpy, and ``narrow-int64`` reads the placement).
 
-**Exact when** (checked where possible, stated where not): ``seqlens_k`` is bit-identical (same sum, int32 is wide
-enough for any mask length onnxruntime accepts). ``total_sequence_length`` becomes the largest row sum of ``M``
-instead of its width; the two are equal when at least one row of the mask has no padding, which holds for every
-mask onnxruntime-genai and Hugging Face build (the longest sequence of a batch is all ones). Under graph capture,
-where genai binds the mask at its maximum length with zeros past the current one, the row sum is the *right*
-value and the width is not — the reason the builder computes it this way.
+**Exact when.** ``total_sequence_length`` is the mask's width, as ``Shape`` gave it, for every mask (a row of ones
+summed: the width of each row; their maximum, the width). ``seqlens_k`` is the same row sum minus one, in int32
+instead of int64: bit-identical whenever a row sums below 2³¹, i.e. for every 0/1 mask onnxruntime can hold (a mask
+2³¹ wide is 16 GiB). Only a mask of other values whose row reaches 2³¹ tells them apart (the original's Cast
+wraps that sum around, the int32 ReduceSum saturates: two nonsense lengths). The builder's own ``_graph`` variant takes the *largest row sum* as the
+total instead; that differs from the width for a mask where no row is all ones (Hugging Face's
+``padding="max_length"``, batch 1 right-padded): the prefill then fails in GroupQueryAttention and a decode returns a
+shorter KV cache. Under graph capture the value does not matter: the WebGPU GQA kernel takes
+``total_sequence_length`` on the GPU then and reads the lengths from ``seqlens_k`` (its CPU-memory input 6 is
+declared only without capture); ``check --graph-capture`` binds the mask at its maximum length, zeros after the
+current one, and compares with the original run on exact-length masks.
 
 **bfloat16 GroupQueryAttention**: no WebGPU runtime here has a bf16 GroupQueryAttention kernel (probed tables:
 float16/float only), nor onnxruntime-webgpu 1.27's CPU EP (the session fails with ``NOT_IMPLEMENTED``), so moving the
@@ -33,15 +38,15 @@ which the ``webgpu-graph`` preset runs right after this one.
 
 **The mask** is the graph input genai_config names as the decoder's ``attention_mask`` (``attention_mask`` without
 a genai_config): a rank-2 integer input alone proves nothing (``input_ids`` has that look, and its row sums are
-token ids). Where ``seqlens_k`` is computed some other way (not matched), only ``total_sequence_length`` is rewritten,
-and only when ``seqlens_k`` provably reads that same mask and no other graph input.
+token ids). Where ``seqlens_k`` is computed some other way (not matched), only ``total_sequence_length`` is
+rewritten (the width is exact on its own). Constants in the chains must be constants: an initializer that is also
+a graph input can be overridden by the caller and is not one (:func:`rope_passes.analysis.graph.const_tensor`).
 
 **Refuses** (graph unchanged there, reason in the report): a mask that is not the attention mask graph input
 (rank 2, integer);
 ``Shape`` with ``start``/``end``; ``Gather`` of another dimension than 1; a ``ReduceSum`` over other axes or with
-``keepdims``; a Sub of something other than 1; the two chains reading different masks; a ``seqlens_k`` computed
-otherwise that reads a graph input other than the mask (or none). GQA length inputs computed otherwise are "not
-matched" with what was found.
+``keepdims``; a Sub of something other than 1; the two chains reading different masks. GQA length inputs computed
+otherwise are "not matched" with what was found.
 """
 
 from __future__ import annotations
@@ -49,7 +54,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from rope_passes.analysis.graph import MS_DOMAIN, ancestors, nodes_of
+from rope_passes.analysis.graph import MS_DOMAIN, nodes_of
 from rope_passes.analysis.patterns import MASK_INPUT, SeqlensFromMaskSum, TotalSeqFromMaskShape, ValuePattern
 from rope_passes.passes._rewrite import NodeTape, add_initializer
 from rope_passes.passes.base import RopePass
@@ -106,20 +111,6 @@ def match_seqlens_k(model: ir.Model, value: ir.Value, mask: str = MASK_INPUT) ->
     return _match(SeqlensFromMaskSum((mask,)), model, value, "seqlens_k")
 
 
-def reads_only(value: ir.Value, mask: ir.Value) -> None:
-    """MatchFailure.refuse unless ``value`` is computed from ``mask`` and from no other graph input."""
-    nodes = ancestors([value])
-    inputs = {id(v): v for n in nodes for v in n.inputs if v is not None and v.is_graph_input()}
-    if value.is_graph_input():
-        inputs[id(value)] = value
-    others = sorted(v.name or "?" for v in inputs.values() if v is not mask)
-    if others or id(mask) not in inputs:
-        reads = f"reads {', '.join(map(repr, others))}" if others else f"does not read {mask.name!r}"
-        raise MatchFailure.refuse(f"seqlens_k {value.name!r} is not matched and {reads}: not provably the row "
-                                  f"lengths of the mask {mask.name!r} the new total_sequence_length is computed from",
-                                  value.name or "seqlens_k")
-
-
 class TotalSeqOnGpuPass(RopePass):
     name = "total-seq-on-gpu"
     summary = "compute GQA seqlens_k/total_sequence_length from the mask on the GPU (int32, no Shape): no Memcpy"
@@ -133,6 +124,7 @@ class TotalSeqOnGpuPass(RopePass):
             return
         mask_name = self.genai_config.decoder_inputs.get("attention_mask", MASK_INPUT)
         by_pair: dict[tuple[int, int], tuple[ir.Value | None, ir.Value]] = {}
+        by_mask: dict[int, tuple[ir.Value, ir.Value]] = {}  # one int32 computation per mask, whatever reads it
         failed: set[tuple[int, int]] = set()  # one finding per (seqlens_k, total) pair, not per layer
         stale: list[ir.Node] = []
         for gqa in gqas:
@@ -154,8 +146,7 @@ class TotalSeqOnGpuPass(RopePass):
                     except MatchFailure as failure:
                         if failure.refused:
                             raise
-                        seq_mask = None  # seqlens_k already computed some other way: leave it, fix total only
-                        reads_only(seqlens, mask)  # ... if it provably reads the same mask
+                        seq_mask = None  # seqlens_k computed some other way: left as it is, the total moves alone
                     if seq_mask is not None and seq_mask is not mask:
                         raise MatchFailure.refuse(f"seqlens_k reads mask {seq_mask.name!r} but total_sequence_length "
                                                   f"reads {mask.name!r}", seqlens.name or "seqlens_k")
@@ -163,12 +154,15 @@ class TotalSeqOnGpuPass(RopePass):
                     report.record(failure, gqa.name or "GroupQueryAttention")
                     failed.add(key)
                     continue
-                new_seqlens, new_total = self._build(graph, mask, seqlens if seq_mask is not None else None, total)
+                if id(mask) not in by_mask:
+                    by_mask[id(mask)] = self._build(graph, mask, len(by_mask))
+                built_seqlens, new_total = by_mask[id(mask)]
+                new_seqlens = built_seqlens if seq_mask is not None else None
                 by_pair[key] = (new_seqlens, new_total)
                 stale.extend(old_nodes)
                 report.rewritten(
                     total.name or "total_sequence_length",
-                    f"seqlens_k/total_sequence_length from int32 ReduceSum/ReduceMax of {mask.name!r} (no Shape)",
+                    f"seqlens_k/total_sequence_length from int32 sums of {mask.name!r} (no Shape)",
                     mask=mask.name, seqlens_k=new_seqlens.name if new_seqlens is not None else seqlens.name,
                     total_sequence_length=new_total.name,
                     seqlens_k_rewritten=seq_mask is not None,
@@ -176,17 +170,22 @@ class TotalSeqOnGpuPass(RopePass):
             if new_seqlens is not None:
                 gqa.replace_input_with(SEQLENS_K, new_seqlens)
             gqa.replace_input_with(TOTAL_SEQ, new_total)
-        # the old chains, where nothing else reads them (a dead Shape chain still gets placed, with its Memcpy)
-        for node in stale:
-            if node.graph is graph and not any(o.uses() or o.is_graph_output() for o in node.outputs):
+        # the old chains, where nothing else reads them (a dead Shape chain still gets placed, with its Memcpy),
+        # and a seqlens_k built but not used (every pair reading that mask kept its own)
+        unused = [v.producer() for v, _ in by_mask.values() if not v.uses()]
+        for node in [*stale, *unused]:
+            if node is not None and node.graph is graph and not any(o.uses() or o.is_graph_output()
+                                                                     for o in node.outputs):
                 graph.remove(node, safe=True)
 
     @staticmethod
-    def _build(graph: ir.Graph, mask: ir.Value, old_seqlens: ir.Value | None,
-               old_total: ir.Value) -> tuple[ir.Value | None, ir.Value]:
-        prefix = "/rope_passes/total_seq_on_gpu"
+    def _build(graph: ir.Graph, mask: ir.Value, index: int) -> tuple[ir.Value, ir.Value]:
+        """(seqlens_k, total_sequence_length) of ``mask`` in int32: row sums - 1, and the width as the sum of a row
+        of ones (the ``index``-th mask gets its own names)."""
+        prefix = "/rope_passes/total_seq_on_gpu" + (f"/mask{index}" if index else "")
         axes = add_initializer(graph, f"{prefix}/axes", np.array([1], dtype=np.int64))
         one = add_initializer(graph, f"{prefix}/one", np.array([1], dtype=np.int32))
+        zero = add_initializer(graph, f"{prefix}/zero", np.array(0, dtype=np.int32))
         i32 = ir.DataType.INT32
         batch = mask.shape[0] if mask.shape is not None else None
         tape = NodeTape()
@@ -196,7 +195,13 @@ class TotalSeqOnGpuPass(RopePass):
                           output=f"{prefix}/row_lengths", dtype=i32, shape=[batch])
         seqlens_k = tape.op("Sub", [lengths, one], name=f"{prefix}/Sub", output=f"{prefix}/seqlens_k", dtype=i32,
                             shape=[batch])
-        total = tape.op("ReduceMax", [lengths], {"keepdims": 0}, name=f"{prefix}/ReduceMax",
+        zeros = tape.op("Mul", [mask32, zero], name=f"{prefix}/Mul", output=f"{prefix}/zeros", dtype=i32,
+                        shape=mask.shape)
+        ones = tape.op("Add", [zeros, one], name=f"{prefix}/Add", output=f"{prefix}/ones", dtype=i32,
+                       shape=mask.shape)
+        widths = tape.op("ReduceSum", [ones, axes], {"keepdims": 0}, name=f"{prefix}/ReduceSum_width",
+                         output=f"{prefix}/widths", dtype=i32, shape=[batch])
+        total = tape.op("ReduceMax", [widths], {"keepdims": 0}, name=f"{prefix}/ReduceMax",
                         output=f"{prefix}/total_sequence_length", dtype=i32, shape=[])
         # insert right after the mask's first reader so the graph stays topologically sorted
         first_user = next((n for n in graph if any(v is mask for v in n.inputs)), None)
@@ -204,7 +209,4 @@ class TotalSeqOnGpuPass(RopePass):
             tape.insert_before(graph, first_user)
         else:
             tape.append(graph)
-        if old_seqlens is None:  # seqlens_k is computed some other way: keep it, only total moves
-            graph.remove(seqlens_k.producer(), safe=True)
-            return None, total
         return seqlens_k, total

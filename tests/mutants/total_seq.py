@@ -1,6 +1,6 @@
 """Mutants attacking ``total-seq-on-gpu``: GroupQueryAttention's seqlens_k / total_sequence_length chains.
 
-The rewrite (int32 ``ReduceSum`` of the mask, ``ReduceMax`` of the row sums as the total) is exact when both chains
+The rewrite (int32 ``ReduceSum`` of the mask; the total as the width: a row of ones summed) is exact when both chains
 read the attention mask. The mutants feed them something else that has the mask's look (a rank-2 int64 graph input:
 ``input_ids``), or alter the chain around the mask (another dimension, another subtrahend, a sliced mask), or make
 harmless detours (Identity, a float round trip, + 0) that the pattern may not see through.
