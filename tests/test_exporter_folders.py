@@ -157,6 +157,53 @@ def test_lint_names_the_cause(edit, cause, tmp_path):
     assert len(found) == 2 and cause in found[0].message, found[0].message
 
 
+def _per_row_switch(folder: Path) -> None:
+    """transformers 5's per-call LongRoPE switch edited to choose per batch row: ReduceMax over the sequence axis
+    only (keepdims), so each row of a batch picks its own factors."""
+    model = ir.load(folder / "model.onnx")
+    top = next(n for n in model.graph if n.op_type == "ReduceMax" and n.inputs[0].name == "position_ids")
+    axes = ir.Value(name="per_row_axes", type=ir.TensorType(ir.DataType.INT64), shape=ir.Shape([1]),
+                    const_value=ir.tensor(np.array([1], np.int64), name="per_row_axes"))
+    model.graph.register_initializer(axes)
+    row_max = ir.node("ReduceMax", [top.inputs[0], axes], {"keepdims": 1}, name="per_row_max")
+    last = ir.Value(name="per_row_last", type=ir.TensorType(ir.DataType.INT64), shape=ir.Shape([1]),
+                    const_value=ir.tensor(np.array([-1], np.int64), name="per_row_last"))
+    model.graph.register_initializer(last)
+    unsq = ir.node("Unsqueeze", [row_max.outputs[0], last], name="per_row_unsqueeze")
+    row_max.outputs[0].name, unsq.outputs[0].name = "per_row_max_out", "per_row_max_3d"
+    row_max.outputs[0].dtype = unsq.outputs[0].dtype = ir.DataType.INT64
+    model.graph.insert_before(top, [row_max, unsq])
+    top.outputs[0].replace_all_uses_with(unsq.outputs[0])
+    model.graph.remove(top, safe=True)
+    for v in ir.traversal.RecursiveGraphIterator(model.graph):  # the shapes below the switch change: re-inferred
+        for out in v.outputs:
+            if out.name not in {i.name for i in model.graph.outputs}:
+                out.shape = None
+    ir.save(model, folder / "model.onnx")
+
+
+def test_per_call_switch_must_be_one_choice_for_the_call(tmp_path):
+    """A LongRoPE switch per batch row is not transformers' (one choice for the whole call): refused, naming the
+    switch, where a rewrite to the call-wide switch would give a batch [[10], [70]] the long factors in row 0."""
+    folder = _folder(tmp_path, "tf5/hf_onnx/phi3_longrope")
+    _per_row_switch(folder)
+    report = rope_passes.optimize(str(folder), str(tmp_path / "out"), target="exporter")
+    (pc,) = [p for p in report.passes if p.pass_name == "precompute-cos-sin"]
+    refused = [f for f in pc.findings if f.outcome is Outcome.REFUSED]
+    assert pc.count(Outcome.REWRITTEN) == 0 and len(refused) == pc.matched > 0, pc.status
+    assert all("not one choice ReduceMax(positions) + 1 > 64 for the whole call" in f.reason for f in refused)
+
+
+def test_per_call_switch_past_the_table_is_refused(tmp_path):
+    """--max-positions at or below the switch: the long factors could never be read; refused, not a crash."""
+    folder = _folder(tmp_path, "tf5/hf_onnx/phi3_longrope")
+    report = rope_passes.optimize(str(folder), str(tmp_path / "out"), target="exporter",
+                                  options={"max_positions": 48})
+    (pc,) = [p for p in report.passes if p.pass_name == "precompute-cos-sin"]
+    refused = [f for f in pc.findings if f.outcome is Outcome.REFUSED]
+    assert refused and all("switches at 64 but the table holds 48 positions" in f.reason for f in refused), pc.status
+
+
 def test_dynamic_config_is_a_lint_warning(tmp_path):
     from rope_passes.lint import lint_bundle
 

@@ -79,8 +79,11 @@ class Cone:
         self.ext = tuple(d if isinstance(d, int) else Dim(k) for k, d in enumerate(positions.shape))
         self.vals: dict[int, Val] = {id(positions): Token(tuple(Label(k) for k in range(len(self.ext))))}
         names = {str(d): Dim(k) for k, d in enumerate(positions.shape) if not isinstance(d, int) and str(d)}
-        for v in shape_inputs:  # read only through Shape/Size: their declared dims, a name shared with the positions'
-            dims = tuple(d if isinstance(d, int) else names.get(str(d), OPAQUE) for d in (v.shape or ()))
+        for v in shape_inputs:  # read only through Shape/Size: their declared dims, as far as a caller keeps them
+            # only the batch (axis 0) is the positions' dim of the same name: every input of a call has one batch.
+            # Other names prove nothing: exporters declare the mask's past + seq as "seq", as the positions' length
+            dims = tuple(d if isinstance(d, int) else names.get(str(d), OPAQUE) if axis == 0 else OPAQUE
+                         for axis, d in enumerate(v.shape or ()))
             self.vals[id(v)] = Known(dims if v.shape is not None else None, None, None, True)
         self.vals.update(assume or {})  # values taken as given (LongRoPE's per-call branch: one constant at a time)
 

@@ -278,9 +278,25 @@ def per_call_tables(model: ir.Model, c: _Chain, ropes: Sequence[Rope], rows: int
         branches.append(rows_of(model, c.positions, [c.end], rows, (lr.node.outputs[0], array), c.shape_inputs)[0])
     long, short = branches
     orig = int(rope.original_max)
+    if rows <= orig:
+        raise MatchFailure.refuse(f"LongRoPE chosen per call switches at {orig} but the table holds {rows} positions "
+                                  "(--max-positions): the long factors would never be used", c.trig.name)
+    cond = lr.node.inputs[0]
     for call in (np.arange(orig)[None], np.arange(rows)[None], np.array([[orig - 2, orig - 1], [0, 5]]),
-                 np.array([[orig - 1, orig]]), np.array([[0], [orig]])):
+                 np.array([[orig - 1, orig]]), np.array([[0], [orig]]), np.array([[1], [orig]]),
+                 np.array([[orig], [1]]), np.array([[1, 2], [orig - 1, orig]]), np.array([[3], [orig - 1]])):
         call = call.astype(np.int64 if c.positions.dtype == ir.DataType.INT64 else np.int32)
+        # the switch itself: one choice for the whole call, from the positions alone (a per-row condition, or one
+        # reading the call's shape, is not transformers' switch)
+        try:
+            (choice,) = evaluate_subgraph(model, [c.positions], [cond], [call])
+        except ValueError:  # onnx_ir's extract: the condition reads more than the positions
+            raise MatchFailure.refuse(f"LongRoPE chosen per call: the switch {cond.name!r} reads more than the "
+                                      "positions", c.trig.name) from None
+        if choice.size != 1 or bool(choice.reshape(-1)[0]) != bool(call.max() + 1 > orig):
+            raise MatchFailure.refuse(f"LongRoPE chosen per call: with positions {call.tolist()} the switch "
+                                      f"{cond.name!r} is {choice.tolist()}, not one choice ReduceMax(positions) + 1 > "
+                                      f"{orig} for the whole call", c.trig.name)
         (got,) = evaluate_subgraph(model, [c.positions, *c.shape_inputs], [c.end],
                                    [call, *shape_feeds(c.shape_inputs, c.positions, call)])
         want = long[call] if call.max() + 1 > orig else short[call]

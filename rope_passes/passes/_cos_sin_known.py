@@ -140,7 +140,10 @@ def known_op(node: ir.Node, ins: list[Known | None], opset: int) -> list[Known]:
                                       dtype=object))]
         start, end = attr(node, "start", 0), attr(node, "end", None)
         return [Known.of(np.array(list(a.shape)[start:end], dtype=object))]
-    if not varies and all(a.values is not None and a.values.dtype != object for a in present):
+    # any other op on numbers: only on whole tensors (a stored pattern is not the tensor: ReduceSum of a
+    # ConstantOfShape(Shape(positions)) counts the batch)
+    if not varies and all(a.values is not None and a.values.dtype != object and a.pattern == a.shape
+                          for a in present):
         out = _evaluate(node, [None if a is None else a.values for a in ins], opset)
         if out is not None:
             return [Known.of(v) for v in out]

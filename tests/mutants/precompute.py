@@ -88,6 +88,12 @@ def mutants() -> list[Mutant]:
               "positions + (batch - 1)"),
             m(base, short, "plus-call-length-mod2", "per-call", REFUSE, positions(t.plus_call_length_mod2),
               "positions + (call length mod 2)"),
+            m(base, short, "plus-batch-flag-pattern", "per-call", REFUSE, positions(t.plus_batch_flag_through_pattern),
+              "positions + (batch >= 4), the batch as ReduceSum(ConstantOfShape(Shape(positions)[0])): the probes "
+              "never use batch 4"),
+            m(base, short, "plus-past-flag-dim-name", "per-call", REFUSE,
+              positions(t.plus_past_flag_by_dim_name("attention_mask")),
+              "positions + (mask width != call length): the graph declares both as 'seq'"),
             m(base, short, "pos-add1", "position-arithmetic", EQUIVALENT, positions(t.add(1)),
               "positions + 1: per-token, absorbed by the table"),
             m(base, short, "cast-same", "harmless", EQUIVALENT, positions(t.cast_same), "Cast int64 -> int64"),

@@ -95,6 +95,25 @@ def plus_batch_minus_one(c: Chain, p: ir.Value) -> ir.Value:
     return c.op("Add", p, c.op("Sub", c.dim(p, -2), c.i64(1)), shape=p.shape)
 
 
+def plus_batch_flag_through_pattern(c: Chain, p: ir.Value) -> ir.Value:
+    """+1 when the batch is 4 or more, the batch counted as ReduceSum(ConstantOfShape([batch], 1)): a value whose
+    stored pattern ([1]) is not the tensor ([batch])."""
+    ones = c.op("ConstantOfShape", c.dim(p, -2), dtype=I64, value=ir.tensor(np.array([1], np.int64)))
+    batch = c.op("ReduceSum", ones, keepdims=0)
+    flag = c.op("Greater", batch, c.scalar(3), dtype=BOOL)
+    return c.op("Add", p, c.op("Cast", flag, dtype=I64, to=I64), shape=p.shape)
+
+
+def plus_past_flag_by_dim_name(mask_name: str):
+    """+1 when the call has a past: the mask's width differs from the call's length. Exporters declare both as
+    "seq", so a proof that trusted the names would take them as equal."""
+    def f(c: Chain, p: ir.Value) -> ir.Value:
+        mask = next(v for v in c.graph.inputs if v.name == mask_name)
+        has_past = c.op("Not", c.op("Equal", c.dim(mask, -1), c.dim(p, -1), dtype=BOOL), dtype=BOOL)
+        return c.op("Add", p, c.op("Cast", has_past, dtype=I64, to=I64), shape=p.shape)
+    return f
+
+
 def plus_past_from_mask(mask_name: str):
     """+ (mask width - call length) = + past length: reads a second graph input (the attention mask)."""
     def f(c: Chain, p: ir.Value) -> ir.Value:
