@@ -88,6 +88,29 @@ def test_small_graph_fold_is_numerically_the_original_on_cpu(case):
         np.testing.assert_allclose(g, r, rtol=0, atol=tol, err_msg=f"call {step}")
 
 
+@pytest.mark.parametrize("flags", [(2, 2), (1, 2)], ids=["both-2", "q1-k2"])
+def test_interleaved_other_than_1_is_rotate_half(flags):
+    """onnxruntime's rotary kernels pair adjacent elements only for interleaved == 1: 2 is rotate-half. Both at 2
+    fold to rotary_interleaved=0 and compute the original; 1 and 2 rotate q and k differently and are refused (an
+    adversarial review found both folded as interleaved pairs, 6.2 and 9.3 off)."""
+    def build() -> ir.Model:
+        model = attention_graph(form="mrotary", sections=[4, 6, 6], head=32, positions="3d")
+        for node, value in zip(nodes_of(model, "MRotaryEmbedding"), flags, strict=True):
+            node.attributes["interleaved"] = ir.AttrInt64("interleaved", value)
+        return model
+    folded = build()
+    result = FoldTextMRoPEPass(text_only=True)(folded)
+    if len(set(flags)) > 1:
+        assert result.report.count(Outcome.REFUSED) == 1 and "rotated differently" in result.report.findings[0].reason
+        return
+    assert result.report.status == "rewritten 1", result.report.status
+    assert attr(nodes_of(folded, "GroupQueryAttention")[0], "rotary_interleaved") == 0
+    ref = run_attention(_reference_bytes(build(), "mrotary"), "cpu", positions="3d", batch=2)
+    got = run_attention(serialize(folded), "cpu", positions="3d", batch=2)
+    for step, (r, g) in enumerate(zip(ref, got, strict=True)):
+        np.testing.assert_allclose(g, r, rtol=0, atol=1e-5, err_msg=f"call {step}")
+
+
 @pytest.mark.webgpu
 def test_small_graph_fold_on_webgpu_matches_original_on_cpu():
     kw = dict(form="mrotary", sections=[24, 20, 20], layout=1, head=128, interleaved=False, positions="3d", packed=True)

@@ -94,6 +94,40 @@ def test_lowered_matches_numpy_mrope_on_webgpu():
     np.testing.assert_allclose(y, want, rtol=0, atol=1e-5)
 
 
+ODD_ATTRIBUTES = {
+    # what the attribute is set to on the node, and what onnxruntime's MRotaryEmbedding makes of it
+    "scale 0 (cos/sin times 0, not 1)": ({"scale": 0.0}, {"scale": 0.0}),
+    "interleaved=2 (rotate-half: only 1 is on)": ({"interleaved": 2}, {"interleaved": False}),
+    "4D input, num_heads=4 but 2 heads in x": ({"num_heads": 4}, {}),
+}
+
+
+@pytest.mark.webgpu
+@pytest.mark.parametrize("ep", ["cpu", "webgpu"])
+@pytest.mark.parametrize("case", ODD_ATTRIBUTES)
+def test_attributes_read_as_onnxruntime_reads_them(case, ep):
+    """Attribute values at the edge of their meaning (found by an adversarial review): scale 0 was read as 1,
+    interleaved=2 as interleaved pairs (fold), and a 4D input's num_heads attribute was copied to RotaryEmbedding,
+    whose WebGPU kernel uses it with a rotary_embedding_dim (MRotaryEmbedding takes the head count from a 4D
+    input): each was 2.6-4.7 off. Rotary dim 16 of head 32 in every case."""
+    attrs, meaning = ODD_ATTRIBUTES[case]
+    rank4 = "num_heads" in attrs
+    sections, head, heads = [4, 2, 2], 32, 2
+    model, cos, sin = mrotary_graph(sections=sections, layout=1, head=head, heads=heads, rank4=rank4, rotary_dim=16)
+    (node,) = nodes_of(model, "MRotaryEmbedding")
+    for name, value in attrs.items():
+        node.attributes[name] = ir.AttrFloat32(name, value) if isinstance(value, float) else ir.AttrInt64(name, value)
+    assert LowerMRoPEPass()(model).report.status == "rewritten 1"
+    pos = distinct_positions()
+    shape = (2, heads, S, head) if rank4 else (2, S, heads * head)
+    x = np.random.RandomState(3).randn(*shape).astype(np.float32)
+    (y,) = run(model, {"x": x, "position_ids": pos}, ep)
+    want = reference(x, pos, cos, sin, sections=sections, layout=1, heads=heads,
+                     interleaved=meaning.get("interleaved", False), rotary_dim=16, scale=meaning.get("scale", 1.0),
+                     rank4=rank4)
+    np.testing.assert_allclose(y, want, rtol=0, atol=1e-5)  # fp32 rotation: a few ulps of |x| ~ 4
+
+
 def test_model_without_mrotary_is_untouched():
     model, _, _ = mrotary_graph(sections=[2, 3, 3], layout=0, head=16)
     LowerMRoPEPass()(model)

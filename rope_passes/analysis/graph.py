@@ -57,6 +57,45 @@ def attr(node: ir.Node, name: str, default=None):
     return a.value
 
 
+_SAME_RANK = frozenset({"Cast", "CastLike", "Identity", "Neg", "Abs", "Relu", "Sigmoid", "Tanh", "Sqrt", "Reciprocal",
+                        "Softmax", "LayerNormalization", "SimplifiedLayerNormalization"})
+_BROADCAST = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Where"})
+
+
+def rank_of(value: ir.Value | None, depth: int = 16) -> int | None:
+    """The rank of ``value``: its declared shape, else read off its producers (rank-keeping and elementwise ops,
+    ``Reshape`` to a constant shape, ``Transpose``, ``MatMul`` of known ranks); None when not known."""
+    if value is None:
+        return None
+    if value.shape is not None:
+        return len(value.shape)
+    node = value.producer()
+    if node is None or depth == 0 or node.domain not in ("", "ai.onnx", MS_DOMAIN):
+        return None
+    op = node.op_type
+    if op in _SAME_RANK and node.inputs:
+        return rank_of(node.inputs[0], depth - 1)
+    if op in _BROADCAST or op == "MatMul":
+        ranks = [rank_of(v, depth - 1) for v in node.inputs if v is not None]  # all broadcast into the output
+        known = [r for r in ranks if r is not None]
+        if not known or len(known) != len(ranks) or (op == "MatMul" and min(known) < 2):  # a 1-D MatMul drops one
+            return None
+        return max(known)
+    if op == "Reshape" and len(node.inputs) > 1:
+        target = const_array(node.inputs[1])
+        return int(target.size) if target is not None else None
+    if op == "Transpose":
+        perm = attr(node, "perm")
+        return len(perm) if perm is not None else rank_of(node.inputs[0], depth - 1)
+    return None
+
+
+def flag(node: ir.Node, name: str) -> bool:
+    """An int flag attribute as onnxruntime's contrib kernels read it: on only when it is exactly 1
+    (``interleaved=2`` is rotate-half in MRotaryEmbedding, RotaryEmbedding and GroupQueryAttention alike)."""
+    return int(attr(node, name, 0) or 0) == 1
+
+
 def const_tensor(value: ir.Value | None) -> ir.TensorProtocol | None:
     """The constant tensor behind ``value`` (initializer or Constant ``value`` attribute), without reading it.
 

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 import numpy as np
 import onnx_ir as ir
 
-from rope_passes.analysis.graph import MS_DOMAIN, attr, const_array, const_tensor
+from rope_passes.analysis.graph import MS_DOMAIN, attr, const_array, const_tensor, flag
 from rope_passes.analysis.ops import ROTARY_OPS
 from rope_passes.analysis.positions import PositionSource, exact_positions, position_source
 from rope_passes.report import MatchFailure
@@ -280,7 +280,7 @@ def trace_rotation(value: ir.Value, heads: int, head_size_hint: int | None = Non
         raise MatchFailure.absent(f"{rot.name!r}: is_packed_batching=1 (packed batches) is not supported")
     del rank  # the rank is proved; the rotation itself is rank-agnostic from here on
     rotary_dim = int(attr(rot, "rotary_embedding_dim", 0) or 0) or head_size
-    return Rotation(rot, x, value, bool(attr(rot, "interleaved", 0)), rotary_dim, head_size, num_heads, relayout,
+    return Rotation(rot, x, value, flag(rot, "interleaved"), rotary_dim, head_size, num_heads, relayout,
                     rounding)
 
 
@@ -328,7 +328,7 @@ def is_token_index(value: ir.Value | None) -> bool:
 def mrotary_key(node: ir.Node) -> tuple:
     """What an MRotaryEmbedding's 1D tables depend on: its caches (by identity), sections, layout and scale."""
     return (id(node.inputs[2]), id(node.inputs[3]), tuple(int(s) for s in attr(node, "mrope_section") or []),
-            int(attr(node, "mrope_layout", 0) or 0), float(attr(node, "scale", 1.0) or 1.0))
+            int(attr(node, "mrope_layout", 0) or 0), float(attr(node, "scale", 1.0)))
 
 
 def mrotary_positions(node: ir.Node) -> PositionSource:
@@ -351,7 +351,7 @@ def mrotary_tables(node: ir.Node) -> TextTables:
     if len(sections) != 3 or sum(sections) != half:
         raise MatchFailure.absent(f"{node.name!r}: mrope_section {sections} does not sum to rotary_dim/2 = {half}")
     axis_of_columns(sections, layout, half)  # validates the layout
-    scale = float(attr(node, "scale", 1.0) or 1.0)
+    scale = float(attr(node, "scale", 1.0))
     cos32, sin32 = (np.asarray(t.numpy(), dtype=np.float32) for t in (cos_t, sin_t))
     if scale != 1.0:
         cos32, sin32 = (cos32 * np.float32(scale)).astype(np.float32), (sin32 * np.float32(scale)).astype(np.float32)

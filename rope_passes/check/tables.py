@@ -35,6 +35,7 @@ from rope_passes.analysis.graph import (
     attr,
     const_array,
     const_tensor,
+    flag,
     iter_nodes,
     table_like,
     through,
@@ -234,7 +235,7 @@ def _rotary_regimes(model: ir.Model, rot: ir.Node, max_positions: int | None, ev
         if cos is None or sin is None:
             raise MatchFailure.absent(f"{rot.name!r}: cos_cache/sin_cache are not constants")
         position_source([rot.inputs[1]])  # the positions are the graph's (equal axes when fed text positions)
-        scale = float(attr(rot, "scale", 1.0) or 1.0)
+        scale = float(attr(rot, "scale", 1.0))
         if scale != 1.0:
             cos = (cos.astype(np.float32) * np.float32(scale)).astype(cos.dtype)
             sin = (sin.astype(np.float32) * np.float32(scale)).astype(sin.dtype)
@@ -267,7 +268,7 @@ def _rotation_sites(model: ir.Model, config: GenaiConfig, ep: str, max_positions
     for layer, node in enumerate(gqas):
         if attr(node, "do_rotary", 0):
             regimes = _gqa_regimes(model, node, config.concat_offset, ep, notes)
-            interleaved = bool(attr(node, "rotary_interleaved", 0))
+            interleaved = flag(node, "rotary_interleaved")
             dtype = _dtype_name(regimes[0].cos)
             for which in ("q", "k"):
                 sites.append(Site(f"layer {layer} {which}", node.name or "", "GroupQueryAttention do_rotary=1",
@@ -280,7 +281,7 @@ def _rotation_sites(model: ir.Model, config: GenaiConfig, ep: str, max_positions
                 raise MatchFailure.absent(f"{node.name!r} input {index} ({which}) is not rotated by a rotary op")
             regimes, form = _rotary_regimes(model, rot, max_positions, evaluate, memo)
             sites.append(Site(f"layer {layer} {which}", rot.name or "", form, regimes,
-                              bool(attr(rot, "interleaved", 0)), _dtype_name(regimes[0].cos)))
+                              flag(rot, "interleaved"), _dtype_name(regimes[0].cos)))
     return sites
 
 

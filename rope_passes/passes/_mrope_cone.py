@@ -174,7 +174,7 @@ def manual_cone(model: ir.Model, node: ir.Node, max_positions: int | None, prefe
             f"{node.name!r}: position_ids is not the token index Range(0, batch*seq) "
             "(plain RoPE, not per-token mRoPE tables)"
         )
-    if float(attr(node, "scale", 1.0) or 1.0) != 1.0:
+    if float(attr(node, "scale", 1.0)) != 1.0:
         raise MatchFailure.absent(f"{node.name!r}: RotaryEmbedding scale != 1 is not supported")
     cos_v, sin_v = node.inputs[2], node.inputs[3]
     nodes = ancestors([cos_v, sin_v])

@@ -13,8 +13,10 @@ even load), but it runs RotaryEmbedding. For every MRotaryEmbedding the pass bui
 * the token index ``Reshape(Range(0, B*S), [B, S])`` as RotaryEmbedding's position_ids, so token (b, s) reads its
   own row;
 
-then ``RotaryEmbedding(x, token_index, cos_tok, sin_tok)`` with the node's ``interleaved``, ``num_heads`` and
-``rotary_embedding_dim``. A ``scale`` other than 1 is folded into scaled copies of the caches.
+then ``RotaryEmbedding(x, token_index, cos_tok, sin_tok)`` with the node's ``interleaved`` (on only when it is 1,
+as both kernels read it), ``rotary_embedding_dim`` and head count: ``num_heads`` for a 3D input, the input's static
+N for a 4D ``[B, N, S, H]`` one (MRotaryEmbedding ignores the attribute there; RotaryEmbedding's WebGPU kernel does
+not). A ``scale`` other than 1 (0 included) is folded into scaled copies of the caches.
 
 **Exact**: the same cos/sin values reach the same rotation for any positions (distinct t/h/w included); it is
 the builder 0.15.2 formulation of mRoPE, which onnxruntime 1.27 runs on CPU and WebGPU. The token index and the
@@ -22,7 +24,8 @@ the builder 0.15.2 formulation of mRoPE, which onnxruntime 1.27 runs on CPU and 
 text prompts use ``fold-text-mrope`` first).
 
 **Refuses**: ``is_packed_batching=1``; caches that are not ``[max_pos, half]`` with ``half`` = sum of the
-sections; position_ids that are not int64 ``[3, B, S]``. A model without MRotaryEmbedding comes out unchanged.
+sections; position_ids that are not int64 ``[3, B, S]``; ``rotary_embedding_dim`` on an input whose head count is not
+static (rank unknown, or a dynamic N in 4D). A model without MRotaryEmbedding comes out unchanged.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from rope_passes.analysis.graph import MS_DOMAIN, attr, const_tensor, nodes_of
+from rope_passes.analysis.graph import MS_DOMAIN, attr, const_tensor, flag, nodes_of, rank_of
 from rope_passes.analysis.mrope import axis_of_columns
 from rope_passes.passes._rewrite import NodeTape, add_initializer, remove_dead
 from rope_passes.passes.base import RopePass
@@ -60,9 +63,10 @@ class LowerMRoPEPass(RopePass):
             if key not in shared:
                 shared[key] = self._per_token_tables(graph, node, half, sections, layout, scale)
             token_index, cos_tok, sin_tok = shared[key]
-            attrs = {"interleaved": int(attr(node, "interleaved", 0) or 0)}
-            if attr(node, "num_heads"):
-                attrs["num_heads"] = int(attr(node, "num_heads"))
+            attrs = {"interleaved": int(flag(node, "interleaved"))}
+            heads = self._num_heads(node)
+            if heads:
+                attrs["num_heads"] = heads
             if attr(node, "rotary_embedding_dim"):
                 attrs["rotary_embedding_dim"] = int(attr(node, "rotary_embedding_dim"))
             tape = NodeTape()
@@ -97,10 +101,26 @@ class LowerMRoPEPass(RopePass):
                 model.opset_imports[MS_DOMAIN] = 1
 
     @staticmethod
+    def _num_heads(node: ir.Node) -> int:
+        """RotaryEmbedding's ``num_heads`` (0: none). For a 4D ``[B, N, S, H]`` input MRotaryEmbedding takes the head
+        count from the input and ignores the attribute, while RotaryEmbedding's WebGPU kernel uses the attribute when
+        ``rotary_embedding_dim`` is set: the input's static N, never the attribute."""
+        shape = node.inputs[0].shape
+        if shape is not None and len(shape) == 4:
+            return shape[1] if isinstance(shape[1], int) else 0
+        return int(attr(node, "num_heads", 0) or 0)  # 3D (rank proved in _check when it matters)
+
+    @staticmethod
     def _check(node: ir.Node) -> tuple[tuple, int, list[int], int, float]:
         """(sharing key, half, sections, layout, scale); MatchFailure.refuse when the lowering would not be exact."""
         if int(attr(node, "is_packed_batching", 0) or 0):
             raise MatchFailure.refuse("is_packed_batching=1 (packed batches) is not supported")
+        shape, rank = node.inputs[0].shape, rank_of(node.inputs[0])
+        rotary_dim = int(attr(node, "rotary_embedding_dim", 0) or 0)
+        if rotary_dim and (rank is None or (rank == 4 and (shape is None or not isinstance(shape[1], int)))):
+            raise MatchFailure.refuse(f"rotary_embedding_dim={rotary_dim} on an input whose head count is not known "
+                                      f"(rank {rank}, shape {shape}): RotaryEmbedding needs it as num_heads, "
+                                      "MRotaryEmbedding reads it from a 4D input and the attribute from a 3D one")
         pos, cos, sin = node.inputs[1], node.inputs[2], node.inputs[3]
         if pos is None or pos.dtype != ir.DataType.INT64:
             raise MatchFailure.refuse("position_ids is not an int64 tensor")
@@ -114,7 +134,7 @@ class LowerMRoPEPass(RopePass):
         if len(sections) != 3 or sum(sections) != half:
             raise MatchFailure.refuse(f"mrope_section {sections} does not sum to the cache width {half}")
         axis_of_columns(sections, layout, half)
-        scale = float(attr(node, "scale", 1.0) or 1.0)
+        scale = float(attr(node, "scale", 1.0))
         if scale != 1.0 and (const_tensor(cos) is None or const_tensor(sin) is None):
             raise MatchFailure.refuse(f"scale={scale} with cos/sin caches that are not constants "
                                       "(cannot pre-scale them)")
