@@ -307,11 +307,27 @@ def test_int64_movement_narrowed_on_3d_vl_graph(genai_corpus):
     total_seq, narrow = report.passes[:2]
     assert total_seq.status == "rewritten 1" and narrow.count(Outcome.REWRITTEN) > 0, (total_seq.status, narrow.status)
     assert all("int32" in f.reason for f in narrow.findings)
+    # what it assumes of the caller, in the report: the position input's values fit in int32
+    notes = [f.reason for f in narrow.findings if f.outcome is Outcome.NOTE]
+    assert notes == ["exact while the int64 values of 'position_ids' fit in int32 (-2^31 .. 2^31-1; positions and "
+                     "lengths do): outside that range the int32 Cast wraps them around"], notes
     model = bundle.model
     casts = [n for n in model.graph if (n.name or "").startswith("/rope_passes/int32/")]
     assert casts and all(n.op_type in ("Cast", "Relu") for n in casts)
     gathers = [n for n in model.graph if n.name == "/model/rotary_emb/sin/dim0/pos/Gather"]
     assert gathers and gathers[0].outputs[0].dtype == ir.DataType.INT32
+
+
+def test_int64_constants_outside_int32_are_not_narrowed():
+    """A constant data input is checked, not assumed: 2^31 + 7 would wrap in the int32 Cast."""
+    from rope_passes.passes.narrow_int64 import _constant_fits
+
+    def value(array, constant=True):
+        return ir.Value(name="c", type=ir.TensorType(ir.DataType.INT64), shape=ir.Shape(array.shape),
+                        const_value=ir.tensor(array, name="c") if constant else None)
+    assert _constant_fits(value(np.array([0, 5, 2**31 - 1, -(2**31)], np.int64)))
+    assert not _constant_fits(value(np.array([3, 2**31 + 7], np.int64)))
+    assert _constant_fits(value(np.array([2**40], np.int64), constant=False))  # the caller's: noted, see above
 
 
 #: vision-language graphs: capture-ready for text prompts once fold-text-mrope folds them (--text-only)

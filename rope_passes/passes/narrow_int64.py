@@ -21,7 +21,9 @@ runs right after ``total-seq-on-gpu``, on the graph the earlier passes left (pla
 graph).
 
 **Exact when** the values fit in int32 (positions and token indices do; onnxruntime's GQA keeps lengths in int32):
-only movement ops are narrowed (``MOVEMENT_OPS``), never arithmetic. Measured: legacy/qwen25_vl/cpu_fp32,
+only movement ops are narrowed (``MOVEMENT_OPS``), never arithmetic. Constants are checked (a constant outside int32
+is not narrowed); values from graph inputs are the caller's, and the report says which inputs in a note (a
+``position_ids`` of 2^32 + p would be read as p where the original's Gather failed). Measured: legacy/qwen25_vl/cpu_fp32,
 webgpu_fp16_graph and legacy/qwen35/cpu_fp32 (3D positions, not folded) go from 11 / 9 / 7 Memcpy to 0, with
 bit-identical WebGPU outputs.
 
@@ -35,8 +37,10 @@ onnxruntime-webgpu, or no Memcpy this pass can remove (the reason says which).
 
 from __future__ import annotations
 
+import numpy as np
 import onnx_ir as ir
 
+from rope_passes.analysis.graph import ancestors, const_array, const_tensor
 from rope_passes.analysis.placement import Placement, predict_placement, value_dtype
 from rope_passes.analysis.webgpu_kernels import KernelTable
 from rope_passes.passes._rewrite import NodeTape
@@ -53,6 +57,7 @@ MOVEMENT_OPS = frozenset({"Gather", "Transpose", "Reshape", "Squeeze", "Unsqueez
 _OUTPUT_KEEPS_TYPE = frozenset({"Shape"})
 #: the kernel a narrowed op needs (Shape reads a float Relu output, see _shape_from_gpu)
 _NARROW_TYPE = {"Shape": "FLOAT"}
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 #: placement predictions at most (one per narrowed node, plus the last)
 MAX_ROUNDS = 256
 
@@ -65,7 +70,7 @@ class NarrowInt64Pass(RopePass):
     def apply(self, model: ir.Model, report: PassReport) -> None:
         if note_bf16(model, report):  # no bf16 GQA kernel: moving int64 plumbing cannot help
             return
-        narrowed = 0
+        narrowed: list[ir.Node] = []
         done: set[int] = set()
         target = resolve_target(self.context.runtime)
         for _ in range(MAX_ROUNDS):
@@ -83,13 +88,15 @@ class NarrowInt64Pass(RopePass):
                 break
             _narrow(model.graph, node)
             done.add(id(node))
-            narrowed += 1
+            narrowed.append(node)
             report.rewritten(node.name or node.op_type, f"int64 {node.op_type} moved to the GPU in int32 (no WebGPU "
                              "int64 kernel; Cast int64→int32 before, int32→int64 after)")
         else:
             why = f"stopped after {MAX_ROUNDS} rounds"
         if not narrowed:
             report.not_matched("<model>", why)
+        elif (note := _input_note(model.graph, narrowed)) is not None:
+            report.note("<model>", note)
 
 
 def _data_indices(node: ir.Node) -> list[int]:
@@ -137,7 +144,30 @@ def _narrowable(node: ir.Node, cpu_outputs: set[int], kernels: KernelTable) -> b
     data = [node.inputs[i] for i in _data_indices(node) if i < len(node.inputs) and node.inputs[i] is not None]
     if not data or any(value_dtype(v) != "INT64" for v in data):
         return False
+    if any(not _constant_fits(v) for v in data):
+        return False
     return not any(id(v) in cpu_outputs for v in data)
+
+
+def _constant_fits(value: ir.Value) -> bool:
+    """A constant data input narrows only when every value fits in int32 (checked: it is in the graph); anything
+    else is not a constant here and is the caller's (see :func:`_input_note`)."""
+    if const_tensor(value) is None:
+        return True
+    array = const_array(value, max_size=1 << 16)
+    return array is not None and bool(np.all((array >= INT32_MIN) & (array <= INT32_MAX)))
+
+
+def _input_note(graph: ir.Graph, narrowed: list[ir.Node]) -> str | None:
+    """What the rewrite assumes of the caller: the graph inputs whose values the narrowed ops move."""
+    data = [n.inputs[i] for n in narrowed for i in _data_indices(n) if i < len(n.inputs) and n.inputs[i] is not None]
+    inputs = {v.name for v in data if v.is_graph_input()}
+    inputs |= {v.name for n in ancestors(data) for v in n.inputs if v is not None and v.is_graph_input()}
+    if not inputs:
+        return None
+    names = ", ".join(repr(name) for name in sorted(inputs))
+    return (f"exact while the int64 values of {names} fit in int32 (-2^31 .. 2^31-1; positions and lengths do): "
+            "outside that range the int32 Cast wraps them around")
 
 
 def _shape_from_gpu(graph: ir.Graph, node: ir.Node, base: str) -> None:
@@ -169,7 +199,8 @@ def _narrow(graph: ir.Graph, node: ir.Node) -> None:
             continue
         # one shared Cast per value: onnxruntime drops a Cast read only by Shape (Shape(Cast(x)) -> Shape(x), which
         # puts the int64 Shape back on CPU); shared with the other narrowed readers it stays
-        shared = next((u for u, _ in value.uses() if u.op_type == "Cast" and u.attributes.get("to") is not None
+        shared = next((u for u, _ in value.uses() if u.op_type == "Cast" and u.domain in ("", "ai.onnx")
+                       and u.attributes.get("to") is not None
                        and u.attributes["to"].value == ir.DataType.INT32.value and u.graph is graph), None)
         if shared is not None:
             node.replace_input_with(i, shared.outputs[0])
