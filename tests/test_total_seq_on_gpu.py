@@ -328,6 +328,8 @@ def test_int64_constants_outside_int32_are_not_narrowed():
     assert _constant_fits(value(np.array([0, 5, 2**31 - 1, -(2**31)], np.int64)))
     assert not _constant_fits(value(np.array([3, 2**31 + 7], np.int64)))
     assert _constant_fits(value(np.array([2**40], np.int64), constant=False))  # the caller's: noted, see above
+    ints = ir.node("Constant", [], {"value_ints": [1, 2**31 + 7]}).outputs[0]  # a Constant without a tensor too
+    assert not _constant_fits(ints)
 
 
 #: vision-language graphs: capture-ready for text prompts once fold-text-mrope folds them (--text-only)

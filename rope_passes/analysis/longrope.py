@@ -37,6 +37,7 @@ from rope_passes.analysis.graph import (
     attr,
     const_array,
     const_tensor,
+    flag,
     is_vector,
     iter_nodes,
     nodes_of,
@@ -351,7 +352,7 @@ def concat_cache(model: ir.Model, *, context_length: int | None, offset: int | N
     Raises ``MatchFailure.absent`` when no such table is there (``refuse`` when neither length is known).
     """
     gqas = [n for n in nodes_of(model, "GroupQueryAttention", MS_DOMAIN)
-            if attr(n, "do_rotary", 0) and len(n.inputs) > 8 and n.inputs[7] is not None]
+            if flag(n, "do_rotary") and len(n.inputs) > 8 and n.inputs[7] is not None]
     if not gqas:
         raise MatchFailure.absent("no GroupQueryAttention with do_rotary=1 and a cos_cache")
     gqa = gqas[0]

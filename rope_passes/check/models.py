@@ -73,7 +73,7 @@ def _longrope(proto: Any, webgpu: Mapping[str, str]) -> dict[str, Any] | None:
     in ``multiRotaryCacheConcatOffset`` (the offset onnxruntime will apply, whatever the table)."""
     import onnx_ir as ir
 
-    from rope_passes.analysis.graph import MS_DOMAIN, attr, nodes_of
+    from rope_passes.analysis.graph import MS_DOMAIN, flag, nodes_of
     from rope_passes.analysis.longrope import find_longrope, separate_qkv
 
     offset = int(webgpu.get("multiRotaryCacheConcatOffset", "0") or 0)
@@ -81,7 +81,7 @@ def _longrope(proto: Any, webgpu: Mapping[str, str]) -> dict[str, Any] | None:
         # GQAs rotating with a cache but fed separate Q/K/V: onnxruntime ignores the offset there
         ignoring = [g.name or "GroupQueryAttention"
                     for g in nodes_of(ir.serde.deserialize_model(proto), "GroupQueryAttention", MS_DOMAIN)
-                    if attr(g, "do_rotary", 0) and len(g.inputs) > 7 and g.inputs[7] is not None and separate_qkv(g)]
+                    if flag(g, "do_rotary") and len(g.inputs) > 7 and g.inputs[7] is not None and separate_qkv(g)]
         return {"kind": "concat", "switch": offset, "offset_ignored_by": ignoring}
 
     found = find_longrope(ir.serde.deserialize_model(proto))  # weights stay unread: only the threshold is

@@ -266,7 +266,7 @@ def _rotation_sites(model: ir.Model, config: GenaiConfig, ep: str, max_positions
     sites: list[Site] = []
     memo: dict = {}
     for layer, node in enumerate(gqas):
-        if attr(node, "do_rotary", 0):
+        if flag(node, "do_rotary"):
             regimes = _gqa_regimes(model, node, config.concat_offset, ep, notes)
             interleaved = flag(node, "rotary_interleaved")
             dtype = _dtype_name(regimes[0].cos)

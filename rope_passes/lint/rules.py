@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import onnx_ir as ir
 
-from rope_passes.analysis.graph import MS_DOMAIN, attr, nodes_of
+from rope_passes.analysis.graph import MS_DOMAIN, flag, nodes_of
 from rope_passes.analysis.longrope import ConcatCache, concat_cache
 from rope_passes.lint.core import LintContext, Severity, rule
 from rope_passes.report import MatchFailure
@@ -208,7 +208,7 @@ def webgpu_only(ctx: LintContext) -> Found:
 def cache_layout(ctx: LintContext) -> Found:
     head = _decoder(ctx).get("head_size")
     for node in _gqa(ctx):
-        if not attr(node, "do_rotary", 0) or len(node.inputs) < 9:
+        if not flag(node, "do_rotary") or len(node.inputs) < 9:
             continue
         cos, sin = node.inputs[7], node.inputs[8]
         name = node.name or "GroupQueryAttention"
@@ -239,7 +239,7 @@ def cache_short(ctx: LintContext) -> Found:
     if not context or (longrope is not None and longrope.kind == "if"):
         return  # LongRoPE If graphs switch between a short and a long table on purpose
     for node in _gqa(ctx):
-        if attr(node, "do_rotary", 0) and len(node.inputs) > 7 and node.inputs[7] is not None:
+        if flag(node, "do_rotary") and len(node.inputs) > 7 and node.inputs[7] is not None:
             shape = node.inputs[7].shape
             if shape is not None and isinstance(shape[0], int) and shape[0] < context:
                 yield node.name or "GroupQueryAttention", f"cos_cache has {shape[0]} rows < context length {context}"

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from rope_passes.analysis.graph import MS_DOMAIN, attr, const_tensor, nodes_of
+from rope_passes.analysis.graph import MS_DOMAIN, const_tensor, flag, nodes_of
 from rope_passes.hf_config import HFConfig, Rope
 from rope_passes.lint.core import LintContext, Severity, rule
 from rope_passes.passes._cos_sin_config import TOL, TOL_FP16, Verdict, best_verdict, judge, rows_of
@@ -67,7 +67,7 @@ def _caches(ctx: LintContext, ropes: list[Rope]) -> Iterator[_Checked]:
     """GroupQueryAttention's cos/sin caches (builder graphs): ``[N, rotary_dim / 2]`` tables of one rope."""
     seen: set[int] = set()
     for gqa in nodes_of(ctx.model, "GroupQueryAttention", MS_DOMAIN):
-        if not attr(gqa, "do_rotary", 0) or len(gqa.inputs) < 9:
+        if not flag(gqa, "do_rotary") or len(gqa.inputs) < 9:
             continue
         for role, value in (("cos", gqa.inputs[7]), ("sin", gqa.inputs[8])):
             tensor = const_tensor(value)

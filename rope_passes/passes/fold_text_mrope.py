@@ -58,7 +58,7 @@ from typing import Union
 import numpy as np
 import onnx_ir as ir
 
-from rope_passes.analysis.graph import MS_DOMAIN, attr, nodes_of
+from rope_passes.analysis.graph import MS_DOMAIN, attr, flag, nodes_of
 from rope_passes.analysis.mrope import (
     PositionSource,
     Rotation,
@@ -164,7 +164,7 @@ class FoldTextMRoPEPass(RopePass):
 
     def _match(self, model: ir.Model, gqa: ir.Node) -> _Site:
         """The GQA's q/k rotations and the proofs that need no numbers; MatchFailure (absent/refused) otherwise."""
-        if int(attr(gqa, "do_rotary", 0) or 0):
+        if flag(gqa, "do_rotary"):
             raise MatchFailure.absent("GroupQueryAttention already rotates (do_rotary=1)", gqa.name)
         inputs = list(gqa.inputs) + [None] * max(0, 9 - len(gqa.inputs))
         if any(v is not None and v.name for v in inputs[7:9]):

@@ -152,10 +152,10 @@ def _narrowable(node: ir.Node, cpu_outputs: set[int], kernels: KernelTable) -> b
 def _constant_fits(value: ir.Value) -> bool:
     """A constant data input narrows only when every value fits in int32 (checked: it is in the graph); anything
     else is not a constant here and is the caller's (see :func:`_input_note`)."""
-    if const_tensor(value) is None:
-        return True
     array = const_array(value, max_size=1 << 16)
-    return array is not None and bool(np.all((array >= INT32_MIN) & (array <= INT32_MAX)))
+    if array is None:  # not a constant (the caller's), or one too large to check
+        return const_tensor(value) is None
+    return bool(np.all((array >= INT32_MIN) & (array <= INT32_MAX)))
 
 
 def _input_note(graph: ir.Graph, narrowed: list[ir.Node]) -> str | None:
