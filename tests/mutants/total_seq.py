@@ -59,6 +59,18 @@ def constant_input(node: str, index: int, value):
     return edit
 
 
+def overridable_input(node: str, index: int, value):
+    """The chain's constant as an initializer that is also a graph input (keep_initializers_as_inputs exports): its
+    default is the builder's, but a caller may feed another value."""
+    def edit(work: Work) -> list[str]:
+        n = node_named(work.graph, f"{SUB}/{node}")
+        constant = Chain(work.graph, "overridable").const(value)
+        work.graph.inputs.append(constant)
+        n.replace_input_with(index, constant)
+        return _places(work)
+    return edit
+
+
 def total_plus_zero(work: Work) -> list[str]:
     gather = node_named(work.graph, f"{SUB}/Gather").outputs[0]
     splice(work.graph, gather, lambda c, v: c.op("Add", v, c.scalar(0)), "total")
@@ -97,6 +109,10 @@ def mutants() -> list[Mutant]:
               "seqlens_k = ReduceSum(mask) - 2"),
             m(base, short, "total-plus-zero", EQUIVALENT, total_plus_zero, "total_sequence_length + 0",
               cls="harmless"),
+            m(base, short, "sub-one-overridable", REFUSE, overridable_input("Sub", 1, np.array([1], np.int64)),
+              "seqlens_k = ReduceSum(mask) - s, s a graph input whose default is 1"),
+            m(base, short, "gather-dim-overridable", REFUSE, overridable_input("Gather", 1, np.array(1, np.int64)),
+              "total_sequence_length = Shape(mask)[d], d a graph input whose default is 1"),
             m(base, short, "total-of-sliced-mask", REFUSE, on_mask(lambda c, v: c.op(
                 "Slice", v, c.i64(1), c.i64(1 << 40), c.i64(1)), only="Shape"),
               "total_sequence_length = width of mask[:, 1:] (one less)"),
