@@ -24,7 +24,7 @@ from rope_passes.analysis.graph import const_tensor
 from rope_passes.hf_config import HFConfig, Rope
 from rope_passes.passes._rewrite import NodeTape
 from rope_passes.report import MatchFailure, PassReport
-from rope_passes.runtime.evaluate import evaluate_subgraph
+from rope_passes.runtime.evaluate import evaluate_subgraph, subgraph_runner
 
 UNKNOWN_SIZE = ("table size unknown: give max_positions (or model.context_length in genai_config.json, or "
                 "max_position_embeddings in the config.json beside the model)")
@@ -282,23 +282,24 @@ def per_call_tables(model: ir.Model, c: _Chain, ropes: Sequence[Rope], rows: int
         raise MatchFailure.refuse(f"LongRoPE chosen per call switches at {orig} but the table holds {rows} positions "
                                   "(--max-positions): the long factors would never be used", c.trig.name)
     cond = lr.node.inputs[0]
+    try:  # one session each for the switch and the chain, run on every call below
+        switch = subgraph_runner(model, [c.positions], [cond])
+    except ValueError:  # onnx_ir's extract: the condition reads more than the positions
+        raise MatchFailure.refuse(f"LongRoPE chosen per call: the switch {cond.name!r} reads more than the "
+                                  "positions", c.trig.name) from None
+    chain = subgraph_runner(model, [c.positions, *c.shape_inputs], [c.end])
     for call in (np.arange(orig)[None], np.arange(rows)[None], np.array([[orig - 2, orig - 1], [0, 5]]),
                  np.array([[orig - 1, orig]]), np.array([[0], [orig]]), np.array([[1], [orig]]),
                  np.array([[orig], [1]]), np.array([[1, 2], [orig - 1, orig]]), np.array([[3], [orig - 1]])):
         call = call.astype(np.int64 if c.positions.dtype == ir.DataType.INT64 else np.int32)
         # the switch itself: one choice for the whole call, from the positions alone (a per-row condition, or one
         # reading the call's shape, is not transformers' switch)
-        try:
-            (choice,) = evaluate_subgraph(model, [c.positions], [cond], [call])
-        except ValueError:  # onnx_ir's extract: the condition reads more than the positions
-            raise MatchFailure.refuse(f"LongRoPE chosen per call: the switch {cond.name!r} reads more than the "
-                                      "positions", c.trig.name) from None
+        (choice,) = switch([call])
         if choice.size != 1 or bool(choice.reshape(-1)[0]) != bool(call.max() + 1 > orig):
             raise MatchFailure.refuse(f"LongRoPE chosen per call: with positions {call.tolist()} the switch "
                                       f"{cond.name!r} is {choice.tolist()}, not one choice ReduceMax(positions) + 1 > "
                                       f"{orig} for the whole call", c.trig.name)
-        (got,) = evaluate_subgraph(model, [c.positions, *c.shape_inputs], [c.end],
-                                   [call, *shape_feeds(c.shape_inputs, c.positions, call)])
+        (got,) = chain([call, *shape_feeds(c.shape_inputs, c.positions, call)])
         want = long[call] if call.max() + 1 > orig else short[call]
         if got.shape != want.shape or not np.array_equal(got, want):
             raise MatchFailure.refuse(f"LongRoPE chosen per call: with positions {call.tolist()} the graph's rows are "
