@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up rope-passes on a fresh machine: a virtual environment with the package (and test tools), and - when no
 # WebGPU adapter is found - Mesa's lavapipe Vulkan driver so onnxruntime-webgpu gets a real (software) adapter.
-# Idempotent. Usage: scripts/setup.sh [--no-driver] [--with-plugin-runtime]
+# Idempotent: what is already set up is checked, not redone. Usage: scripts/setup.sh [--no-driver] [--with-plugin-runtime]
 #   --with-plugin-runtime  also set up the second WebGPU runtime (onnxruntime + the onnxruntime-ep-webgpu plugin) in
 #                          its own venv, .venv-plugin (scripts/setup-plugin-runtime.sh; docs/runtimes.md)
 set -euo pipefail
@@ -18,20 +18,31 @@ for arg in "$@"; do
   esac
 done
 
-if [ ! -x "$VENV/bin/python" ]; then
-  echo "setup: creating $VENV"
-  "$PY" -m venv "$VENV"
-fi
-echo "setup: installing rope-passes and its dependencies into $VENV"
-"$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip >/dev/null 2>&1 || true
-if ! "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[test]' >"$VENV/pip-install.log" 2>&1; then
-  grep -v '^WARNING: Location' "$VENV/pip-install.log" >&2 || true
-  echo "setup: pip install failed (log: $VENV/pip-install.log)" >&2
-  exit 1
-fi
-"$VENV/bin/python" -c "import rope_passes, onnxruntime, pytest" || { echo "setup: install failed" >&2; exit 1; }
-if "$VENV/bin/python" -c "import torch" 2>/dev/null && ! "$PY" -c "import torch" 2>/dev/null; then
-  echo "setup: warning: torch got installed into $VENV; rope-passes does not need it" >&2
+# The package install is stamped with the hash of its inputs: a second run (scripts/demo.sh, then scripts/test.sh)
+# installs nothing again unless pyproject.toml or this script changed; ROPE_PASSES_SETUP=1 forces it.
+stamp="$VENV/.rope-passes-setup"
+inputs=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
+if [ "${ROPE_PASSES_SETUP:-0}" != 1 ] && [ -x "$VENV/bin/python" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$inputs" ] \
+    && "$VENV/bin/python" -c "import rope_passes, onnxruntime, pytest" 2>/dev/null; then
+  echo "setup: $VENV is up to date (set ROPE_PASSES_SETUP=1 to reinstall)"
+else
+  rm -f "$stamp"
+  if [ ! -x "$VENV/bin/python" ]; then
+    echo "setup: creating $VENV"
+    "$PY" -m venv "$VENV"
+  fi
+  echo "setup: installing rope-passes and its dependencies into $VENV"
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip >/dev/null 2>&1 || true
+  if ! "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[test]' >"$VENV/pip-install.log" 2>&1; then
+    grep -v '^WARNING: Location' "$VENV/pip-install.log" >&2 || true
+    echo "setup: pip install failed (log: $VENV/pip-install.log)" >&2
+    exit 1
+  fi
+  "$VENV/bin/python" -c "import rope_passes, onnxruntime, pytest" || { echo "setup: install failed" >&2; exit 1; }
+  if "$VENV/bin/python" -c "import torch" 2>/dev/null && ! "$PY" -c "import torch" 2>/dev/null; then
+    echo "setup: warning: torch got installed into $VENV; rope-passes does not need it" >&2
+  fi
+  echo "$inputs" >"$stamp"
 fi
 
 probe() { "$VENV/bin/python" -m rope_passes.runtime.adapter >/dev/null 2>&1; }

@@ -3,20 +3,30 @@
 # Extra arguments go to pytest:
 #   scripts/test.sh                                  # everything: what CI runs
 #   scripts/test.sh -m "not corpus and not webgpu"   # the fast inner loop (markers: tests/conftest.py)
-# Setup runs when the venv is missing or was set up from other setup inputs (pyproject.toml, scripts/setup.sh,
-# scripts/install-webgpu-cpu.sh: their hash is stamped in the venv); ROPE_PASSES_SETUP=1 forces it.
-# Tests are spread over ROPE_PASSES_TEST_WORKERS pytest-xdist workers (default 2; 0: one process). The whole suite
-# keeps a file on one worker (--dist loadfile: its module fixtures, corpus rewrites, run once); a marker selection
-# (-m ..., the fast loop) has no costly fixtures and balances test by test (--dist worksteal): 40 s vs 74 s here.
+# Set-up (scripts/setup.sh, idempotent: an up-to-date .venv is not reinstalled) gives the tests what they need:
+#   the whole suite: .venv, the WebGPU driver when no adapter is found, and the second WebGPU runtime (.venv-plugin);
+#   a marker selection that excludes webgpu (the fast loop): .venv only - no driver, no .venv-plugin
+#   (tests/conftest.py hides both from such a run, so a test that needs them and lacks the marker fails).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
-stamp="$VENV/.rope-passes-setup"
-inputs=$(cat pyproject.toml scripts/setup.sh scripts/install-webgpu-cpu.sh | sha256sum | cut -d' ' -f1)
-if [ "${ROPE_PASSES_SETUP:-0}" = 1 ] || [ ! -x "$VENV/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$inputs" ]; then
-  rm -f "$stamp"
-  bash scripts/setup.sh
-  echo "$inputs" >"$stamp"
+export VENV
+needs_webgpu=1
+prev=
+for arg in "$@"; do
+  if [ "$prev" = -m ] && [[ "$arg" == *"not webgpu"* ]]; then needs_webgpu=0; fi
+  prev=$arg
+done
+if [ "$needs_webgpu" = 1 ]; then
+  bash scripts/setup.sh --with-plugin-runtime
+else
+  bash scripts/setup.sh --no-driver
+fi
+# the interpreters of both runtimes, wherever the venvs are (rope_passes/runtime/interpreters.py reads these)
+export ROPE_PASSES_WEBGPU_PYTHON=${ROPE_PASSES_WEBGPU_PYTHON:-$(cd "$VENV" && pwd)/bin/python}
+plugin_venv=${ROPE_PASSES_PLUGIN_VENV:-.venv-plugin}
+if [ -z "${ROPE_PASSES_PLUGIN_PYTHON+x}" ] && [ -x "$plugin_venv/bin/python" ]; then
+  export ROPE_PASSES_PLUGIN_PYTHON="$(cd "$plugin_venv" && pwd)/bin/python"
 fi
 "$VENV/bin/ruff" check rope_passes tests bench examples tools
 "$VENV/bin/mypy" rope_passes  # configuration and strictness: [tool.mypy] in pyproject.toml

@@ -5,7 +5,8 @@ says so once (``pytestmark``), the others mark each test:
 
 * ``corpus``: reads ../shared/corpus (:data:`GENAI`, :data:`TORCH`) or the generated :data:`FIXTURES`;
 * ``webgpu``: creates a WebGPU session, in this process or in a child (``check``, ``run_isolated``, the examples,
-  placement probes, ``rope-passes check|demo``). Such a test fails, never skips, when there is no adapter.
+  placement probes, ``rope-passes check|demo``), or runs the second WebGPU runtime's interpreter (``.venv-plugin``).
+  Such a test fails, never skips, when there is no adapter or no ``.venv-plugin``.
 
 ``scripts/test.sh -m "not corpus and not webgpu"`` is the fast inner loop; the full suite is what CI runs.
 
@@ -17,7 +18,9 @@ this file checks them while the tests run:
   child's command line) fails, naming the path;
 * a test without ``webgpu`` that creates a WebGPU session in this process fails;
 * a run that selects no ``webgpu`` test (the fast loop) hides the WebGPU adapter from itself and its children
-  (``VK_ICD_FILENAMES``), so an unmarked test whose child process needs WebGPU fails there too.
+  (``VK_ICD_FILENAMES``) and the second WebGPU runtime's interpreter (``ROPE_PASSES_PLUGIN_PYTHON=none``), so an
+  unmarked test whose child process needs WebGPU or ``.venv-plugin`` fails there too. ``scripts/test.sh`` sets up
+  neither for such a run.
 """
 
 from __future__ import annotations
@@ -148,6 +151,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """After ``-m`` deselection: no WebGPU test selected, so no child process may reach an adapter either."""
     if items and not any(item.get_closest_marker("webgpu") for item in items):
         os.environ["VK_ICD_FILENAMES"] = os.environ["VK_DRIVER_FILES"] = os.devnull
+        os.environ["ROPE_PASSES_PLUGIN_PYTHON"] = "none"  # nor the second WebGPU runtime (.venv-plugin)
         config.stash[_ADAPTER_HIDDEN] = True
 
 

@@ -59,7 +59,6 @@ def test_self_consistency(name):
     capture = name in GRAPH_BUILDS
     report = rope_passes.check(GENAI / name, GENAI / name, graph_capture=capture)
     assert report.verdict == EQUIVALENT, report.to_json()
-    assert report.wall_s < 20, f"{name}: {report.wall_s:.1f} s"
     same_ep = report.comparison("rewritten@webgpu", "original@webgpu")
     assert same_ep.status == "compared" and same_ep.diffs
     assert all(d.max_abs == 0.0 for d in same_ep.diffs)  # same graph, same EP: bit-identical

@@ -97,6 +97,7 @@ def test_detect_installed_reads_package_metadata(monkeypatch):
         detect_installed.cache_clear()
 
 
+@pytest.mark.webgpu  # runs .venv-plugin's interpreter (the second WebGPU runtime)
 def test_the_plugin_venv_detects_itself():
     """In .venv-plugin (onnxruntime + onnxruntime-ep-webgpu) detection says so, without a session. CI installs it."""
     python = python_for(WEBGPU_PLUGIN)
