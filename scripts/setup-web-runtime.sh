@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Set up the BROWSER WebGPU runtime (check --runtime web; docs/runtimes.md "The browser"): Debian's chromium
+# (apt, as root or with sudo, only when /usr/bin/chromium is missing) and the pinned npm packages of .web-runtime/
+# (onnxruntime-web, playwright-core; package-lock.json committed, node_modules/ ignored), installed with `npm ci`.
+# Idempotent. Fails loudly. Needs Node.js >= 18 with npm.
+#   chromium: $ROPE_PASSES_CHROMIUM (default /usr/bin/chromium) - when set, nothing is installed with apt
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DIR=.web-runtime
+CHROMIUM=${ROPE_PASSES_CHROMIUM:-/usr/bin/chromium}
+
+if [ ! -x "$CHROMIUM" ]; then
+  if [ -n "${ROPE_PASSES_CHROMIUM:-}" ]; then
+    echo "setup-web: \$ROPE_PASSES_CHROMIUM=$CHROMIUM is not an executable" >&2
+    exit 1
+  fi
+  echo "setup-web: installing Debian's chromium (apt-get)"
+  SUDO=
+  if [ "$(id -u)" != 0 ]; then
+    command -v sudo >/dev/null || { echo "setup-web: need root to apt-get install chromium" >&2; exit 1; }
+    SUDO=sudo
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  if ! $SUDO apt-get install -y -q --no-install-recommends chromium >/tmp/setup-web-apt.log 2>&1; then
+    $SUDO apt-get update -q >>/tmp/setup-web-apt.log 2>&1 || true
+    $SUDO apt-get install -y -q --no-install-recommends chromium >>/tmp/setup-web-apt.log 2>&1 || {
+      tail -20 /tmp/setup-web-apt.log >&2
+      echo "setup-web: apt-get install chromium failed (log: /tmp/setup-web-apt.log)" >&2
+      exit 1
+    }
+  fi
+fi
+"$CHROMIUM" --version >/dev/null 2>&1 || { echo "setup-web: $CHROMIUM does not run" >&2; exit 1; }
+
+command -v npm >/dev/null || { echo "setup-web: npm not found (install Node.js >= 18 with npm)" >&2; exit 1; }
+installed() {
+  node -e '
+    const lock = require("./package-lock.json").packages;
+    for (const name of ["onnxruntime-web", "playwright-core"]) {
+      const want = lock["node_modules/" + name].version;
+      const file = "./node_modules/" + name + "/package.json";  // not exported by the packages: read the file
+      const have = JSON.parse(require("fs").readFileSync(file, "utf8")).version;
+      if (want !== have) process.exit(1);
+    }' 2>/dev/null
+}
+if (cd "$DIR" && installed); then
+  echo "setup-web: $DIR/node_modules is up to date"
+else
+  echo "setup-web: npm ci in $DIR (onnxruntime-web, playwright-core)"
+  (cd "$DIR" && npm ci --no-audit --no-fund --loglevel=error >npm-install.log 2>&1) || {
+    tail -20 "$DIR/npm-install.log" >&2
+    echo "setup-web: npm ci failed (log: $DIR/npm-install.log)" >&2
+    exit 1
+  }
+  (cd "$DIR" && installed) || { echo "setup-web: installed, but the versions do not match package-lock.json" >&2; exit 1; }
+fi
+echo "setup-web: $("$CHROMIUM" --version 2>/dev/null), onnxruntime-web $(cd "$DIR" && node -p 'JSON.parse(require("fs").readFileSync("node_modules/onnxruntime-web/package.json", "utf8")).version')"
