@@ -158,10 +158,11 @@ def test_rewritten_model_passes_from_the_cli(tmp_path):
     cli = [sys.executable, "-m", "rope_passes"]
     subprocess.run([*cli, "optimize", orig, "-o", str(out), "--target", "webgpu-graph", "--text-only", "--weights",
                     "link"], check=True, capture_output=True)
-    done = subprocess.run([*cli, "check", orig, str(out), "--layers", "1", "--sweep", "4", "--in-process"],
+    done = subprocess.run([*cli, "check", orig, str(out), "--layers", "1", "--sweep", "4", "--in-process",
+                           "--progress"],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "hidden_states.1" in done.stdout and "equivalent" in done.stdout
-    lines = [ln for ln in done.stderr.splitlines() if ln.startswith("[")]  # not a terminal: one line per step
+    lines = [ln for ln in done.stderr.splitlines() if ln.startswith("[")]  # --progress: one line per step
     assert any("original@cpu: started" in ln for ln in lines) and any("rewritten@webgpu: 5/5" in ln for ln in lines)
     assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == []  # the cut is cleaned up

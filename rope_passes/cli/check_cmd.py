@@ -72,6 +72,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "(default: the one installed here; see docs/runtimes.md)")
     p.add_argument("--json", action="store_true",
                    help="print the report as JSON (--runtime all: {verdict, exit_code, reports: [...]})")
+    p.add_argument("--progress", action="store_true",
+                   help="progress on stderr even when it is not a terminal: one line per run start and step")
     p.set_defaults(func=run)
 
 
@@ -90,7 +92,9 @@ def run(args: argparse.Namespace) -> int:
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=console, transient=True, disable=not console.is_terminal or args.json)
     tasks: dict[str, TaskID] = {}
-    lines = not console.is_terminal and not args.json  # a log, not a terminal: one line per run start and step
+    # a terminal gets a live bar; a log or a pipe (CI, a wrapper reading stderr) gets nothing unless --progress asks
+    # for one line per run start and step
+    lines = not console.is_terminal and args.progress
     start = time.perf_counter()
 
     runtimes = runtimes_for(args.runtime)
@@ -100,6 +104,8 @@ def run(args: argparse.Namespace) -> int:
     current = [runtimes[0]]  # the runtime being checked, for the progress labels of --runtime all
 
     def on_step(label: str, step: int, total: int) -> None:
+        if not lines and progress.disable:
+            return
         if several:
             label = f"{current[0]}: {label}"
         if lines:
