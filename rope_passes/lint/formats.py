@@ -28,16 +28,39 @@ def as_json(results: dict[str, list[Diagnostic]]) -> str:
 
 
 def _escape_github(text: str) -> str:
+    """A workflow command's message: ``%``, CR and LF escaped (GitHub's ``escapeData``)."""
     return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
 
 
+def _escape_github_property(text: str) -> str:
+    """A workflow command's property value (``file=``, ``title=``): also ``:`` and ``,`` (GitHub's
+    ``escapeProperty``), which would otherwise end the value."""
+    return _escape_github(text).replace(":", "%3A").replace(",", "%2C")
+
+
+def _model_file(path: str) -> str:
+    """The ``.onnx`` file a linted path stands for: a folder's decoder model (what its ``genai_config.json`` names),
+    so an annotation lands on a file of the pull request, not on a folder GitHub cannot show."""
+    from rope_passes.errors import ModelLoadError
+    from rope_passes.io.load import resolve_model_path
+
+    try:
+        return str(resolve_model_path(path)[0])
+    except ModelLoadError:  # gone since it was linted: the path as given
+        return path
+
+
 def as_github(results: dict[str, list[Diagnostic]]) -> str:
+    """One ``::error|warning|notice file=<model .onnx>,title=<code name>::<node>: <message>`` line per finding; the
+    node (or value) in the message keeps two findings of one rule at two nodes apart (GitHub shows each)."""
     lines = []
     for path, diags in results.items():
+        file = _escape_github_property(_model_file(path)) if diags else ""
         for d in diags:
             title = f"{d.code} {RULES[d.code].name}" if d.code in RULES else d.code
-            msg = d.message + (f" (fix: rope-passes optimize --passes {d.fix})" if d.fix else "")
-            lines.append(f"::{GITHUB_LEVEL[d.severity]} file={path},title={_escape_github(title)}::{_escape_github(msg)}")
+            msg = f"{d.target}: {d.message}" + (f" (fix: rope-passes optimize --passes {d.fix})" if d.fix else "")
+            lines.append(f"::{GITHUB_LEVEL[d.severity]} file={file},title={_escape_github_property(title)}::"
+                         f"{_escape_github(msg)}")
     return "\n".join(lines)
 
 
