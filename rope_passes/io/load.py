@@ -151,6 +151,37 @@ def _readable_hard_links(model: ir.Model) -> None:
                     node.attributes[name] = ir.AttrTensor(name, new)
 
 
+#: the first line of a Git LFS pointer file (https://github.com/git-lfs/git-lfs/blob/main/docs/spec.md)
+LFS_POINTER_PREFIX = b"version https://git-lfs.github.com/spec/"
+#: the spec caps a pointer file at 1024 bytes; a larger file is never taken for one
+LFS_POINTER_MAX_BYTES = 1024
+
+
+def lfs_pointer_size(path: Path, size: int) -> int | None:
+    """If the file at ``path`` (``size`` bytes) is a Git LFS pointer, the size of the file it stands for (0 when the
+    pointer does not say); else None. A clone without ``git lfs`` (or with ``GIT_LFS_SKIP_SMUDGE``) checks these
+    out in place of the model and its weights."""
+    if size > LFS_POINTER_MAX_BYTES:
+        return None
+    try:
+        head = path.read_bytes()
+    except OSError:
+        return None
+    if not head.startswith(LFS_POINTER_PREFIX):
+        return None
+    for line in head.decode("utf-8", "replace").splitlines():
+        key, _, value = line.partition(" ")
+        if key == "size" and value.strip().isdigit():
+            return int(value)
+    return 0
+
+
+def _lfs_error(path: Path, real_size: int, what: str) -> ModelLoadError:
+    size = f" (stands for {real_size:,} bytes)" if real_size else ""
+    return ModelLoadError(f"{path}: {what} looks like a Git LFS pointer{size}, not the file itself: "
+                          "run `git lfs pull` in its repository")
+
+
 def _check_external_data(model: ir.Model, model_path: Path) -> None:
     sizes: dict[Path, int] = {}
     for tensor in external_tensors(model):
@@ -161,6 +192,9 @@ def _check_external_data(model: ir.Model, model_path: Path) -> None:
                     f"{model_path}: external data file {str(tensor.location)!r} is missing (expected at {data_path})"
                 )
             sizes[data_path] = data_path.stat().st_size
+            real_size = lfs_pointer_size(data_path, sizes[data_path])
+            if real_size is not None:
+                raise _lfs_error(data_path, real_size, "this external data file")
         end = (tensor.offset or 0) + (tensor.length or 0)
         if tensor.length is not None and end > sizes[data_path]:
             raise ModelLoadError(
@@ -174,8 +208,12 @@ def load_model(path: str | os.PathLike) -> ir.Model:
     model_path = Path(path)
     if not model_path.is_file():
         raise ModelLoadError(f"{model_path}: no such file")
-    if model_path.stat().st_size == 0:
+    size = model_path.stat().st_size
+    if size == 0:
         raise ModelLoadError(f"{model_path}: file is empty, not an ONNX model")
+    real_size = lfs_pointer_size(model_path, size)
+    if real_size is not None:
+        raise _lfs_error(model_path, real_size, "this model file")
     try:
         model = ir.load(model_path)
     except Exception as exc:  # protobuf DecodeError and friends carry multi-line messages
