@@ -109,9 +109,10 @@ def _write_folder(bundle: ModelBundle, target: OutputTarget, verbatim: bool, wei
             used = summarize(_stage_folder_files(bundle, staging, set(), carry_mode(weights)))
         else:
             serialized = _serialize(bundle, staging, target, weights)
-            if bundle.genai_config.present:
+            skip = {bundle.model_path.name, *bundle.external_data_files, *serialized.names}
+            if bundle.genai_config_changed:  # else the user's file travels as it is, byte for byte
                 (staging / GENAI_CONFIG).write_text(bundle.genai_config.dumps())
-            skip = {bundle.model_path.name, GENAI_CONFIG, *bundle.external_data_files, *serialized.names}
+                skip.add(GENAI_CONFIG)
             _stage_folder_files(bundle, staging, skip, carry_mode(weights))
             used = serialized.weights
         if folder_out.exists() and not folder_out.is_dir():
@@ -128,8 +129,11 @@ def _stage_config(bundle: ModelBundle, target: OutputTarget, verbatim: bool, sta
     """``genai_config.json`` beside a file output (or in place): never over another model's (see the module doc)."""
     if not bundle.genai_config.present:
         return []
+    changed = bundle.genai_config_changed and not verbatim
+    if target.onto_input and not changed:
+        return []  # in place and nothing in it changed: the file stays as it is (bytes, mtime, inode)
     source = bundle.model_path.parent / GENAI_CONFIG
-    text = source.read_bytes() if verbatim else bundle.genai_config.dumps().encode()
+    text = bundle.genai_config.dumps().encode() if changed else source.read_bytes()  # unchanged: the user's bytes
     dest = target.target_dir / GENAI_CONFIG
     if dest.exists() and not target.onto_input:
         if dest.is_file() and dest.read_bytes() == text:
