@@ -167,14 +167,16 @@ def _short(value) -> str:
 
 
 def render(report: PipelineReport, console: Console, explicit_runtime: bool = False) -> None:
+    from rich.markup import escape  # reasons quote graphs ("[1, 3]", "[t]*s0"): text, never markup
+
     table = Table(title=f"rope-passes optimize ({report.target or 'custom passes'})", title_justify="left")
-    for col in ("pass", "matched", "rewritten", "refused", "nodes −/+", "status"):
-        table.add_column(col)
+    for col in ("pass", "matched", "rewritten", "refused", "nodes −/+"):
+        table.add_column(col, no_wrap=True)
+    table.add_column("status", overflow="fold")  # wrapped, never cut: the reason is what the user reads this for
     for p in report.passes:
         d = p.to_dict()
-        status = p.status if len(p.status) <= 70 else p.status[:67] + "..."
         table.add_row(p.pass_name, str(d["matched"]), str(d["rewritten"]), str(d["refused"]),
-                      f"{p.nodes_removed}/{p.nodes_added}", status)
+                      f"{p.nodes_removed}/{p.nodes_added}", escape(p.status))
     console.print(table)
     for p in report.passes:
         grouped: dict[tuple[str, str], list[str]] = {}
@@ -183,10 +185,11 @@ def render(report: PipelineReport, console: Console, explicit_runtime: bool = Fa
                 grouped.setdefault((str(f.outcome), f.reason), []).append(f.target)
         for (outcome, reason), targets in grouped.items():
             where = targets[0] if len(targets) == 1 else f"{len(targets)} places ({targets[0]}, ...)"
-            console.print(f"  {p.pass_name}: {outcome} at {where}: {reason}", highlight=False)
+            console.print(escape(f"  {p.pass_name}: {outcome} at {where}: {reason}"), highlight=False)
     for r in report.remaining:
         where = r["target"] if r["count"] == 1 else f"{r['count']} places ({r['target']}, ...)"
-        console.print(f"  output still has {r['code']} {r['severity']} at {where}: {r['message']}", highlight=False)
+        console.print(escape(f"  output still has {r['code']} {r['severity']} at {where}: {r['message']}"),
+                      highlight=False)
     if report.dry_run:
         console.print("dry run: nothing written")
     elif report.output_path:
