@@ -18,11 +18,23 @@ needs none. Any Shape / Size of a position-derived value reaching the arithmetic
 (Reduce*, CumSum, TopK, ArgMax, GlobalMaxPool, a Slice / Gather / Einsum over the token axes), another graph input
 or a custom op is a :class:`~rope_passes.report.MatchFailure` *refuse* naming the node.
 
-**Numeric evidence**: the cone is extracted (never the model's weights) and run on onnxruntime CPU once per
-*distinct* cone (:class:`ConeKeys`: same nodes, attributes and constants, compared structurally, so the layers of a
-model share one evaluation and one table): positions ``0..N-1`` in chunks of :data:`CHUNK` (memory independent of
-``N``), then :func:`probes` (one token at the first, middle and last position, three tokens after a past, batch
-2, a window ending at ``N-1``, random positions) whose rows must equal the table's rows at their positions.
+**Numeric evidence**: the cone is extracted (never the model's weights) and evaluated once per *distinct* cone
+(:class:`ConeKeys`: same nodes, attributes and constants, compared structurally, so the layers of a model share one
+evaluation and one table): positions ``0..N-1`` in chunks of :data:`CHUNK` (memory independent of ``N``), then
+:func:`probes` (one token at the first, middle and last position, three tokens after a past, batch 2, a window
+ending at ``N-1``, random positions) run on the whole cone on onnxruntime CPU, whose rows must equal the table's
+rows at their positions bit for bit.
+
+The table itself comes from :class:`rope_passes.runtime.rows.RowEvaluator` where it can run the cone: the same
+nodes, NumPy moving the data (exact copies) and onnxruntime's own kernels computing every number, elementwise ops
+only on the elements that reach the table (a Qwen2.5-VL cone computes Cos/Sin on ``[3, 1, N, 128]`` to keep
+``[N, 64]``): 0.2 s of CPU instead of 0.9 s for 128,000 positions. Why that covers every position a caller can
+send: the static proof above makes each row a call-independent function of its own position; the evaluator computes
+that function at *every* position ``0..N-1`` with the same kernels on the same element values (data movement and
+elementwise ops commute), and a mistake of its own in moving data would be the same at every position (the index
+mapping is static), which the probes, compared bit for bit with the whole cone on onnxruntime, would show. When the
+probes disagree or the evaluator cannot run an op, the table is built on the whole cone on onnxruntime (as before)
+and the probes judge that one.
 """
 
 from __future__ import annotations
@@ -40,8 +52,9 @@ from rope_passes.passes._cos_sin_cone import Cone, Label, Token, refuse
 from rope_passes.passes._cos_sin_known import OPAQUE, SMALL, UNKNOWN_VARYING, Known, known_values
 from rope_passes.report import MatchFailure
 
-#: positions per evaluation call while building a table (bounds the memory of an evaluation, not its result)
-CHUNK = 8192
+#: positions per evaluation call while building a table (bounds the memory of an evaluation, not its result; 4096
+#: keeps the intermediates of a Qwen2.5-VL cone within a few MB, faster than 8192 or 16384 here)
+CHUNK = 4096
 Run = Callable[[list[np.ndarray]], list[np.ndarray]]
 
 
@@ -274,39 +287,72 @@ def probes(rows: int) -> list[tuple[str, np.ndarray]]:
     ]
 
 
-def evaluate_tables(cone: ManualCone, run: Run) -> TextTables:
-    """The ``[rows, half]`` float32 tables of ``cone`` (``run``: its extracted subgraph), checked on :func:`probes`;
-    MatchFailure naming the rotation otherwise."""
+def evaluate_tables(cone: ManualCone, run: Run, fast: Run | None = None) -> TextTables:
+    """The ``[rows, half]`` float32 tables of ``cone`` (``run``: its extracted subgraph on onnxruntime), checked on
+    :func:`probes`; MatchFailure naming the rotation otherwise.
+
+    ``fast`` (:class:`rope_passes.runtime.rows.RowEvaluator`: the same nodes, NumPy moving the data and onnxruntime
+    computing each number on the elements that reach the output) builds the table when given; the probe calls
+    still run on ``run`` (the whole cone, as the graph says) and must give the table's rows bit for bit, else (or
+    when ``fast`` cannot run the cone) the table is built on ``run`` as well and the probes judge that one."""
     pos = cone.positions.graph_input
     dtype = np.int64 if pos.dtype == ir.DataType.INT64 else np.int32
     three = len(pos.shape) == 3
 
-    def call(p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def call(p: np.ndarray, runner: Run = run) -> tuple[np.ndarray, np.ndarray]:
         feed = np.stack([p, p, p]) if three else p
         try:
-            cos, sin = run([feed.astype(dtype)])
+            cos, sin = runner([feed.astype(dtype)])
         except Exception as exc:  # noqa: BLE001 - onnxruntime failures become a reason
+            if runner is not run:
+                raise _FastFailed from None
             raise MatchFailure.absent(f"{cone.rotation.name!r}: cannot evaluate the cos/sin subgraph "
                                       f"({type(exc).__name__})") from None
         if cos.shape != (p.size, cone.half) or sin.shape != cos.shape:
+            if runner is not run:
+                raise _FastFailed
             raise MatchFailure.absent(f"{cone.rotation.name!r}: cos/sin subgraph gives shape {list(cos.shape)} for "
                                       f"{p.size} tokens, not [tokens, {cone.half}]")
         return cos, sin
 
-    parts = [call(np.arange(lo, min(lo + CHUNK, cone.rows))[None, :]) for lo in range(0, cone.rows, CHUNK)]
-    cos = np.concatenate([c for c, _ in parts]).astype(np.float32, copy=False)
-    sin = np.concatenate([s for _, s in parts]).astype(np.float32, copy=False)
-    del parts
-    for label, p in probes(cone.rows):
-        got_cos, got_sin = call(p)
-        flat = p.reshape(-1)
-        if not (np.array_equal(got_cos.astype(np.float32), cos[flat])
-                and np.array_equal(got_sin.astype(np.float32), sin[flat])):
-            raise MatchFailure.refuse(f"{cone.rotation.name!r}: with {label} the cos/sin rows are not the table's "
-                                      "rows at those positions: a row depends on more than its own position",
-                                      cone.rotation.name or "<model>")
+    def table(runner: Run) -> tuple[np.ndarray, np.ndarray]:
+        cos = np.empty((cone.rows, cone.half), np.float32)
+        sin = np.empty((cone.rows, cone.half), np.float32)
+        for lo in range(0, cone.rows, CHUNK):
+            hi = min(lo + CHUNK, cone.rows)
+            cos[lo:hi], sin[lo:hi] = call(np.arange(lo, hi)[None, :], runner)
+        return cos, sin
+
+    def mismatch(cos: np.ndarray, sin: np.ndarray) -> str | None:
+        for label, p in probes(cone.rows):
+            got_cos, got_sin = call(p)
+            flat = p.reshape(-1)
+            if not (np.array_equal(got_cos.astype(np.float32), cos[flat])
+                    and np.array_equal(got_sin.astype(np.float32), sin[flat])):
+                return label
+        return None
+
+    if fast is not None:
+        try:
+            cos, sin = table(fast)
+        except _FastFailed:
+            pass
+        else:
+            if mismatch(cos, sin) is None:
+                return TextTables(cos, sin, f"evaluated from the graph's cos/sin subgraph ({cone.rows} positions)",
+                                  cone.positions)
+    cos, sin = table(run)
+    label = mismatch(cos, sin)
+    if label is not None:
+        raise MatchFailure.refuse(f"{cone.rotation.name!r}: with {label} the cos/sin rows are not the table's "
+                                  "rows at those positions: a row depends on more than its own position",
+                                  cone.rotation.name or "<model>")
     source = f"evaluated from the graph's cos/sin subgraph ({cone.rows} positions)"
     return TextTables(cos, sin, source, cone.positions)
+
+
+class _FastFailed(Exception):
+    """The fast evaluator could not build the table: build it on the whole cone instead."""
 
 
 __all__ = ["CHUNK", "ConeKeys", "ManualCone", "evaluate_tables", "manual_cone", "probes"]

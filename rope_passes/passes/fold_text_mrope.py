@@ -28,7 +28,9 @@ the node). Refusals that need no numbers (``--text-only`` missing, GQA's rotary 
 run on onnxruntime CPU **once per distinct cone** (layers whose cones are structurally identical share the
 evaluation and the table) on positions ``0..max_pos-1`` in chunks (``max_pos`` = rows of the cache it gathers
 from, else ``model.context_length``), then on probe calls differing in length, batch, past and minimum whose rows
-must be the table's rows. ``FoldTextMRoPEPass.evaluations`` counts the evaluations of the last run.
+must be the table's rows (the table itself computed with onnxruntime's kernels on only the elements that reach it,
+:mod:`rope_passes.runtime.rows`; :mod:`rope_passes.passes._mrope_cone` says why that is the same table).
+``FoldTextMRoPEPass.evaluations`` counts the evaluations of the last run.
 
 **Exact when** the three position axes are equal (text) *and* contiguous: with equal axes every section reads
 the same row, so mRoPE is plain RoPE with those tables; fused GQA derives token s's position as
@@ -73,6 +75,7 @@ from rope_passes.passes._rewrite import NodeTape, add_initializer, drop_unused_i
 from rope_passes.passes.base import RopePass, option
 from rope_passes.report import MatchFailure, PassReport
 from rope_passes.runtime.evaluate import subgraph_runner
+from rope_passes.runtime.rows import RowEvaluator, Unsupported
 
 TEXT_ONLY_KEY = "rope_passes.text_only"
 _NP_DTYPES = {ir.DataType.FLOAT: np.float32, ir.DataType.FLOAT16: np.float16}
@@ -115,6 +118,16 @@ class FoldTextMRoPEOptions:
     max_positions: int | None = option(None, "rows of the 1D tables built from a manual mRoPE subgraph "
                                              "(default: rows of the cache it gathers from, else context_length)",
                                        positive=True)
+
+
+def _row_evaluator(model: ir.Model, source: ManualCone) -> RowEvaluator | None:
+    """The fast evaluator of the cone's table (NumPy moves the data, onnxruntime computes each number on the
+    elements that reach the table), or None when it cannot run this cone (the table is then built on the whole
+    cone)."""
+    try:
+        return RowEvaluator(model, [source.positions.graph_input], [source.cos, source.sin])
+    except Unsupported:
+        return None
 
 
 class FoldTextMRoPEPass(RopePass):
@@ -256,7 +269,7 @@ class FoldTextMRoPEPass(RopePass):
                     except Exception as exc:  # noqa: BLE001 - onnxruntime failures become a reason
                         raise MatchFailure.absent(f"{source.rotation.name!r}: cannot evaluate the cos/sin subgraph "
                                                   f"({type(exc).__name__})") from None
-                    tables[key] = evaluate_tables(source, run)
+                    tables[key] = evaluate_tables(source, run, _row_evaluator(model, source))
                 else:
                     assert isinstance(source, ir.Node)
                     tables[key] = mrotary_tables(source)
