@@ -11,8 +11,6 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import onnx_ir as ir
 
-from rope_passes.interrupts import held_interrupts
-
 
 def evaluate_subgraph(model: ir.Model, inputs: Sequence[ir.Value], outputs: Sequence[ir.Value], feeds: list[np.ndarray]):
     return subgraph_runner(model, inputs, outputs)(feeds)
@@ -22,8 +20,7 @@ def subgraph_runner(model: ir.Model, inputs: Sequence[ir.Value],
                     outputs: Sequence[ir.Value]) -> Callable[[list[np.ndarray]], list[np.ndarray]]:
     """The subgraph extracted and loaded once; the returned function runs it on one call's feeds (many calls,
     one session)."""
-    with held_interrupts():  # a first import of onnxruntime is not safe to interrupt
-        import onnxruntime as ort
+    from rope_passes.runtime.sessions import create_session  # every session comes from there (docs/runtimes.md)
 
     sub = ir.convenience.extract(model.graph, inputs, outputs)
     for value in sub.initializers.values():  # small constants (caches, inv_freq, masks): load them into the proto
@@ -31,8 +28,6 @@ def subgraph_runner(model: ir.Model, inputs: Sequence[ir.Value],
             value.const_value = ir.tensor(value.const_value.numpy(), name=value.name)
     sub_model = ir.Model(sub, ir_version=min(model.ir_version or 10, 10))
     proto = ir.serde.serialize_model(sub_model)
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    sess = ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    sess = create_session(proto.SerializeToString(), "cpu")
     names = [i.name for i in sess.get_inputs()]
     return lambda feeds: sess.run(None, dict(zip(names, feeds, strict=True)))
