@@ -22,6 +22,7 @@ from rope_passes.analysis.graph import nodes_of
 from rope_passes.analysis.placement import predict_placement
 from rope_passes.api import optimize
 from rope_passes.check import check
+from rope_passes.check.compare import TOLERANCES
 from rope_passes.check.core import EQUIVALENT, NOT_EQUIVALENT
 from rope_passes.check.decode import DecoderSpec, run_decode, token_ids
 from rope_passes.io import load_bundle
@@ -39,6 +40,7 @@ pytestmark = [pytest.mark.corpus]  # every test here: see tests/conftest.py
 PHI3 = GENAI / "current/phi3_mini_128k"
 HF = GENAI.parent / "genai" / "hf" / "phi3_mini_128k"
 ORIGINAL = 32  # original_max_position_embeddings
+FP32 = TOLERANCES["fp32"]  # fp32 graphs vs fp32 Hugging Face logits: the checker's fp32 tolerance
 DECODE_TOL = 1e-3  # fp32 logits, WebGPU vs CPU kernels over 37 steps (measured WebGPU/CPU gap ~5e-6)
 
 
@@ -132,7 +134,7 @@ def test_original_on_cpu_matches_hugging_face(genai_corpus):
         sess = create_session(str(PHI3 / "cpu_fp32" / "model.onnx"), "cpu")
         spec = DecoderSpec.from_session(sess, bundle.genai_config)
         logits = run_decode(sess, spec, token_ids(total), prefill=total, steps=0)[0]["logits"][0]
-        np.testing.assert_allclose(logits, np.load(HF / ref_file), atol=1e-4)
+        np.testing.assert_allclose(logits, np.load(HF / ref_file), atol=FP32.atol)
 
 
 @pytest.mark.webgpu
@@ -142,7 +144,7 @@ def test_rewritten_webgpu_prefill_matches_hugging_face(rewritten):
     sess = create_session(str(rewritten["webgpu_fp32"] / "model.onnx"), "webgpu", webgpu_options=options)
     spec = DecoderSpec.from_session(sess, bundle.genai_config)
     logits = run_decode(sess, spec, token_ids(8), prefill=8, steps=0)[0]["logits"][0]
-    np.testing.assert_allclose(logits, np.load(HF / "ref_S8.npy"), atol=1e-4)
+    np.testing.assert_allclose(logits, np.load(HF / "ref_S8.npy"), atol=FP32.atol)
 
 
 # --- refusals -------------------------------------------------------------------------------------------------------
