@@ -2,8 +2,9 @@
 
 onnxruntime-genai's config is a large, loosely specified JSON document. rope-passes reads a handful of facts from it
 (context length, head size, the decoder's graph-input names, the WebGPU provider options and the LongRoPE cache
-offset in them) and writes three kinds of things into it (the offset, a removed decoder input, our own
-``rope_passes.*`` session-option markers). This module is the one place that knows where those live.
+offset in them) and writes three kinds of things into it (the offset, or its removal where no layer can honour
+it; a removed decoder input; our own ``rope_passes.*`` session-option markers). This module is the one place that
+knows where those live.
 
 The view wraps the parsed dict without copying it: keys we do not know are kept and written back unchanged, and a
 change is made in place and described by a one-line string that the pass puts into its report.
@@ -218,6 +219,25 @@ class GenaiConfig:
             return None
         session[key] = value
         return f"model.decoder.session_options[{key!r}] = '{value}'" + (f" ({why})" if why else "")
+
+    def remove_provider_option(self, key: str, why: str = "") -> list[str]:
+        """Remove ``key`` from every provider's options in ``model.decoder.session_options.provider_options``
+        (a provider entry left empty is kept: onnxruntime-genai reads its presence as "use this provider")."""
+        changes = []
+        for provider, options in list(self._provider_entries()):
+            if key in options:
+                old = options.pop(key)
+                changes.append(f"removed model.decoder.session_options.provider_options.{provider}.{key} (was "
+                               f"{str(old)!r})" + (f": {why}" if why else ""))
+        return changes
+
+    def remove_session_option(self, key: str, why: str = "") -> list[str]:
+        """Remove ``model.decoder.session_options[key]`` (one of our ``rope_passes.*`` markers)."""
+        session = self.decoder.get("session_options")
+        if not isinstance(session, dict) or key not in session:
+            return []
+        del session[key]
+        return [f"removed model.decoder.session_options[{key!r}]" + (f" ({why})" if why else "")]
 
     def drop_decoder_input(self, graph_input: str) -> list[str]:
         """Remove every ``model.decoder.inputs`` entry naming ``graph_input``; the report lines."""

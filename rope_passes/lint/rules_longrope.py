@@ -5,16 +5,24 @@
   of the concatenation and is wrong from token ``offset + 1`` (the builder's ``enable_webgpu_graph`` with
   ``fuse_qkv=false`` emits exactly this). Fix: ``annotate-cache-offset`` packs Q/K/V.
 * RP207 (note): bfloat16 GroupQueryAttention, which no WebGPU runtime here (nor 1.27's CPU EP) has a kernel for.
+* RP208 (error): ``multiRotaryCacheConcatOffset`` configured, but no GroupQueryAttention reads a concatenated cache
+  split there: WebGPU applies it to every packed-QKV rotary GQA of the session, which then reads row
+  ``offset + position`` of a plain table. On any graph, LongRoPE or not. Fix: ``annotate-cache-offset`` removes it.
+* RP209 (error): the offset is right for some layers and wrong for others (a layer reading a plain table, or a
+  second concatenation split elsewhere): one value per session cannot serve them all; no pass fixes it.
+
+The session facts (which GQAs read the offset, whether a table is a ``[short; long]`` pair split at it) are
+:mod:`rope_passes.analysis.longrope`'s, the ones ``longrope-concat`` and ``annotate-cache-offset`` prove with.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-from rope_passes.analysis.longrope import ConcatCache, concat_cache
+from rope_passes.analysis.bf16 import BF16_GQA_NOTE, bf16_gqa
+from rope_passes.analysis.longrope import ConcatCache, concat_cache, consumer_name, offset_consumers, session_concat
+from rope_passes.config import CONCAT_OFFSET_OPTION as OFFSET_KEY
 from rope_passes.lint.core import LintContext, Severity, rule
-from rope_passes.passes.longrope_concat import OFFSET_KEY
-from rope_passes.passes.total_seq_on_gpu import BF16_GQA_NOTE, bf16_gqa
 from rope_passes.report import MatchFailure
 
 Found = Iterator[tuple[str, str]]
@@ -53,6 +61,73 @@ def concat_offset_ignored(ctx: LintContext) -> Found:
             f"reads the concatenated LongRoPE cache {found.cos.name!r} ({found.offset} short + "
             f"{found.rows - found.offset} long rows) with separate query/key/value: WebGPU ignores {said} there, "
             f"wrong past {found.offset} tokens")
+
+
+def _session_verdict(ctx: LintContext) -> tuple[int, MatchFailure | None, int | None] | None:
+    """(configured offset, the session proof's failure at it or None, the split the tables really have or None);
+    None when no offset is configured. One evaluation shared by RP208 and RP209."""
+    cached = getattr(ctx, "_rp208", None)
+    if cached is not None:
+        return cached or None
+    offset = ctx.genai_config.concat_offset
+    out: tuple[int, MatchFailure | None, int | None] | None = None
+    if offset:
+        context = ctx.genai_config.context_length
+        try:
+            found = session_concat(ctx.model, context_length=context, offset=offset)
+            out = (offset, None, found.offset)
+        except MatchFailure as failure:
+            real = None
+            if context is not None and not failure.refused:  # nothing split at the offset: split anywhere?
+                try:
+                    real = session_concat(ctx.model, context_length=context, fit=False).offset
+                except MatchFailure:
+                    real = None
+            out = (offset, failure, real)
+    ctx._rp208 = out or ()  # type: ignore[attr-defined]
+    return out
+
+
+@rule("RP208", "concat-offset-without-concat-cache", Severity.ERROR,
+      "multiRotaryCacheConcatOffset configured, but no GroupQueryAttention reads a concatenated cache split there",
+      """multiRotaryCacheConcatOffset is one WebGPU provider option for the whole session: every GroupQueryAttention
+      with do_rotary=1 and packed QKV reads row (total > offset ? offset : 0) + position of its cos/sin cache. Only
+      a [short; long] LongRoPE concatenation split at that row is read right that way; a plain table (or an If
+      switch) is read offset rows too far once the call passes offset tokens. On any graph, LongRoPE or not.
+      `annotate-cache-offset` removes the offset (or corrects it where the graph's concatenation splits elsewhere).""",
+      fix="annotate-cache-offset")
+def concat_offset_without_cache(ctx: LintContext) -> Found:
+    verdict = _session_verdict(ctx)
+    if verdict is None:
+        return
+    offset, failure, real = verdict
+    if failure is None or (failure.refused and not failure.details.get("not_a_pair")):
+        return
+    if real is not None and real != offset:
+        yield "<model>", (f"{OFFSET_KEY}={offset}, but the concatenated cos/sin cache splits at {real}: every "
+                          f"layer reads the wrong rows past {min(offset, real)} tokens")
+        return
+    readers = offset_consumers(ctx.model)
+    who = (f"{len(readers)} packed-QKV GroupQueryAttention node(s) with do_rotary=1 (first "
+           f"{consumer_name(readers[0])!r}) read no concatenated cache ({failure.reason})" if readers
+           else f"no GroupQueryAttention reads a rotary cache at an offset ({failure.reason})")
+    yield "<model>", f"{OFFSET_KEY}={offset} in genai_config.json, but {who}: no layer can honour it"
+
+
+@rule("RP209", "concat-offset-not-for-every-layer", Severity.ERROR,
+      "multiRotaryCacheConcatOffset is right for some GroupQueryAttention layers and wrong for others",
+      """The offset is one value for the whole session and WebGPU applies it to every packed-QKV GroupQueryAttention
+      with do_rotary=1. When one layer reads a [short; long] concatenation split at the offset and another a plain
+      table (or a concatenation split elsewhere), no single value is right for both: the named layer is wrong past
+      the offset. No pass fixes it (longrope-concat and annotate-cache-offset refuse such graphs); rebuild the model
+      with one concatenated table (or one split) for every layer.""")
+def concat_offset_not_for_every_layer(ctx: LintContext) -> Found:
+    verdict = _session_verdict(ctx)
+    if verdict is None:
+        return
+    offset, failure, _ = verdict
+    if failure is not None and failure.details.get("breaks_session"):
+        yield failure.target, f"with {OFFSET_KEY}={offset}: {failure.reason}"
 
 
 @rule("RP207", "bf16-attention", Severity.NOTE,

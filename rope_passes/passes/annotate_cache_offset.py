@@ -24,113 +24,73 @@ GQA splits the packed input back into ``num_heads``, ``kv_num_heads``, ``kv_num_
 the same tensors, exact on every EP, one copy per layer. This is the pass's one graph change; it is done even where
 the offset was already right.
 
+**The whole session.** The offset is one value per session, applied by WebGPU to every GroupQueryAttention with
+do_rotary=1 and packed QKV (:func:`rope_passes.analysis.longrope.offset_consumers`). The pass reads every distinct
+cos/sin pair such a node reads (:func:`rope_passes.analysis.longrope.session_concat`) and writes the offset only when
+every one is a fitted ``[short; long]`` pair split at the same row: a layer reading a plain table, or a second
+concatenation split elsewhere, is refused, naming that GroupQueryAttention (nothing written). Several layers reading
+one table, or different tables split at the same row, are fine.
+
+**Removes a stale offset.** A genai_config.json that carries ``multiRotaryCacheConcatOffset`` for a graph in which no
+GroupQueryAttention reads a concatenated cache (plain RoPE, an ``If`` switch, no rotary GQA at all) gets it removed,
+with the metadata and WebGPU-only marks, reported as a genai_config change with the reason: WebGPU would otherwise
+read row ``offset + position`` of a plain table past ``offset`` tokens. Lint RP208 flags it.
+
 **Not matched**: no such GroupQueryAttention; cos/sin not constant tables; a row count other than
-``original + max_positions``. **Refuses** (graph and config unchanged): rows that do not fit a short/long pair, or
-halves with the same factors; no ``context_length`` in genai_config.json (nothing to split the table by); separate
-Q/K/V that cannot be packed (one of key/value missing, not rank 3, mixed dtypes, widths that are not the heads of one
-head size).
+``original + max_positions`` (and no offset configured). **Refuses** (graph and config unchanged): rows that do not
+fit a short/long pair, or halves with the same factors; no ``context_length`` in genai_config.json (nothing to split
+the table by); separate Q/K/V that cannot be packed (one of key/value missing, not rank 3, mixed dtypes, widths that
+are not the heads of one head size); a session consumer the offset would make wrong (above).
 """
 
 from __future__ import annotations
 
-import dataclasses
-
-import numpy as np
 import onnx_ir as ir
 
-from rope_passes.analysis.graph import const_tensor
-from rope_passes.analysis.longrope import ConcatCache, concat_cache
+from rope_passes.analysis.longrope import (
+    ANGLE_REL,
+    ROW_TOLERANCE,
+    Fit,
+    SessionConcat,
+    consumer_name,
+    fit_frequencies,
+    packable,
+    rotary_gqas,
+    session_concat,
+)
+from rope_passes.passes._concat_offset import OFFSET_KEY, pack_qkv, record_offset, remove_offset
 from rope_passes.passes.base import RopePass
-from rope_passes.passes.longrope_concat import OFFSET_KEY, pack_qkv, packable, record_offset
 from rope_passes.report import MatchFailure, PassReport
 
-#: worst row error of a fitted table: float16 rounds values ~1.3 (LongRoPE scaling) to 1e-3 steps; float32 to ~1e-7
-ROW_TOLERANCE = {ir.DataType.FLOAT16: 2e-3, ir.DataType.FLOAT: 1e-4}
-#: builders compute the angle ``p * w`` in float32 (``torch.outer(t, inv_freq)``): the product and ``w`` itself are
-#: rounded, so a row's angle is off by up to ``|p * w| * 2**-23`` (4e-3 rad at position 131072); allowed twice that
-ANGLE_REL = 2.0**-22
-
-
-@dataclasses.dataclass(frozen=True)
-class Fit:
-    """Per-column angular frequencies of one half and how well every row fits them."""
-
-    w: np.ndarray
-    error: float  # worst |scale * cos(p * w) - row| over rows and columns
-    excess: float  # worst error / allowed error (<= 1: every row fits)
-    row: int  # the row (within the half) of the worst excess
-
-
-#: rows per step of the fit: two passes over ~3 MB pieces instead of a dozen table-sized temporaries (a 131072-row
-#: table's float64 temporaries are 50 MB each, paid in page faults on every call)
-FIT_CHUNK = 8192
-
-
-def fit_frequencies(cos: np.ndarray, sin: np.ndarray, rows: range, tolerance: float) -> Fit:
-    """Per-column angular frequency of a cos/sin table over ``rows`` (first row = position 0), and the worst error
-    of ``scale * cos(p * w)`` / ``scale * sin(p * w)`` against the table (scale = row 0, the attention scaling),
-    allowed ``tolerance`` (the dtype's rounding) plus the float32 rounding of the angle ``p * w`` (ANGLE_REL).
-
-    ``w`` is the least-squares slope through 0 of the unwrapped phase ``atan2(sin, cos)``; unwrapping adds the
-    multiple of 2π that brings each step within (-π, π], exact for RoPE, whose per-row step ``w`` is at most 1."""
-    n = len(rows)
-    if n == 0:
-        return Fit(w=np.zeros(cos.shape[1]), error=0.0, excess=0.0, row=0)
-    scale = cos[rows.start].astype(np.float64)
-    # pass 1: sum(p * phase) over the unwrapped phase, carried from piece to piece
-    moment = np.zeros(cos.shape[1])
-    last = None
-    for lo in range(0, n, FIT_CHUNK):
-        hi = min(lo + FIT_CHUNK, n)
-        phase = np.arctan2(sin[rows.start + lo : rows.start + hi].astype(np.float64),
-                           cos[rows.start + lo : rows.start + hi].astype(np.float64))
-        prev = phase[:1] if last is None else last[None, :]
-        step = np.diff(phase, axis=0, prepend=prev)
-        step -= (2 * np.pi) * np.round(step / (2 * np.pi))
-        phase = prev + np.cumsum(step, axis=0)
-        last = phase[-1]
-        moment += np.arange(lo, hi, dtype=np.float64) @ phase
-    w = moment / max(float((n - 1) * n * (2 * n - 1) / 6), 1.0)  # sum of p*p over 0..n-1
-    # pass 2: every row against scale * cos/sin(p * w)
-    error = excess = 0.0
-    row = 0
-    for lo in range(0, n, FIT_CHUNK):
-        hi = min(lo + FIT_CHUNK, n)
-        angle = np.arange(lo, hi, dtype=np.float64)[:, None] * w
-        allowed = tolerance + np.abs(scale) * np.abs(angle) * ANGLE_REL
-        err = np.maximum(np.abs(scale * np.cos(angle) - cos[rows.start + lo : rows.start + hi]),
-                         np.abs(scale * np.sin(angle) - sin[rows.start + lo : rows.start + hi]))
-        ratio = err / allowed
-        at = int(np.argmax(ratio))
-        error = max(error, float(err.max()))
-        if ratio.flat[at] > excess:
-            excess, row = float(ratio.flat[at]), lo + at // ratio.shape[1]
-    return Fit(w=w, error=error, excess=excess, row=row)
+# the fit lives with the LongRoPE facts (lint reads it too); named here for the callers that knew it here
+__all__ = ["ANGLE_REL", "ROW_TOLERANCE", "AnnotateCacheOffsetPass", "Fit", "fit_frequencies"]
 
 
 class AnnotateCacheOffsetPass(RopePass):
     name = "annotate-cache-offset"
-    summary = ("detect a concatenated [short; long] LongRoPE cache, write multiRotaryCacheConcatOffset, pack separate "
-               "Q/K/V")
+    summary = ("detect a concatenated [short; long] LongRoPE cache, write multiRotaryCacheConcatOffset (or remove one "
+               "no layer can honour), pack separate Q/K/V")
 
     def apply(self, model: ir.Model, report: PassReport) -> None:
         try:
-            found, errors = self._match(model)
+            found = self._match(model)
         except MatchFailure as failure:
+            if not failure.refused and self._remove_stale(model, report, failure):
+                return
             report.record(failure)
             return
-        short_err, long_err = errors
-        target = found.cos.name or "cos_cache"
-        unpacked = found.ignoring_offset
+        first = found.tables[0]
+        target = first.cos.name or "cos_cache"
+        unpacked = found.to_pack
         try:
             for gqa in unpacked:
-                packable(gqa, gqa.name or "GroupQueryAttention")
+                packable(gqa)
         except MatchFailure as failure:
             report.record(failure)
             return
         for gqa in unpacked:
             pack_qkv(model.graph, gqa)
-            report.rewritten(gqa.name or "GroupQueryAttention", f"separate query/key/value packed into one input "
+            report.rewritten(consumer_name(gqa), f"separate query/key/value packed into one input "
                              f"(Concat on the hidden axis): {OFFSET_KEY} acts on packed QKV only")
         before = len(report.genai_config_changes) + len(report.metadata_changes)
         record_offset(model, self.genai_config, found.offset, report)
@@ -138,28 +98,38 @@ class AnnotateCacheOffsetPass(RopePass):
             if not unpacked:
                 report.not_matched(target, f"{OFFSET_KEY} already {found.offset}")
         else:
-            report.rewritten(target, f"concatenated cache detected ({found.offset} short + {found.context_length} "
-                             f"long rows): {OFFSET_KEY} = {found.offset}", offset=found.offset,
-                             short_fit_error=short_err, long_fit_error=long_err)
+            fits = found.fits
+            report.rewritten(target, f"concatenated cache detected ({found.offset} short + "
+                             f"{first.rows - found.offset} long rows): {OFFSET_KEY} = {found.offset}"
+                             + (f", proved for all {len(found.consumers)} GroupQueryAttention nodes reading "
+                                f"{len(found.tables)} tables" if len(found.tables) > 1 else ""),
+                             offset=found.offset, short_fit_error=max(f.short_error for f in fits),
+                             long_fit_error=max(f.long_error for f in fits), consumers=len(found.consumers))
 
-    def _match(self, model: ir.Model) -> tuple[ConcatCache, tuple[float, float]]:
-        """The concatenated cache and the fit errors of its short and long halves; MatchFailure where it is not one."""
+    def _remove_stale(self, model: ir.Model, report: PassReport, failure: MatchFailure) -> bool:
+        """No GroupQueryAttention reads a concatenated cache (``failure`` says why): remove a configured offset,
+        which WebGPU would apply to every packed-QKV rotary GroupQueryAttention; True when one was removed."""
+        configured = self.genai_config.concat_offset
+        if not configured:
+            return False
+        readers = rotary_gqas(model)
+        who = (f"{len(readers)} GroupQueryAttention node(s) with do_rotary=1, none reading a concatenated [short; "
+               f"long] cache ({failure.reason})" if readers else f"no GroupQueryAttention reads a rotary cache "
+               f"({failure.reason})")
+        why = (f"no layer can honour {OFFSET_KEY}={configured}: {who}; WebGPU would read row {configured} + "
+               f"position of a plain table past {configured} tokens")
+        changes = remove_offset(model, self.genai_config, why, report)
+        if not changes:
+            return False
+        report.rewritten(failure.target, f"removed {OFFSET_KEY}={configured} from genai_config.json: {why}",
+                         offset_removed=configured)
+        return True
+
+    def _match(self, model: ir.Model) -> SessionConcat:
+        """The concatenated cache(s) every offset consumer of the session reads, at one offset, fitted;
+        MatchFailure where there is none (absent) or one breaks the proof (refuse, naming it)."""
         context = self.genai_config.decoder.get("context_length") or self.genai_config.model.get("context_length")
         context = context if isinstance(context, int) else None
-        # without a context length nothing splits the table: concat_cache refuses (original alone is not enough)
-        found = concat_cache(model, context_length=context,
-                             offset=self.genai_config.original_context_length if context is not None else None)
-        target = found.cos.name or "cos_cache"
-        cos = const_tensor(found.cos)
-        cos_t, sin_t = cos.numpy(), const_tensor(found.sin).numpy()
-        tolerance = ROW_TOLERANCE.get(cos.dtype, 2e-3)
-        short = fit_frequencies(cos_t, sin_t, range(found.offset), tolerance)
-        long = fit_frequencies(cos_t, sin_t, range(found.offset, found.rows), tolerance)
-        for half, fit, first in (("short", short, 0), ("long", long, found.offset)):
-            if fit.excess > 1.0:
-                raise MatchFailure.refuse(f"rows do not fit a short+long RoPE pair: {half} half, row "
-                                          f"{first + fit.row} is off by {fit.excess:.1f}x the allowed error "
-                                          f"({tolerance:g} + float32 angle rounding)", target)
-        if np.allclose(short.w, long.w, rtol=1e-3, atol=0):
-            raise MatchFailure.refuse("short and long halves use the same factors: not LongRoPE", target)
-        return found, (short.error, long.error)
+        # without a context length nothing splits the table: refused (original alone is not enough)
+        return session_concat(model, context_length=context,
+                              offset=self.genai_config.original_context_length if context is not None else None)

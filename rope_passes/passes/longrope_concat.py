@@ -31,11 +31,20 @@ exactly for every total 1..rows and must be ``total > o`` for one ``o``, which b
 ``Greater(total + 8, 32)`` is rewritten with offset 24 and ``GreaterOrEqual(total, 32)`` with 31, while a condition on
 the call length (``Shape(input_ids)``) or on anything but the total is refused.
 
+**The offset is proved for the whole session.** ``multiRotaryCacheConcatOffset`` is one value per session, and
+onnxruntime's WebGPU EP applies it to every GroupQueryAttention with do_rotary=1 and packed QKV
+(:func:`rope_passes.analysis.longrope.offset_consumers`), whatever table it reads. So the pass first proves each
+``If`` on its own, then rewrites only when *every* such consumer reads (as cos and as sin cache) an output of an
+``If`` it rewrites, and all those ``If`` nodes switch at the same ``o``. A layer that reads a plain table, an ``If``
+refused on its own, or a switch at another offset refuses every ``If``, naming that GroupQueryAttention. Switches at
+the same offset over different tables are fine: each consumer reads row ``(total > o ? o : 0) + position`` of its
+own concatenation, its own ``If``'s choice.
+
 **Refuses** (graph unchanged, reason in the report, naming the node that broke the proof): separate Q/K/V that cannot
 be packed (one of key/value missing, not rank 3, mixed dtypes, head sizes that differ); branches that are not constant
 tables of matching width/dtype; a then-branch that is not the longer table; a small table with fewer than ``o`` rows;
 a condition that reads anything but the total length, is not elementwise, or is not ``total > o`` (``Greater(x, y)``
-with a non-constant ``y`` is refused as such).
+with a non-constant ``y`` is refused as such); a session consumer the offset would make wrong (above).
 """
 
 from __future__ import annotations
@@ -43,15 +52,21 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from rope_passes.analysis.graph import MS_DOMAIN, attr, const_array
-from rope_passes.analysis.longrope import LongRoPE, if_switch, separate_qkv, switch_offset
-from rope_passes.config import CONCAT_OFFSET_OPTION, GenaiConfig
+from rope_passes.analysis.graph import MS_DOMAIN, const_array, const_tensor
+from rope_passes.analysis.longrope import (
+    LongRoPE,
+    consumer_name,
+    if_switch,
+    offset_consumers,
+    packable,
+    separate_qkv,
+    switch_offset,
+)
+from rope_passes.passes._concat_offset import OFFSET_KEY, OFFSET_METADATA, WEBGPU_ONLY_KEY, pack_qkv, record_offset
 from rope_passes.passes.base import RopePass
 from rope_passes.report import MatchFailure, PassReport
 
-OFFSET_KEY = CONCAT_OFFSET_OPTION
-OFFSET_METADATA = "rope_passes.multi_rotary_cache_concat_offset"
-WEBGPU_ONLY_KEY = "rope_passes.webgpu_only"
+__all__ = ["OFFSET_KEY", "OFFSET_METADATA", "WEBGPU_ONLY_KEY", "LongRoPEConcatPass"]
 
 
 def _branch_tables(outputs: list[ir.Value], target: str) -> list[np.ndarray]:
@@ -65,65 +80,60 @@ def _branch_tables(outputs: list[ir.Value], target: str) -> list[np.ndarray]:
     return tables
 
 
-def record_offset(model: ir.Model, genai_config: GenaiConfig, offset: int, report: PassReport) -> None:
-    """Write the offset to genai_config.json's WebGPU options and the model metadata, and flag CPU as wrong."""
-    reason = (f"concatenated LongRoPE cos/sin cache: correct with the WebGPU EP and {OFFSET_KEY}={offset}; "
-              f"the CPU EP reads wrong rows past {offset} tokens")
-    if model.metadata_props.get(OFFSET_METADATA) != str(offset):
-        model.metadata_props[OFFSET_METADATA] = str(offset)
-        report.metadata_changes.append(f"metadata_props[{OFFSET_METADATA!r}] = '{offset}'")
-    if model.metadata_props.get(WEBGPU_ONLY_KEY) != reason:
-        model.metadata_props[WEBGPU_ONLY_KEY] = reason
-        report.metadata_changes.append(f"metadata_props[{WEBGPU_ONLY_KEY!r}] (CPU EP wrong past {offset})")
-    if not genai_config.decoder:
-        report.note("<model>", f"no genai_config.json: run with the WebGPU session config entry "
-                    f"ep.webgpuexecutionprovider.{OFFSET_KEY}={offset}")
-        return
-    for change in (genai_config.set_provider_option("webgpu", OFFSET_KEY, str(offset)),
-                   genai_config.set_session_option(WEBGPU_ONLY_KEY, "1")):
-        if change:
-            report.genai_config_changes.append(change)
+class _Proved:
+    """One If proved on its own: its offset, the concatenated tables and the GQAs reading it."""
+
+    def __init__(self, node: ir.Node, gqas: list[ir.Node], offset: int, tables: list[np.ndarray], threshold: int | None):
+        self.node, self.gqas, self.offset, self.tables, self.threshold = node, gqas, offset, tables, threshold
+
+    @property
+    def name(self) -> str:
+        return self.node.name or "If"
 
 
-def packable(gqa: ir.Node, target: str) -> None:
-    """Refuse (MatchFailure) when a GQA with separate Q/K/V cannot be packed exactly into one input."""
-    if not separate_qkv(gqa):
-        return
-    q, k, v = (gqa.inputs[i] if len(gqa.inputs) > i else None for i in range(3))
-    if q is None or k is None or v is None:
-        raise MatchFailure.refuse(f"{gqa.name}: only one of key/value is given; cannot pack Q/K/V", target)
-    for value in (q, k, v):
-        if value.shape is not None and len(value.shape) != 3:
-            raise MatchFailure.refuse(f"{gqa.name}: {value.name!r} has rank {len(value.shape)}, expected [batch, "
-                                      "seq, hidden] to pack Q/K/V", target)
-    if len({value.dtype for value in (q, k, v)}) != 1:
-        raise MatchFailure.refuse(f"{gqa.name}: query/key/value dtypes differ; cannot pack Q/K/V", target)
-    widths = [value.shape[2] if value.shape is not None else None for value in (q, k, v)]
-    heads = (attr(gqa, "num_heads"), attr(gqa, "kv_num_heads"), attr(gqa, "kv_num_heads"))
-    known = all(isinstance(w, int) for w in widths) and all(isinstance(h, int) and h > 0 for h in heads)
-    if known and (widths[1] != widths[2] or widths[0] * heads[1] != widths[1] * heads[0]):
-        raise MatchFailure.refuse(f"{gqa.name}: query/key/value widths {widths} are not num_heads/kv_num_heads "
-                                  f"{heads[0]}/{heads[1]} heads of one head size; cannot pack Q/K/V", target)
+def _reads(value: ir.Value | None, refused: dict[int, ir.Node]) -> str:
+    """What a GQA cache input is, in words, for a refusal."""
+    if value is None:
+        return "no table"
+    producer = value.producer()
+    if producer is not None and id(producer) in refused:
+        return f"{value.name!r}, an output of If {producer.name!r} that is refused on its own"
+    tensor = const_tensor(value)
+    if tensor is not None:
+        rows = tensor.shape[0] if len(tensor.shape) else "?"
+        return f"the plain constant table {value.name!r} ({rows} rows)"
+    made = f" computed by {producer.op_type} {producer.name!r}" if producer is not None else ""
+    return f"{value.name!r}{made}"
 
 
-def pack_qkv(graph: ir.Graph, gqa: ir.Node) -> ir.Node:
-    """Feed ``gqa`` one packed ``Concat(q, k, v, axis=-1)`` with key/value empty (GQA's packed-QKV layout).
-
-    GroupQueryAttention splits a packed query back into ``num_heads``, ``kv_num_heads``, ``kv_num_heads`` heads of
-    the head size, in that order: the same tensors as the separate inputs, so the attention is unchanged.
-    """
-    q, k, v = gqa.inputs[0], gqa.inputs[1], gqa.inputs[2]
-    prefix = f"{gqa.name or 'GroupQueryAttention'}/rope_passes_packed_qkv"
-    concat = ir.node("Concat", [q, k, v], attributes={"axis": -1}, name=prefix)
-    out = concat.outputs[0]
-    out.name, out.dtype = f"{prefix}/output_0", q.dtype
-    if all(x.shape is not None and isinstance(x.shape[2], int) for x in (q, k, v)):
-        out.shape = ir.Shape([q.shape[0], q.shape[1], q.shape[2] + k.shape[2] + v.shape[2]])
-    graph.insert_before(gqa, concat)
-    gqa.replace_input_with(0, out)
-    gqa.replace_input_with(1, None)
-    gqa.replace_input_with(2, None)
-    return concat
+def session_offset(model: ir.Model, proved: list[_Proved], refused: list[ir.Node]) -> int:
+    """The one offset for the session: every If in ``proved`` switches at it, and every GroupQueryAttention it
+    acts on (packed QKV with do_rotary=1, and the separate-Q/K/V readers of a proved If, which get packed) reads both
+    its caches from a proved If. ``MatchFailure.refuse`` naming the GroupQueryAttention that breaks it."""
+    first = proved[0]
+    for other in proved[1:]:
+        if other.offset != first.offset:
+            raise MatchFailure.refuse(
+                f"{consumer_name(other.gqas[0])!r} reads If {other.name!r}, which switches at total > {other.offset}, "
+                f"and {consumer_name(first.gqas[0])!r} reads If {first.name!r}, which switches at total > "
+                f"{first.offset}: {OFFSET_KEY} is one value for the whole session; no offset serves both",
+                consumer_name(other.gqas[0]))
+    offset = first.offset
+    switched = {id(out) for p in proved for out in p.node.outputs}
+    refused_ids = {id(n): n for n in refused}
+    consumers = {id(g): g for g in offset_consumers(model)}
+    consumers.update({id(g): g for p in proved for g in p.gqas if separate_qkv(g)})
+    for gqa in consumers.values():
+        for index, role in ((7, "cos"), (8, "sin")):
+            value = gqa.inputs[index] if len(gqa.inputs) > index else None
+            if value is not None and id(value) in switched:
+                continue
+            raise MatchFailure.refuse(
+                f"{consumer_name(gqa)!r} reads {_reads(value, refused_ids)} as its {role}_cache: {OFFSET_KEY} is one "
+                f"value for the whole session and WebGPU applies it to every packed-QKV GroupQueryAttention with "
+                f"do_rotary=1, so with {OFFSET_KEY}={offset} this one would read row {offset} + position past "
+                f"{offset} tokens", consumer_name(gqa))
+    return offset
 
 
 class LongRoPEConcatPass(RopePass):
@@ -132,39 +142,56 @@ class LongRoPEConcatPass(RopePass):
 
     def apply(self, model: ir.Model, report: PassReport) -> None:
         graph = model.graph
-        found = False
+        proved: list[_Proved] = []
+        refused: list[ir.Node] = []
         for node in list(graph):
             if node.op_type != "If" or node.domain not in ("", "ai.onnx"):
                 continue
             users = [u for out in node.outputs for u, _ in out.uses()]
-            gqas = [u for u in users if u.op_type == "GroupQueryAttention" and u.domain == MS_DOMAIN]
+            gqas = list({id(u): u for u in users if u.op_type == "GroupQueryAttention" and u.domain == MS_DOMAIN}
+                        .values())
             if not gqas:
                 report.not_matched(node.name or "If", "If does not feed GroupQueryAttention cos/sin caches")
                 continue
-            found = True
             switch = if_switch(model, node)
             try:
                 offset, tables = self._match(model, switch, gqas)
             except MatchFailure as failure:
                 report.record(failure)
+                refused.append(node)
                 continue
-            packed = [pack_qkv(graph, gqa) for gqa in gqas if separate_qkv(gqa)]
+            proved.append(_Proved(node, gqas, offset, tables, switch.threshold))
+        if not proved:
+            if not refused:
+                report.not_matched("<model>", "no If switching GroupQueryAttention cos/sin caches")
+            return
+        try:
+            offset = session_offset(model, proved, refused)
+        except MatchFailure as failure:
+            for p in proved:  # proved alone, refused for the session: one finding per If, naming the consumer
+                report.record(MatchFailure.refuse(f"If {p.name!r} (total > {p.offset}) not rewritten: "
+                                                  f"{failure.reason}", failure.target))
+            return
+        for p in proved:
+            packed = [pack_qkv(graph, gqa) for gqa in p.gqas if separate_qkv(gqa)]
             if packed:
-                report.note(node.name or "If", f"packed separate query/key/value into one input (Concat on the hidden "
+                report.note(p.name, f"packed separate query/key/value into one input (Concat on the hidden "
                             f"axis) for {len(packed)} GroupQueryAttention node(s): {OFFSET_KEY} acts on packed QKV only")
-            self._rewrite(graph, node, tables)
-            record_offset(model, self.genai_config, offset, report)
-            proved = "" if offset == switch.threshold else f" (the condition is total > {offset})"
-            report.rewritten(node.name or "If", f"If replaced by concatenated caches [{offset} short; "
-                             f"{tables[0].shape[0] - offset} long] rows, offset {offset}{proved}",
-                             offset=offset, rows=int(tables[0].shape[0]), gqa=len(gqas))
-        if not found:
-            report.not_matched("<model>", "no If switching GroupQueryAttention cos/sin caches")
+            self._rewrite(graph, p.node, p.tables)
+            proved_note = "" if offset == p.threshold else f" (the condition is total > {offset})"
+            report.rewritten(p.name, f"If replaced by concatenated caches [{offset} short; "
+                             f"{p.tables[0].shape[0] - offset} long] rows, offset {offset}{proved_note}",
+                             offset=offset, rows=int(p.tables[0].shape[0]), gqa=len(p.gqas))
+        record_offset(model, self.genai_config, offset, report)
+        if len(proved) > 1:
+            report.note("<model>", f"{len(proved)} If switches, all at total > {offset}: one {OFFSET_KEY} serves "
+                        "every GroupQueryAttention of the session")
 
     @staticmethod
     def _match(model: ir.Model, switch: LongRoPE, gqas: list[ir.Node]) -> tuple[int, list[np.ndarray]]:
         """The offset and the ``[small[:offset]; large]`` tables for the If ``switch``; MatchFailure.refuse if not."""
         node = switch.node
+        assert node is not None
         target = node.name or "If"
         if not node.inputs or node.inputs[0] is None:
             raise MatchFailure.refuse("If has no condition input", target)

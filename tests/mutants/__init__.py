@@ -111,6 +111,7 @@ CLASSES = {
     "blend": "a per-call short/long frequency choice written as arithmetic (no Where)",
     "mask": "total_sequence_length / seqlens_k computed from something other than the attention mask",
     "cache-offset": "a concatenated LongRoPE cache and the offset genai_config gives it",
+    "session": "a session-wide fact (multiRotaryCacheConcatOffset) and every GroupQueryAttention that reads it",
     "harmless": "a change that computes the same (Identity, Cast to the same type, ...)",
 }
 
