@@ -5,6 +5,10 @@
 * No module outside ``rope_passes.runtime`` creates an onnxruntime session (no ``InferenceSession(...)`` call, however
   spelled, and no ``from onnxruntime import InferenceSession``).
 * The ``rope_passes`` modules import each other without cycles.
+* ``rope_passes.proofs`` (the constant evaluator, the interval analysis, the cone accounting, the numeric evidence)
+  sits below ``passes`` and ``lint``: it imports neither, nor anything above them (``pipeline``, ``api``, ``check``,
+  ``cli``). ``lint`` reads proofs, never a pass's module; no pass module imports another pass module (private
+  helpers in ``passes/`` that define no pass, like ``base.py`` and ``_rewrite.py``, are shared freely).
 """
 
 from __future__ import annotations
@@ -154,6 +158,61 @@ def test_only_the_runtime_layer_creates_sessions():
 def test_no_import_cycles():
     cycles = _cycles(_import_graph())
     assert not cycles, "import cycles among rope_passes modules:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def _in(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+def _pass_modules() -> set[str]:
+    """Modules under rope_passes.passes that define a pass (a class deriving from RopePass)."""
+    out = set()
+    for name, path in _modules().items():
+        if not name.startswith("rope_passes.passes.") or name == "rope_passes.passes.base":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, ast.ClassDef) and any(
+                    (isinstance(b, ast.Name) and b.id == "RopePass") or (isinstance(b, ast.Attribute)
+                                                                        and b.attr == "RopePass") for b in node.bases):
+                out.add(name)
+    return out
+
+
+ABOVE_PROOFS = ("rope_passes.passes", "rope_passes.lint", "rope_passes.pipeline", "rope_passes.api",
+                "rope_passes.check", "rope_passes.cli")
+
+
+def test_proofs_import_nothing_above_them():
+    graph = _import_graph()
+    assert any(_in(m, "rope_passes.proofs") for m in graph), "rope_passes.proofs is missing"
+    offenders = [f"{m} imports {t}" for m, targets in graph.items() if _in(m, "rope_passes.proofs")
+                 for t in targets if any(_in(t, above) for above in ABOVE_PROOFS)]
+    assert not offenders, "proofs sit below passes and lint:\n" + "\n".join(sorted(offenders))
+
+
+def test_lint_imports_proofs_never_a_pass_module():
+    """lint reads what the passes prove from rope_passes.proofs; the pass registry (rope_passes.passes, for
+    fix_bundle) is the only thing it takes from the passes package."""
+    graph = _import_graph()
+    offenders = [f"{m} imports {t}" for m, targets in graph.items() if _in(m, "rope_passes.lint")
+                 for t in targets if t.startswith("rope_passes.passes.")]
+    assert not offenders, "lint must import proofs, not pass modules:\n" + "\n".join(sorted(offenders))
+    assert any(t.startswith("rope_passes.proofs") for m, targets in graph.items() if _in(m, "rope_passes.lint")
+               for t in targets)
+
+
+def test_no_pass_imports_another_pass():
+    graph = _import_graph()
+    passes = _pass_modules()
+    assert {"rope_passes.passes.precompute_cos_sin", "rope_passes.passes.narrow_int64",
+            "rope_passes.passes.total_seq_on_gpu"} <= passes  # the finder finds passes
+    assert "rope_passes.passes._rewrite" not in passes
+    offenders = [f"{m} imports {t}" for m in passes for t in graph[m] if t in passes]
+    # a private helper that imports a pass module would launder the dependency: those count too
+    helpers = [m for m in graph if m.startswith("rope_passes.passes.") and m not in passes]
+    offenders += [f"{m} (a helper) imports {t}" for m in helpers for t in graph[m] if t in passes]
+    assert not offenders, ("shared facts live in analysis/ or proofs/, not in another pass:\n"
+                           + "\n".join(sorted(offenders)))
 
 
 def test_cycle_finder_finds_a_cycle():

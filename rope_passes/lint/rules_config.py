@@ -5,7 +5,7 @@ The config is the one beside the model (``config.json`` / ``model_config.json``)
 with NumPy (:meth:`rope_passes.hf_config.Rope.tables`: inv_freq with its scaling, LongRoPE's short/long factors and
 their switch, attention scaling, partial rotary); what the graph computes is read from its cos/sin chains (evaluated
 on onnxruntime CPU for a call of positions ``0..N-1``, LongRoPE also ``0..original-1``) or from GroupQueryAttention's
-cos/sin caches. See :mod:`rope_passes.passes._cos_sin_config` for the comparison and the causes it names.
+cos/sin caches. See :mod:`rope_passes.proofs.config` for the comparison and the causes it names.
 """
 
 from __future__ import annotations
@@ -18,9 +18,8 @@ import numpy as np
 from rope_passes.analysis.graph import MS_DOMAIN, const_tensor, flag, nodes_of
 from rope_passes.hf_config import HFConfig, Rope
 from rope_passes.lint.core import LintContext, Severity, rule
-from rope_passes.passes._cos_sin_config import TOL, TOL_FP16, Verdict, best_verdict, judge, rows_of
-from rope_passes.passes._cos_sin_positions import typed
-from rope_passes.passes.precompute_cos_sin import find_chain
+from rope_passes.proofs.chain import find_chain
+from rope_passes.proofs.config import TOL, TOL_FP16, Verdict, best_verdict, judge, rows_of
 from rope_passes.report import MatchFailure
 
 Found = Iterator[tuple[str, str]]
@@ -52,11 +51,9 @@ def _chains(ctx: LintContext, ropes: list[Rope], rows: int) -> Iterator[_Checked
         if node.op_type not in ("Cos", "Sin") or node.domain not in ("", "ai.onnx"):
             continue
         try:
-            chain = find_chain(ctx.model, node)
-            with typed(chain.source):  # positions made in the graph by a Range: typed while evaluated
-                table = rows_of(ctx.model, chain.positions, [chain.end], rows, shape_inputs=chain.shape_inputs)[0]
-                verdict = best_verdict(ctx.model, chain.positions, chain.end, chain.role, table, ropes,
-                                       chain.shape_inputs)
+            chain = find_chain(ctx.model, node)  # read only: a Range source is typed by the feeds, not retyped
+            table = rows_of(ctx.model, chain, rows)
+            verdict = best_verdict(ctx.model, chain, table, ropes)
         except MatchFailure:
             continue
         yield _Checked(node.name or node.op_type,

@@ -27,7 +27,7 @@ is not narrowed); values from graph inputs are the caller's, and the report says
 webgpu_fp16_graph and legacy/qwen35/cpu_fp32 (3D positions, not folded) go from 11 / 9 / 7 Memcpy to 0, with
 bit-identical WebGPU outputs.
 
-A model whose GroupQueryAttention is bfloat16 gets one note (``total-seq-on-gpu``'s ``BF16_GQA_NOTE``: no bf16 GQA
+A model whose GroupQueryAttention is bfloat16 gets one note (:data:`rope_passes.analysis.bf16.BF16_GQA_NOTE`, as ``total-seq-on-gpu``: no bf16 GQA
 kernel in either WebGPU runtime) and no rewrite.
 
 **Refuses** nothing: a Memcpy whose CPU end is not an int64 movement op with GPU/constant data inputs is left as it
@@ -40,12 +40,12 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
+from rope_passes.analysis.bf16 import note_bf16
 from rope_passes.analysis.graph import ancestors, const_array, const_tensor
 from rope_passes.analysis.placement import Placement, predict_placement, value_dtype
 from rope_passes.analysis.webgpu_kernels import KernelTable
 from rope_passes.passes._rewrite import NodeTape
 from rope_passes.passes.base import RopePass
-from rope_passes.passes.total_seq_on_gpu import note_bf16
 from rope_passes.report import PassReport
 from rope_passes.targets import resolve_target
 

@@ -62,154 +62,26 @@ exactly as (in)correct as the exported graph — nothing in the graph says other
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
 import onnx_ir as ir
 
-from rope_passes.analysis.graph import ancestors, const_tensor
-from rope_passes.analysis.inv_freq import inv_freq_product
-from rope_passes.analysis.longrope import LongRoPE, longrope_where
+from rope_passes.analysis.longrope import longrope_where
 from rope_passes.hf_config import HFConfig
-from rope_passes.passes._cos_sin_cone import Cone, Val
-from rope_passes.passes._cos_sin_config import (
-    UNKNOWN_SIZE,
-    against_config,
-    emit_switch,
-    find_ropes,
-    per_call_tables,
-    shape_feeds,
-)
-from rope_passes.passes._cos_sin_known import const
-from rope_passes.passes._cos_sin_positions import probes, range_source, typed
 from rope_passes.passes._rewrite import NodeTape, add_initializer, remove_dead
 from rope_passes.passes.base import RopePass, option
+from rope_passes.proofs.chain import Chain, find_chain
+from rope_passes.proofs.cone import Cone, Val
+from rope_passes.proofs.config import UNKNOWN_SIZE, against_config, find_ropes, per_call_tables, shape_feeds
+from rope_passes.proofs.constants import constant
+from rope_passes.proofs.known import Known
+from rope_passes.proofs.positions import probes
 from rope_passes.report import MatchFailure, PassReport
 from rope_passes.runtime.evaluate import evaluate_subgraph
 
 MAX_POSITIONS_KEY = "rope_passes.cos_sin_max_positions"
-
-#: Ops followed down from Cos/Sin into the chain's end: unary, or binary with a scalar constant.
-_UNARY = ("Cast", "Identity", "Neg")
-_SCALAR_BINARY = ("Mul", "Div", "Add", "Sub")
-
-
-@dataclasses.dataclass
-class _Chain:
-    """One per-call cos or sin computation: Cos/Sin node, the value consumers read, its inputs."""
-
-    trig: ir.Node
-    end: ir.Value  # replaced by the Gather
-    positions: ir.Value  # the position graph input
-    product: ir.Node  # the positions × inv_freq MatMul/Mul
-    inv_freq: ir.Value
-    nodes: list[ir.Node]  # the chain's nodes (ancestors of ``end``)
-    #: other graph inputs the chain reads only the shape of (the batch from Shape(past_key_values.0.value))
-    shape_inputs: list[ir.Value] = dataclasses.field(default_factory=list)
-    #: positions made in the graph: the Range whose output is ``positions`` (None: a graph input)
-    source: ir.Node | None = None
-    #: axes of ``end`` of extent 1 besides the positions' (a Range source's ``Unsqueeze(0)``)
-    unit_axes: list[int] = dataclasses.field(default_factory=list)
-    #: LongRoPE chosen per call in the graph (analysis.longrope's ``where`` form): tables only with a config
-    per_call: LongRoPE | None = None
-    #: LongRoPE frozen at export, rebuilt from config.json: (short table, long table, original_max_position_embeddings)
-    switch: tuple[np.ndarray, np.ndarray, int] | None = None
-
-    @property
-    def role(self) -> str:
-        return self.trig.op_type.lower()
-
-
-def _is_scalar_const(value: ir.Value | None) -> bool:
-    tensor = const_tensor(value)
-    return tensor is not None and tensor.size == 1
-
-
-def chain_end(value: ir.Value) -> ir.Value:
-    """Follow ``value`` down through single-consumer unary ops and binary ops with a scalar constant."""
-    while not value.is_graph_output():
-        uses = list(value.uses())
-        if len(uses) != 1:
-            return value
-        user, index = uses[0]
-        if user.domain not in ("", "ai.onnx") or len(user.outputs) != 1:
-            return value
-        if user.op_type in _UNARY:
-            pass
-        elif user.op_type in _SCALAR_BINARY and len(user.inputs) == 2:
-            if not _is_scalar_const(user.inputs[1 - index]):
-                return value
-        else:
-            return value
-        value = user.outputs[0]
-    return value
-
-
-def _graph_inputs(nodes: list[ir.Node], end: ir.Value) -> list[ir.Value]:
-    found: dict[int, ir.Value] = {}
-    for v in [end, *(i for n in nodes for i in n.inputs)]:
-        if v is not None and v.is_graph_input():
-            found[id(v)] = v
-    return list(found.values())
-
-
-def find_chain(model: ir.Model, trig: ir.Node) -> _Chain:
-    """The per-call chain ending at ``trig`` (not yet proved per-token); MatchFailure.absent if it is not this form."""
-    found = inv_freq_product(trig, model)
-    if found is None:
-        raise MatchFailure.absent(f"{trig.op_type} does not read positions × an inv_freq vector", trig.name)
-    product, inv_freq = found
-    end = chain_end(trig.outputs[0])
-    if end.is_graph_output():
-        raise MatchFailure.absent(f"the chain's end {end.name!r} is a graph output", trig.name)
-    nodes = ancestors([end])
-    inputs = _graph_inputs(nodes, end)
-    in_chain = {id(n) for n in nodes}
-    shape_only = [v for v in inputs if all(u.op_type in ("Shape", "Size") for u, _ in v.uses() if id(u) in in_chain)]
-    read = [v for v in inputs if all(v is not s for s in shape_only)]
-    by_value = {id(i) for n in ancestors(product.inputs, stop=("Shape", "Size")) if n.op_type not in ("Shape",
-                "Size") for i in n.inputs if i is not None}
-    if len(read) != 1 or id(read[0]) not in by_value:
-        source = range_source(product)
-        if source is not None:
-            return _range_chain(trig, end, product, inv_freq, source)
-        names = ", ".join(sorted(repr(v.name) for v in inputs)) or "none"
-        if len(read) != 1:
-            raise MatchFailure.absent(f"{trig.op_type} depends on {len(inputs)} graph inputs ({names}), not on one "
-                                      "position input", trig.name)
-        raise MatchFailure.absent(f"{trig.op_type} reads no position input: its positions are made in the graph "
-                                  f"from the shapes of {names}, not by a Range this pass knows", trig.name)
-    (positions,) = read
-    shape = positions.shape
-    if positions.dtype not in (ir.DataType.INT64, ir.DataType.INT32) or shape is None or not (
-            len(shape) == 2 or (len(shape) == 3 and shape[0] == 3)):
-        raise MatchFailure.absent(f"position input {positions.name!r} is {positions.dtype} {shape}, not an "
-                                  "integer [batch, seq] or [3, batch, seq] tensor", trig.name)
-    return _Chain(trig, end, positions, product, inv_freq, nodes, shape_inputs=shape_only)
-
-
-def _range_chain(trig: ir.Node, end: ir.Value, product: ir.Node, inv_freq: ir.Value, source: ir.Node) -> _Chain:
-    """The chain from a Range position source (positions made in the graph) to ``end``."""
-    positions = source.outputs[0]
-    nodes: dict[int, ir.Node] = {}
-    stack = [end.producer()]
-    while stack:
-        node = stack.pop()
-        if node is None or id(node) in nodes:
-            continue
-        nodes[id(node)] = node
-        stack.extend(i.producer() for i in node.inputs if i is not None and i is not positions)
-    inputs = _graph_inputs(list(nodes.values()), end)
-    shape_only = [v for v in inputs if all(u.op_type in ("Shape", "Size") for u, _ in v.uses() if id(u) in nodes)]
-    if len(shape_only) != len(inputs):
-        names = ", ".join(sorted(repr(v.name) for v in inputs if all(v is not s for s in shape_only)))
-        raise MatchFailure.absent(f"{trig.op_type} reads {names} besides its positions ({source.op_type} "
-                                  f"{source.name!r})", trig.name)
-    return _Chain(trig, end, positions, product, inv_freq, list(nodes.values()), shape_inputs=shape_only,
-                  source=source)
-
 
 @dataclasses.dataclass(frozen=True)
 class PrecomputeCosSinOptions:
@@ -229,20 +101,18 @@ class PrecomputeCosSinPass(RopePass):
         trig = [n for n in model.graph if n.op_type in ("Cos", "Sin") and n.domain in ("", "ai.onnx")]
         if not trig:
             raise MatchFailure.absent("no Cos/Sin node in the main graph (nothing computed per call)")
-        with contextlib.ExitStack() as typing:  # Range position sources get a type while the pass works with them
-            chains: list[_Chain] = []
-            for node in trig:
-                try:
-                    chain = find_chain(model, node)
-                    typing.enter_context(typed(chain.source))
-                    self._check_static(model, chain)
-                    chains.append(chain)
-                except MatchFailure as failure:
-                    report.record(failure, node.name)
-            if chains:
-                self._apply(model, chains, report)
+        chains: list[Chain] = []
+        for node in trig:
+            try:
+                chain = find_chain(model, node)
+                self._check_static(model, chain)
+                chains.append(chain)
+            except MatchFailure as failure:
+                report.record(failure, node.name)
+        if chains:
+            self._apply(model, chains, report)
 
-    def _apply(self, model: ir.Model, chains: list[_Chain], report: PassReport) -> None:
+    def _apply(self, model: ir.Model, chains: list[Chain], report: PassReport) -> None:
         graph = model.graph
         hf, ropes = find_ropes(self.context.model_path, self.options.hf_config)
         if isinstance(ropes, MatchFailure):
@@ -254,7 +124,7 @@ class PrecomputeCosSinPass(RopePass):
             for c in chains:
                 report.refused(c.trig.name, UNKNOWN_SIZE)
             return
-        done_per_call: list[_Chain] = []
+        done_per_call: list[Chain] = []
         tables: dict[int, np.ndarray] = {}
         for c in [c for c in chains if c.per_call is not None]:
             chains.remove(c)
@@ -271,17 +141,18 @@ class PrecomputeCosSinPass(RopePass):
                 done_per_call.append(c)
             except MatchFailure as failure:
                 report.record(failure, c.trig.name)
-        by_positions: dict[int, list[_Chain]] = {}
+        by_positions: dict[int, list[Chain]] = {}
         for c in chains:
             by_positions.setdefault(id(c.positions), []).append(c)
-        for group in by_positions.values():
-            tables.update(self._tables(model, group, max_positions, report))
+        for group in by_positions.values():  # a Range source whose limit exceeds the call's sizes: more rows
+            excess = group[0].source.excess if group[0].source is not None else 0
+            tables.update(self._tables(model, group, max_positions + excess, report))
         if ropes:
             against_config(model, [c for c in chains if id(c.end) in tables], tables, ropes, report)
         done = [c for c in chains if id(c.end) in tables] + done_per_call
         if not done:
             return
-        self._rewrite(graph, done, tables, max_positions, report)
+        self._rewrite(graph, done, tables, report)
         model.metadata_props[MAX_POSITIONS_KEY] = str(max_positions)
         report.metadata_changes.append(f"metadata_props[{MAX_POSITIONS_KEY!r}] = '{max_positions}'")
         names = ", ".join(sorted({repr(c.positions.name) for c in done}))
@@ -302,16 +173,20 @@ class PrecomputeCosSinPass(RopePass):
 
     # -- matching ---------------------------------------------------------------------------------------------
     @staticmethod
-    def _check_static(model: ir.Model, chain: _Chain) -> None:
+    def _check_static(model: ir.Model, chain: Chain) -> None:
         """MatchFailure.refuse unless the cone accounting proves each row a function of its own position."""
         lr = longrope_where(model)
         assume: dict[int, Val] = {}
         if lr is not None and any(n is lr.node for n in chain.nodes):  # per call: proved with the branch as a constant
             chain.per_call = lr
-            assume = {id(lr.node.outputs[0]): const(const_tensor(lr.long[0]))}
+            long = constant(lr.long[0])
+            if long is None:
+                raise MatchFailure.refuse(f"LongRoPE chosen per call: its long inv_freq {lr.long[0].name!r} is not a "
+                                          "constant", chain.trig.name)
+            assume = {id(lr.node.outputs[0]): Known.of(long)}
         opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx", 18))
         try:
-            cone = Cone(chain.positions, opset, chain.shape_inputs, assume)
+            cone = Cone(chain.positions, opset, chain.shape_inputs, assume, shape=chain.positions_shape)
             cone.prove(chain.end, chain.trig, unit_axes=chain.source is not None)
             chain.unit_axes = cone.unit_axes
         except MatchFailure as failure:
@@ -319,11 +194,11 @@ class PrecomputeCosSinPass(RopePass):
                                       node=failure.target) from None
 
     # -- evaluating -------------------------------------------------------------------------------------------
-    def _tables(self, model: ir.Model, chains: list[_Chain], rows: int, report: PassReport) -> dict[int, np.ndarray]:
+    def _tables(self, model: ir.Model, chains: list[Chain], rows: int, report: PassReport) -> dict[int, np.ndarray]:
         """Tables ``[rows, D]`` per chain end (``id(end)``), from the graph's own subgraph; failed ones recorded."""
         try:
             shape_inputs = list({id(v): v for c in chains for v in c.shape_inputs}.values())
-            probes, labels, results = _evaluate(model, chains[0].positions, [c.end for c in chains], rows, shape_inputs)
+            probes, labels, results = _evaluate(model, chains[0], [c.end for c in chains], rows, shape_inputs)
         except MatchFailure as failure:
             for c in chains:
                 report.record(failure, c.trig.name)
@@ -337,12 +212,17 @@ class PrecomputeCosSinPass(RopePass):
         return out
 
     # -- rewriting --------------------------------------------------------------------------------------------
-    def _rewrite(self, graph: ir.Graph, chains: list[_Chain], tables: dict[int, np.ndarray], rows: int,
+    def _rewrite(self, graph: ir.Graph, chains: list[Chain], tables: dict[int, np.ndarray],
                  report: PassReport) -> None:
         shared: dict[tuple, ir.Value] = {}
         old: list[ir.Value] = []
         for n, c in enumerate(chains):
             table = tables[id(c.end)]
+            rows = int(table.shape[0])
+            if c.source is not None:  # the Gather reads the Range output: it gets its type now (a rewrite)
+                c.positions.dtype = c.source.dtype
+                if c.positions.shape is None:
+                    c.positions.shape = ir.Shape(c.source.shape)
 
             def initializer(array: np.ndarray, suffix: str = "", role: str = c.role) -> ir.Value:
                 key = (role, suffix, array.dtype.str, array.shape, array.tobytes())
@@ -354,13 +234,13 @@ class PrecomputeCosSinPass(RopePass):
             if c.switch is not None:
                 short, long, original = c.switch
                 init, long_init = initializer(short, "_short"), initializer(long, "_long")
-                rows_value = emit_switch(tape, c.positions, init, long_init, original, f"{c.role}_{n}")
+                rows_value = _emit_switch(tape, c.positions, init, long_init, original, f"{c.role}_{n}")
             else:
                 init = initializer(table)
                 rows_value = tape.op("Gather", [init, c.positions], {"axis": 0},
                                      name=f"rope_passes/{c.role}_gather_{n}", output=f"rope_passes.{c.role}_rows_{n}",
                                      dtype=ir.DataType.from_numpy(table.dtype),
-                                     shape=[*c.positions.shape, table.shape[-1]])
+                                     shape=[*c.positions_shape, table.shape[-1]])
             if c.unit_axes:  # a Range source [S]: the end was [1, S, D]
                 axes = tape.op("Constant", [], {"value": ir.tensor(np.array(c.unit_axes, np.int64))},
                                name=f"rope_passes/{c.role}_axes_{n}", output=f"rope_passes.{c.role}_axes_{n}")
@@ -384,22 +264,49 @@ class PrecomputeCosSinPass(RopePass):
                 table_bytes=int(table.nbytes), inv_freq=c.inv_freq.name, replaced=c.end.name,
                 positions=c.positions.name, chain_nodes=len(c.nodes),
                 exact_when=f"every position in [0, {rows})" + ("" if c.source is None else
-                                                               f" (made by {c.source.name!r}: past + length <= {rows})"),
+                                                               f" (made by {c.source.node.name!r}, proved never "
+                                                               f"negative: past + length <= {rows - c.source.excess})"),
             )
         remove_dead(graph, old)
 
 
-def _evaluate(model: ir.Model, positions: ir.Value, ends: list[ir.Value], rows: int,
+def _emit_switch(tape: NodeTape, positions: ir.Value, short: ir.Value, long: ir.Value, original: int,
+                tag: str) -> ir.Value:
+    """``Where(ReduceMax(positions) + 1 > original, Gather(long, positions), Gather(short, positions))``:
+    transformers' LongRoPE choice (the call's largest position, over the whole batch)."""
+    dtype = positions.dtype
+    np_dtype = np.int64 if dtype == ir.DataType.INT64 else np.int32
+    one_c = tape.op("Constant", [], {"value": ir.tensor(np.array(1, np_dtype))}, name=f"rope_passes/{tag}_one",
+                    output=f"rope_passes.{tag}_one", dtype=dtype, shape=[])
+    orig_c = tape.op("Constant", [], {"value": ir.tensor(np.array(original, np_dtype))},
+                     name=f"rope_passes/{tag}_original", output=f"rope_passes.{tag}_original", dtype=dtype, shape=[])
+    top = tape.op("ReduceMax", [positions], {"keepdims": 0}, name=f"rope_passes/{tag}_max", dtype=dtype, shape=[])
+    size = tape.op("Add", [top, one_c], name=f"rope_passes/{tag}_max_plus_one", dtype=dtype, shape=[])
+    cond = tape.op("Greater", [size, orig_c], name=f"rope_passes/{tag}_long", output=f"rope_passes.{tag}_long",
+                   dtype=ir.DataType.BOOL, shape=[])
+    width = long.shape[-1] if long.shape is not None else None
+    rows = []
+    for which, table in (("long", long), ("short", short)):
+        rows.append(tape.op("Gather", [table, positions], {"axis": 0}, name=f"rope_passes/{tag}_gather_{which}",
+                            output=f"rope_passes.{tag}_rows_{which}", dtype=table.dtype,
+                            shape=[*positions.shape, width]))
+    return tape.op("Where", [cond, *rows], name=f"rope_passes/{tag}_switch", output=f"rope_passes.{tag}_rows",
+                   dtype=long.dtype, shape=[*positions.shape, width])
+
+
+def _evaluate(model: ir.Model, chain: Chain, ends: list[ir.Value], rows: int,
               shape_inputs: Sequence[ir.Value] = ()) -> tuple[list[np.ndarray], list[str], list[list[np.ndarray]]]:
-    """(probes, their labels, the ends' values per probe): the subgraph from ``positions`` to ``ends`` run on
-    onnxruntime CPU on the :func:`._cos_sin_positions.probes` calls; MatchFailure.absent if it cannot be."""
-    dtype = np.int64 if positions.dtype == ir.DataType.INT64 else np.int32
-    calls = probes(rows, len(positions.shape) == 3)
-    if len(positions.shape) == 1:  # a Range source: the same calls, one row each
+    """(probes, their labels, the ends' values per probe): the subgraph from the chain's positions to ``ends`` run
+    on onnxruntime CPU on the :func:`rope_passes.proofs.positions.probes` calls; MatchFailure.absent if it cannot
+    be."""
+    positions, shape = chain.positions, chain.positions_shape
+    dtype = np.int64 if chain.positions_dtype == ir.DataType.INT64 else np.int32
+    calls = probes(rows, len(shape) == 3)
+    if len(shape) == 1:  # a Range source: the same calls, one row each
         calls = [(label, p.reshape(-1)) for label, p in calls]
     try:
         results = [evaluate_subgraph(model, [positions, *shape_inputs], ends,
-                                     [p.astype(dtype), *shape_feeds(shape_inputs, positions, p)]) for _, p in calls]
+                                     [p.astype(dtype), *shape_feeds(shape_inputs, shape, p)]) for _, p in calls]
     except ValueError as exc:  # extract(): the ends are not bounded by the positions
         raise MatchFailure.absent(f"the chain is not a function of {positions.name!r} alone ({exc})") from exc
     except Exception as exc:  # noqa: BLE001 - any onnxruntime failure becomes a reason in the report
@@ -408,7 +315,7 @@ def _evaluate(model: ir.Model, positions: ir.Value, ends: list[ir.Value], rows: 
     return [p for _, p in calls], [label for label, _ in calls], results
 
 
-def _table(chain: _Chain, probes: list[np.ndarray], labels: list[str], results: list[np.ndarray]) -> np.ndarray:
+def _table(chain: Chain, probes: list[np.ndarray], labels: list[str], results: list[np.ndarray]) -> np.ndarray:
     """The chain's ``[rows, D]`` table, proved per position on every probe; MatchFailure otherwise."""
     if chain.unit_axes:  # a Range source [S]: the end is [1, S, D]
         results = [np.squeeze(r, axis=tuple(chain.unit_axes)) for r in results]
@@ -425,5 +332,5 @@ def _table(chain: _Chain, probes: list[np.ndarray], labels: list[str], results: 
     return np.ascontiguousarray(table)
 
 
-__all__ = ["MAX_POSITIONS_KEY", "PrecomputeCosSinPass", "chain_end", "find_chain"]
+__all__ = ["MAX_POSITIONS_KEY", "PrecomputeCosSinPass"]
 

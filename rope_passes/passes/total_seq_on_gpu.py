@@ -30,7 +30,7 @@ current one, and compares with the original run on exact-length masks.
 
 **bfloat16 GroupQueryAttention**: no WebGPU runtime here has a bf16 GroupQueryAttention kernel (probed tables:
 float16/float only), nor onnxruntime-webgpu 1.27's CPU EP (the session fails with ``NOT_IMPLEMENTED``), so moving the
-length plumbing cannot make the model run or capture. The pass says so once (a note at the first bf16 GQA, :data:`BF16_GQA_NOTE`; ``narrow-int64`` and lint RP207
+length plumbing cannot make the model run or capture. The pass says so once (a note at the first bf16 GQA, :data:`rope_passes.analysis.bf16.BF16_GQA_NOTE`; ``narrow-int64`` and lint RP207
 say the same) and rewrites nothing.
 
 Int64 position movement that also lands on CPU (mRoPE position math) is the separate pass ``narrow-int64``,
@@ -54,6 +54,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
+from rope_passes.analysis.bf16 import BF16_GQA_NOTE, bf16_gqa, note_bf16
 from rope_passes.analysis.graph import MS_DOMAIN, nodes_of
 from rope_passes.analysis.patterns import MASK_INPUT, SeqlensFromMaskSum, TotalSeqFromMaskShape, ValuePattern
 from rope_passes.passes._rewrite import NodeTape, add_initializer
@@ -62,32 +63,6 @@ from rope_passes.report import MatchFailure, PassReport
 
 SEQLENS_K, TOTAL_SEQ = 5, 6
 
-#: what the passes and lint say about a bf16 GroupQueryAttention. Both WebGPU runtimes' probed kernel tables
-#: (rope_passes/runtime_tables) register GQA for T = float16/float only, and a one-node bf16 GQA session fails on
-#: onnxruntime-webgpu 1.27's CPU EP too ("Could not find an implementation for GroupQueryAttention")
-BF16_GQA_NOTE = ("GroupQueryAttention is bfloat16: neither WebGPU runtime (onnxruntime-webgpu 1.27, onnxruntime 1.31 "
-                 "+ the WebGPU plugin EP) nor 1.27's CPU EP has a bf16 GroupQueryAttention kernel, so the model does "
-                 "not run there whatever its int64 plumbing; rewriting that cannot help. Build it in fp16 or fp32")
-
-
-def bf16_gqa(model: ir.Model) -> list[ir.Node]:
-    """The GroupQueryAttention nodes whose query (input 0), or first output, is bfloat16."""
-    out = []
-    for gqa in nodes_of(model, "GroupQueryAttention", MS_DOMAIN):
-        value = gqa.inputs[0] if gqa.inputs and gqa.inputs[0] is not None else gqa.outputs[0]
-        if value.dtype == ir.DataType.BFLOAT16:
-            out.append(gqa)
-    return out
-
-
-def note_bf16(model: ir.Model, report: PassReport) -> bool:
-    """Record :data:`BF16_GQA_NOTE` once (and "not matched") when the model's GQA is bf16; True if it is."""
-    found = bf16_gqa(model)
-    if found:
-        report.note(found[0].name or "GroupQueryAttention", BF16_GQA_NOTE, gqa=len(found))
-        report.not_matched("<model>", "GroupQueryAttention is bfloat16: no onnxruntime kernel for it here, nothing "
-                           "to move to the GPU")
-    return bool(found)
 
 def _match(pattern: ValuePattern, model: ir.Model, value: ir.Value, what: str) -> tuple[ir.Value, list[ir.Node]]:
     """(mask, the chain's nodes); MatchFailure.refuse (structure there, unsound) or .absent (structure absent)."""
@@ -210,3 +185,7 @@ class TotalSeqOnGpuPass(RopePass):
         else:
             tape.append(graph)
         return seqlens_k, total
+
+
+__all__ = ["BF16_GQA_NOTE", "SEQLENS_K", "TOTAL_SEQ", "TotalSeqOnGpuPass", "bf16_gqa", "match_seqlens_k",
+           "match_total_seq", "note_bf16"]

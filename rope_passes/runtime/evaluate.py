@@ -11,23 +11,36 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import onnx_ir as ir
 
+from rope_passes.interrupts import held_interrupts
+
 
 def evaluate_subgraph(model: ir.Model, inputs: Sequence[ir.Value], outputs: Sequence[ir.Value], feeds: list[np.ndarray]):
-    return subgraph_runner(model, inputs, outputs)(feeds)
+    """An input without a declared type (a Range output, a Where output fed in its place) is typed from its feed."""
+    types = [(ir.DataType.from_numpy(f.dtype), f.ndim) for f in feeds]
+    return subgraph_runner(model, inputs, outputs, types)(feeds)
 
 
-def subgraph_runner(model: ir.Model, inputs: Sequence[ir.Value],
-                    outputs: Sequence[ir.Value]) -> Callable[[list[np.ndarray]], list[np.ndarray]]:
+def subgraph_runner(model: ir.Model, inputs: Sequence[ir.Value], outputs: Sequence[ir.Value],
+                    types: Sequence[tuple[ir.DataType, int] | None] = ()) -> Callable[[list[np.ndarray]], list[np.ndarray]]:
     """The subgraph extracted and loaded once; the returned function runs it on one call's feeds (many calls,
-    one session)."""
-    from rope_passes.runtime.sessions import create_session  # every session comes from there (docs/runtimes.md)
+    one session). ``types``: (element type, rank) per input, for the inputs the model declares no type or shape of
+    (set on the extracted copy: the model is never changed)."""
+    with held_interrupts():  # a first import of onnxruntime is not safe to interrupt
+        import onnxruntime as ort
 
     sub = ir.convenience.extract(model.graph, inputs, outputs)
+    for value, given in zip(sub.inputs, types, strict=False):
+        if given is not None and value.type is None:
+            value.type = ir.TensorType(given[0])
+        if given is not None and value.shape is None:
+            value.shape = ir.Shape([f"{value.name or 'input'}_{k}" for k in range(given[1])])
     for value in sub.initializers.values():  # small constants (caches, inv_freq, masks): load them into the proto
         if value.const_value is not None:
             value.const_value = ir.tensor(value.const_value.numpy(), name=value.name)
     sub_model = ir.Model(sub, ir_version=min(model.ir_version or 10, 10))
     proto = ir.serde.serialize_model(sub_model)
-    sess = create_session(proto.SerializeToString(), "cpu")
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    sess = ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
     names = [i.name for i in sess.get_inputs()]
     return lambda feeds: sess.run(None, dict(zip(names, feeds, strict=True)))

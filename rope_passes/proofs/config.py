@@ -11,18 +11,16 @@ theta differs, scaling ignored, attention scaling differs, rotary width differs)
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
-from collections.abc import Iterator, Sequence
-from typing import Protocol
+from collections.abc import Sequence
 
 import numpy as np
 import onnx_ir as ir
 
-from rope_passes.analysis.graph import const_tensor
 from rope_passes.hf_config import HFConfig, Rope
-from rope_passes.passes._rewrite import NodeTape
+from rope_passes.proofs.chain import Chain
+from rope_passes.proofs.constants import constant
 from rope_passes.report import MatchFailure, PassReport
 from rope_passes.runtime.evaluate import evaluate_subgraph, subgraph_runner
 
@@ -49,52 +47,39 @@ class Verdict:
                 f"(by up to {self.worst:.3g}): {self.cause}")
 
 
-def calls(positions: ir.Value, rows: int) -> np.ndarray:
+def calls(dtype: ir.DataType, rank: int, rows: int) -> np.ndarray:
     """One call of positions ``0..rows-1`` in the position input's layout (``[1, rows]`` or ``[3, 1, rows]``)."""
-    call = np.arange(rows)[None, :] if len(positions.shape) > 1 else np.arange(rows)  # rank 1: a Range source
-    if len(positions.shape) == 3:
+    call = np.arange(rows)[None, :] if rank > 1 else np.arange(rows)  # rank 1: a Range source
+    if rank == 3:
         call = np.stack([call] * 3)
-    return call.astype(np.int64 if positions.dtype == ir.DataType.INT64 else np.int32)
+    return call.astype(np.int64 if dtype == ir.DataType.INT64 else np.int32)
 
 
-@contextlib.contextmanager
-def _typed(value: ir.Value, array: np.ndarray) -> Iterator[None]:
-    """Give a value fed as an input the type and shape of ``array`` while it is (restored after)."""
-    old = value.type, value.shape
-    value.type, value.shape = ir.TensorType(ir.DataType.from_numpy(array.dtype)), ir.Shape(array.shape)
-    try:
-        yield
-    finally:
-        value.type, value.shape = old
-
-
-def shape_feeds(shape_inputs: Sequence[ir.Value], positions: ir.Value, call: np.ndarray) -> list[np.ndarray]:
+def shape_feeds(shape_inputs: Sequence[ir.Value], positions_shape: Sequence, call: np.ndarray) -> list[np.ndarray]:
     """Zeros for the inputs a chain reads only the shape of: a dim named like one of the positions' takes its
     extent in ``call``, the other symbolic dims 1."""
-    named = {str(d): call.shape[k] for k, d in enumerate(positions.shape) if not isinstance(d, int)}
+    named = {str(d): call.shape[k] for k, d in enumerate(positions_shape) if not isinstance(d, int)}
     return [np.zeros([d if isinstance(d, int) else named.get(str(d), 1) for d in v.shape],
                      dtype=v.dtype.numpy()) for v in shape_inputs]
 
 
-def rows_of(model: ir.Model, positions: ir.Value, ends: Sequence[ir.Value], rows: int,
-            inv_freq: tuple[ir.Value, np.ndarray] | None = None,
-            shape_inputs: Sequence[ir.Value] = ()) -> list[np.ndarray]:
-    """The ends' rows ``[rows, D]`` for one call of positions ``0..rows-1`` (``inv_freq``: a constant replaced)."""
-    call = calls(positions, rows)
-    feeds = [call, *shape_feeds(shape_inputs, positions, call)]
-    inputs = [positions, *shape_inputs]
+def rows_of(model: ir.Model, chain: Chain, rows: int, inv_freq: tuple[ir.Value, np.ndarray] | None = None,
+            end: ir.Value | None = None) -> np.ndarray:
+    """The chain end's rows ``[rows, D]`` for one call of positions ``0..rows-1`` (``inv_freq``: a value replaced by
+    an array, fed in its place; the model is not changed)."""
+    call = calls(chain.positions_dtype, len(chain.positions_shape), rows)
+    feeds = [call, *shape_feeds(chain.shape_inputs, chain.positions_shape, call)]
+    inputs = [chain.positions, *chain.shape_inputs]
+    if inv_freq is not None:
+        value, array = inv_freq
+        inputs.append(value)
+        feeds.append(array)
     try:
-        with contextlib.ExitStack() as stack:
-            if inv_freq is not None:  # a value replaced: the array has its dtype and shape
-                value, array = inv_freq
-                stack.enter_context(_typed(value, array))
-                inputs.append(value)
-                feeds.append(array)
-            results = evaluate_subgraph(model, inputs, list(ends), feeds)
+        (result,) = evaluate_subgraph(model, inputs, [end if end is not None else chain.end], feeds)
     except Exception as exc:  # noqa: BLE001 - any failure is a reason in a report
         raise MatchFailure.absent(f"cannot evaluate the cos/sin subgraph on onnxruntime CPU "
                                   f"({type(exc).__name__}: {str(exc).splitlines()[0][:160]})") from exc
-    return [r.reshape(-1, rows, r.shape[-1])[0] for r in results]  # [1, rows, D] or [3, 1, rows, D]: first rows
+    return result.reshape(-1, rows, result.shape[-1])[0]  # [1, rows, D] or [3, 1, rows, D]: first rows
 
 
 def _want(rope: Rope, rows: int, role: str, width: int, long: bool) -> np.ndarray | None:
@@ -197,42 +182,29 @@ def find_ropes(model_path, explicit: str | None) -> tuple[HFConfig | None, list[
         return hf, failure
 
 
-class _Chain(Protocol):
-    trig: ir.Node
-    end: ir.Value
-    positions: ir.Value
-    inv_freq: ir.Value
-    shape_inputs: list[ir.Value]
-    switch: tuple[np.ndarray, np.ndarray, int] | None
-
-    @property
-    def role(self) -> str: ...
-
-
-def best_verdict(model: ir.Model, positions: ir.Value, end: ir.Value, role: str, long_rows: np.ndarray,
-                 ropes: Sequence[Rope], shape_inputs: Sequence[ir.Value] = ()) -> Verdict:
+def best_verdict(model: ir.Model, chain: Chain, long_rows: np.ndarray, ropes: Sequence[Rope]) -> Verdict:
     """The chain against every rope of the config (Gemma3: one per layer type): a right one, else the likeliest."""
     tol = TOL_FP16 if long_rows.dtype == np.float16 else TOL
     verdicts = []
     for rope in ropes:
         short = None
         if rope.switches and rope.original_max and rope.original_max < len(long_rows):
-            short = rows_of(model, positions, [end], rope.original_max, shape_inputs=shape_inputs)[0]
-        verdicts.append(judge(rope, role, long_rows, short, tol))
+            short = rows_of(model, chain, rope.original_max)
+        verdicts.append(judge(rope, chain.role, long_rows, short, tol))
     return min(verdicts, key=lambda v: (not v.ok, v.frozen is None, -(v.first_wrong or 0), v.worst))
 
 
-def against_config(model: ir.Model, chains: Sequence[_Chain], tables: dict[int, np.ndarray], ropes: Sequence[Rope],
+def against_config(model: ir.Model, chains: Sequence[Chain], tables: dict[int, np.ndarray], ropes: Sequence[Rope],
                    report: PassReport) -> None:
     """Check each chain's table with the config: right (nothing to do), LongRoPE frozen at export (``switch`` set:
     the other table evaluated with the config's other inv_freq in the graph's own chain), or wrong (a note)."""
     for c in chains:
         table = tables[id(c.end)]
         try:
-            verdict = best_verdict(model, c.positions, c.end, c.role, table, ropes, c.shape_inputs)
+            verdict = best_verdict(model, c, table, ropes)
             if verdict.ok:
                 continue
-            if verdict.frozen is None or len(c.positions.shape) != 2:
+            if verdict.frozen is None or len(c.positions_shape) != 2:
                 report.note(c.trig.name, verdict.message(f"{c.trig.op_type} ({c.role} table)") + "; the tables keep "
                             "what the graph computes (rope-passes lint: RP401)", first_wrong=verdict.first_wrong)
                 continue
@@ -242,23 +214,23 @@ def against_config(model: ir.Model, chains: Sequence[_Chain], tables: dict[int, 
             tables.pop(id(c.end), None)
 
 
-def _rebuild(model: ir.Model, c: _Chain, table: np.ndarray, rope: Rope, frozen: str) -> tuple[np.ndarray, np.ndarray,
+def _rebuild(model: ir.Model, c: Chain, table: np.ndarray, rope: Rope, frozen: str) -> tuple[np.ndarray, np.ndarray,
                                                                                                  int]:
     """(short, long, original): the graph's own table for the factors it froze, its own chain with the config's other
     inv_freq for the rest; refused unless the graph's inv_freq constant is the config's frozen one."""
-    current = const_tensor(c.inv_freq)
+    current = constant(c.inv_freq)  # its value, however the graph spells it
     frozen_inv = rope.inv_freq(long=frozen == "long")
-    if current is None or current.size != frozen_inv.size or not np.allclose(
-            current.numpy().reshape(-1), frozen_inv, rtol=1e-6, atol=0):
+    if current is None or current.size != frozen_inv.size or current.dtype.kind != "f" or not np.allclose(
+            current.reshape(-1), frozen_inv, rtol=1e-6, atol=0):
         raise MatchFailure.refuse(f"LongRoPE frozen at export, but {c.inv_freq.name!r} is not config.json's "
                                   f"{frozen} inv_freq: not rebuilt", c.trig.name)
-    replaced = rope.inv_freq(long=frozen == "short").astype(current.dtype.numpy()).reshape(current.shape.numpy())
-    other = rows_of(model, c.positions, [c.end], len(table), (c.inv_freq, replaced), c.shape_inputs)[0]
+    replaced = rope.inv_freq(long=frozen == "short").astype(current.dtype).reshape(current.shape)
+    other = rows_of(model, c, len(table), (c.inv_freq, replaced))
     short, long = (table, other) if frozen == "short" else (other, table)
     return np.ascontiguousarray(short), np.ascontiguousarray(long), int(rope.original_max or len(table))
 
 
-def per_call_tables(model: ir.Model, c: _Chain, ropes: Sequence[Rope], rows: int, lr) -> tuple[np.ndarray,
+def per_call_tables(model: ir.Model, c: Chain, ropes: Sequence[Rope], rows: int, lr) -> tuple[np.ndarray,
                                                                                                  np.ndarray, int]:
     """LongRoPE chosen per call in the graph (``Where(ReduceMax(positions) + 1 > original, long, short)``) with a
     LongRoPE config: the two tables are the chain evaluated with each branch fed in place of the Where's output;
@@ -271,11 +243,11 @@ def per_call_tables(model: ir.Model, c: _Chain, ropes: Sequence[Rope], rows: int
                                   c.trig.name)
     branches = []
     for which, value in (("long", lr.long[0]), ("short", lr.short[0])):
-        array = const_tensor(value).numpy()
-        if not np.allclose(array.reshape(-1), rope.inv_freq(long=which == "long"), rtol=1e-6, atol=0):
+        array = constant(value)
+        if array is None or array.dtype.kind != "f" or array.size != rope.inv_freq().size or not np.allclose(array.reshape(-1), rope.inv_freq(long=which == "long"), rtol=1e-6, atol=0):
             raise MatchFailure.refuse(f"LongRoPE chosen per call: the {which} inv_freq {value.name!r} is not "
                                       "config.json's", c.trig.name)
-        branches.append(rows_of(model, c.positions, [c.end], rows, (lr.node.outputs[0], array), c.shape_inputs)[0])
+        branches.append(rows_of(model, c, rows, (lr.node.outputs[0], array)))
     long, short = branches
     orig = int(rope.original_max)
     if rows <= orig:
@@ -283,15 +255,16 @@ def per_call_tables(model: ir.Model, c: _Chain, ropes: Sequence[Rope], rows: int
                                   "(--max-positions): the long factors would never be used", c.trig.name)
     cond = lr.node.inputs[0]
     try:  # one session each for the switch and the chain, run on every call below
-        switch = subgraph_runner(model, [c.positions], [cond])
+        switch = subgraph_runner(model, [c.positions], [cond], [(c.positions_dtype, len(c.positions_shape))])
     except ValueError:  # onnx_ir's extract: the condition reads more than the positions
         raise MatchFailure.refuse(f"LongRoPE chosen per call: the switch {cond.name!r} reads more than the "
                                   "positions", c.trig.name) from None
-    chain = subgraph_runner(model, [c.positions, *c.shape_inputs], [c.end])
+    chain = subgraph_runner(model, [c.positions, *c.shape_inputs], [c.end],
+                            [(c.positions_dtype, len(c.positions_shape))])
     for call in (np.arange(orig)[None], np.arange(rows)[None], np.array([[orig - 2, orig - 1], [0, 5]]),
                  np.array([[orig - 1, orig]]), np.array([[0], [orig]]), np.array([[1], [orig]]),
                  np.array([[orig], [1]]), np.array([[1, 2], [orig - 1, orig]]), np.array([[3], [orig - 1]])):
-        call = call.astype(np.int64 if c.positions.dtype == ir.DataType.INT64 else np.int32)
+        call = call.astype(np.int64 if c.positions_dtype == ir.DataType.INT64 else np.int32)
         # the switch itself: one choice for the whole call, from the positions alone (a per-row condition, or one
         # reading the call's shape, is not transformers' switch)
         (choice,) = switch([call])
@@ -299,7 +272,7 @@ def per_call_tables(model: ir.Model, c: _Chain, ropes: Sequence[Rope], rows: int
             raise MatchFailure.refuse(f"LongRoPE chosen per call: with positions {call.tolist()} the switch "
                                       f"{cond.name!r} is {choice.tolist()}, not one choice ReduceMax(positions) + 1 > "
                                       f"{orig} for the whole call", c.trig.name)
-        (got,) = chain([call, *shape_feeds(c.shape_inputs, c.positions, call)])
+        (got,) = chain([call, *shape_feeds(c.shape_inputs, c.positions_shape, call)])
         want = long[call] if call.max() + 1 > orig else short[call]
         if got.shape != want.shape or not np.array_equal(got, want):
             raise MatchFailure.refuse(f"LongRoPE chosen per call: with positions {call.tolist()} the graph's rows are "
@@ -307,29 +280,5 @@ def per_call_tables(model: ir.Model, c: _Chain, ropes: Sequence[Rope], rows: int
     return np.ascontiguousarray(short), np.ascontiguousarray(long), orig
 
 
-def emit_switch(tape: NodeTape, positions: ir.Value, short: ir.Value, long: ir.Value, original: int,
-                tag: str) -> ir.Value:
-    """``Where(ReduceMax(positions) + 1 > original, Gather(long, positions), Gather(short, positions))``:
-    transformers' LongRoPE choice (the call's largest position, over the whole batch)."""
-    dtype = positions.dtype
-    np_dtype = np.int64 if dtype == ir.DataType.INT64 else np.int32
-    one_c = tape.op("Constant", [], {"value": ir.tensor(np.array(1, np_dtype))}, name=f"rope_passes/{tag}_one",
-                    output=f"rope_passes.{tag}_one", dtype=dtype, shape=[])
-    orig_c = tape.op("Constant", [], {"value": ir.tensor(np.array(original, np_dtype))},
-                     name=f"rope_passes/{tag}_original", output=f"rope_passes.{tag}_original", dtype=dtype, shape=[])
-    top = tape.op("ReduceMax", [positions], {"keepdims": 0}, name=f"rope_passes/{tag}_max", dtype=dtype, shape=[])
-    size = tape.op("Add", [top, one_c], name=f"rope_passes/{tag}_max_plus_one", dtype=dtype, shape=[])
-    cond = tape.op("Greater", [size, orig_c], name=f"rope_passes/{tag}_long", output=f"rope_passes.{tag}_long",
-                   dtype=ir.DataType.BOOL, shape=[])
-    width = long.shape[-1] if long.shape is not None else None
-    rows = []
-    for which, table in (("long", long), ("short", short)):
-        rows.append(tape.op("Gather", [table, positions], {"axis": 0}, name=f"rope_passes/{tag}_gather_{which}",
-                            output=f"rope_passes.{tag}_rows_{which}", dtype=table.dtype,
-                            shape=[*positions.shape, width]))
-    return tape.op("Where", [cond, *rows], name=f"rope_passes/{tag}_switch", output=f"rope_passes.{tag}_rows",
-                   dtype=long.dtype, shape=[*positions.shape, width])
-
-
-__all__ = ["TOL", "TOL_FP16", "UNKNOWN_SIZE", "Verdict", "against_config", "best_verdict", "calls", "emit_switch",
+__all__ = ["TOL", "TOL_FP16", "UNKNOWN_SIZE", "Verdict", "against_config", "best_verdict", "calls",
            "find_ropes", "judge", "per_call_tables", "rows_of", "shape_feeds"]

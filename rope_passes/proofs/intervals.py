@@ -1,0 +1,266 @@
+"""Integer ranges: an interval ``[lo, hi]`` that holds every element of an integer value on every call the
+assumptions allow.
+
+The analysis walks a value's cone. A constant cone (:mod:`rope_passes.proofs.constants`) is its exact
+``[min, max]``; a graph input is what the :class:`Assumptions` say (the documented contract with the caller: by
+default an integer input fits int32, as positions and lengths do); ``Shape`` / ``Size`` are ``[0, dims]``
+(:attr:`Assumptions.dims`); the rest follows the ops: data movement (``Gather``, ``Reshape``, ``Concat``, ``Slice``,
+``Expand``...) keeps its data's interval (the hull of its inputs), ``Add`` / ``Sub`` / ``Mul`` / ``Neg`` / ``Abs`` /
+``Max`` / ``Min`` / ``Div`` / ``Mod`` are interval arithmetic, ``Range(start, limit, delta)`` with a constant
+``delta`` lies between ``start`` and ``limit``, ``Where`` is the hull of its branches, a ``Cast`` to an integer type
+keeps the interval when it fits that type, comparisons are ``[0, 1]``. Anything else (reductions that sum, control
+flow, custom ops, a float computation cast to an integer) is :data:`UNBOUNDED`: nothing is known, and a proof that
+needs a bound refuses.
+
+Arithmetic is exact on Python integers; a result that leaves the value's type
+wraps around in onnxruntime, so it is :data:`UNBOUNDED` too — a value that leaves int32 and comes back is bounded
+only where the graph's own arithmetic keeps it bounded. Untyped values (exporters leave shape arithmetic untyped)
+take their type from their op (Cast's ``to``, Shape's int64, input 0's); one whose type cannot be told is held to
+int32.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+
+import numpy as np
+import onnx_ir as ir
+
+from rope_passes.analysis.graph import attr
+from rope_passes.proofs.constants import Constants
+
+INT32 = (-(2**31), 2**31 - 1)
+INT64 = (-(2**63), 2**63 - 1)
+_TYPE_RANGE = {ir.DataType.INT32: INT32, ir.DataType.INT64: INT64, ir.DataType.INT16: (-(2**15), 2**15 - 1),
+               ir.DataType.INT8: (-128, 127), ir.DataType.UINT8: (0, 255), ir.DataType.UINT16: (0, 2**16 - 1),
+               ir.DataType.UINT32: (0, 2**32 - 1), ir.DataType.BOOL: (0, 1)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Interval:
+    lo: float  # an int, or -inf
+    hi: float  # an int, or +inf
+
+    def within(self, lo: int, hi: int) -> bool:
+        return lo <= self.lo and self.hi <= hi
+
+    def fits_int32(self) -> bool:
+        return self.within(*INT32)
+
+    def __str__(self) -> str:
+        def show(x: float) -> str:
+            return str(x) if math.isinf(x) else f"{int(x)}"
+        return f"[{show(self.lo)}, {show(self.hi)}]"
+
+
+UNBOUNDED = Interval(-math.inf, math.inf)
+
+
+def _hull(*items: Interval) -> Interval:
+    return Interval(min(i.lo for i in items), max(i.hi for i in items))
+
+
+def _corners(a: Interval, b: Interval, fn: Callable[[float, float], float]) -> Interval:
+    if any(math.isinf(x) for x in (a.lo, a.hi, b.lo, b.hi)):
+        return UNBOUNDED
+    values = [fn(x, y) for x in (a.lo, a.hi) for y in (b.lo, b.hi)]
+    return Interval(min(values), max(values))
+
+
+def _trunc_div(x: float, y: float) -> int:
+    q = abs(int(x)) // abs(int(y))
+    return q if (x >= 0) == (y > 0) else -q
+
+
+@dataclasses.dataclass(frozen=True)
+class Assumptions:
+    """What the analysis takes as given about a call (the documented contract; say it in the report)."""
+
+    #: every tensor dimension (what Shape / Size give, a Range's length)
+    dims: Interval = Interval(0, INT32[1])
+    #: an integer graph input's elements, by input name, else :attr:`inputs_default`
+    inputs: tuple[tuple[str, Interval], ...] = ()
+    inputs_default: Interval = Interval(*INT32)
+
+    def of_input(self, value: ir.Value) -> Interval:
+        named = dict(self.inputs)
+        if value.name in named:
+            return named[value.name]
+        if value.dtype is not None and not value.dtype.is_integer() and value.dtype != ir.DataType.BOOL:
+            return UNBOUNDED
+        if value.dtype == ir.DataType.BOOL:
+            return Interval(0, 1)
+        return self.inputs_default
+
+
+#: the assumption narrow-int64 documents: integer inputs and dimensions fit int32
+FITS_INT32 = Assumptions()
+#: a proof over every call the graph accepts: any dimension (up to int32: an axis of 2^31 entries is 2 GiB even at
+#: one byte per entry), no input value known
+ANY_DIMS = Assumptions(inputs_default=UNBOUNDED)
+
+_KEEP = frozenset({"Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Transpose", "Expand", "Tile", "Slice",
+                   "Gather", "GatherElements", "GatherND", "Split", "ReduceMax", "ReduceMin", "Compress", "DepthToSpace",
+                   "SpaceToDepth"})
+_BOOL = frozenset({"Equal", "Greater", "GreaterOrEqual", "Less", "LessOrEqual", "And", "Or", "Xor", "Not", "IsNaN",
+                   "IsInf"})
+
+
+class Intervals:
+    """The interval of every integer value asked about, under one set of :class:`Assumptions` (memoised)."""
+
+    def __init__(self, assumptions: Assumptions = FITS_INT32, constants: Constants | None = None) -> None:
+        self.assume = assumptions
+        self.constants = constants if constants is not None else Constants()
+        self._memo: dict[int, Interval] = {}
+        self._dtypes: dict[int, ir.DataType | None] = {}
+        self._keep: list[ir.Value] = []
+
+    def __call__(self, value: ir.Value | None) -> Interval:
+        if value is None:
+            return UNBOUNDED
+        stack: list[tuple[ir.Value, bool]] = [(value, False)]
+        while stack:
+            v, ready = stack.pop()
+            if id(v) in self._memo:
+                continue
+            array = self.constants(v)
+            node = v.producer()
+            if array is not None or node is None or node.domain not in ("", "ai.onnx"):
+                self._set(v, self._leaf(v, array))
+                continue
+            if not ready:
+                stack.append((v, True))
+                stack.extend((i, False) for i in node.inputs if i is not None and id(i) not in self._memo)
+                continue
+            for out in node.outputs:
+                self._dtypes[id(out)] = self._infer_dtype(node, out)
+                self._set(out, self._type_clip(self._dtypes[id(out)], self._node(node, out)))
+        return self._memo[id(value)]
+
+    def _dtype(self, v: ir.Value | None) -> ir.DataType | None:
+        if v is None:
+            return None
+        if v.dtype is not None:
+            return v.dtype
+        if id(v) in self._dtypes:
+            return self._dtypes[id(v)]
+        array = self.constants(v)
+        if array is not None and array.dtype != object:
+            return ir.DataType.from_numpy(array.dtype)
+        return None
+
+    def _infer_dtype(self, node: ir.Node, out: ir.Value) -> ir.DataType | None:
+        """The element type of an output the graph does not declare (exporters leave shape arithmetic untyped)."""
+        if out.dtype is not None:
+            return out.dtype
+        array = self.constants(out)
+        if array is not None and array.dtype != object:
+            return ir.DataType.from_numpy(array.dtype)
+        op = node.op_type
+        if op == "Cast":
+            return ir.DataType(attr(node, "to"))
+        if op in ("Shape", "Size"):
+            return ir.DataType.INT64
+        if op in _BOOL:
+            return ir.DataType.BOOL
+        if op == "Where" and len(node.inputs) == 3:
+            return self._dtype(node.inputs[1])
+        if op in _KEEP or op in ("Concat", "Max", "Min", "Sum", "Neg", "Abs", "Relu", "Add", "Sub", "Mul", "Div",
+                                 "Mod", "Range"):
+            return self._dtype(node.inputs[0]) if node.inputs else None
+        return None
+
+    def _set(self, v: ir.Value, interval: Interval) -> None:
+        self._memo[id(v)] = interval
+        self._keep.append(v)
+
+    def _leaf(self, v: ir.Value, array: np.ndarray | None) -> Interval:
+        if array is not None:
+            if array.dtype == object or array.size == 0 or not (np.issubdtype(array.dtype, np.integer)
+                                                                 or array.dtype == np.bool_):
+                return UNBOUNDED if array.size else Interval(0, 0)
+            return Interval(int(array.min()), int(array.max()))
+        if v.is_graph_input():
+            return self.assume.of_input(v)
+        return UNBOUNDED
+
+    @staticmethod
+    def _type_clip(dtype: ir.DataType | None, interval: Interval) -> Interval:
+        """A result outside its type wraps around in onnxruntime: nothing is known then. A value of unknown type is
+        held to int32 (the narrowest integer type positions come in: never more than proved)."""
+        bounds = _TYPE_RANGE.get(dtype, INT64) if dtype is not None else INT32
+        return interval if interval.within(*bounds) else UNBOUNDED
+
+    def _node(self, node: ir.Node, out: ir.Value) -> Interval:
+        op = node.op_type
+        ins = [self._memo[id(i)] if i is not None else None for i in node.inputs]
+        first = ins[0] if ins else None
+        if op in ("Shape", "Size"):
+            return self.assume.dims
+        if op in _BOOL:
+            return Interval(0, 1)
+        if op == "Cast":
+            to = ir.DataType(attr(node, "to"))
+            src = self._dtype(node.inputs[0])
+            if src is not None and src.is_floating_point():
+                return UNBOUNDED  # a float computation: not tracked
+            bounds = _TYPE_RANGE.get(to)
+            return first if first is not None and bounds is not None and first.within(*bounds) else UNBOUNDED
+        if op in _KEEP and first is not None:
+            return first
+        if op == "Concat" or op == "Max" or op == "Min" or op == "Sum":
+            present = [i for i in ins if i is not None]
+            if not present:
+                return UNBOUNDED
+            if op == "Concat":
+                return _hull(*present)
+            if op == "Max":
+                return Interval(max(i.lo for i in present), max(i.hi for i in present))
+            if op == "Min":
+                return Interval(min(i.lo for i in present), min(i.hi for i in present))
+            return Interval(sum(i.lo for i in present), sum(i.hi for i in present))
+        if op == "Where" and len(ins) == 3 and ins[1] is not None and ins[2] is not None:
+            return _hull(ins[1], ins[2])
+        if op == "Neg" and first is not None:
+            return Interval(-first.hi, -first.lo)
+        if op == "Abs" and first is not None:
+            if first.lo >= 0:
+                return first
+            return Interval(0 if first.hi >= 0 else -first.hi, max(-first.lo, first.hi))
+        if op == "Relu" and first is not None:
+            return Interval(max(first.lo, 0), max(first.hi, 0))
+        if op == "ConstantOfShape":
+            value = attr(node, "value", None)
+            if value is None:
+                return Interval(0, 0)
+            array = value.numpy()
+            return self._leaf(out, array)
+        if len(ins) == 2 and ins[0] is not None and ins[1] is not None:
+            a, b = ins
+            if op == "Add":
+                return Interval(a.lo + b.lo, a.hi + b.hi)
+            if op == "Sub":
+                return Interval(a.lo - b.hi, a.hi - b.lo)
+            if op == "Mul":
+                return _corners(a, b, lambda x, y: x * y)
+            if op == "Div" and (b.lo > 0 or b.hi < 0):  # integer Div truncates toward zero
+                return _corners(a, b, _trunc_div)
+            if op == "Mod" and b.lo > 0 and not math.isinf(b.hi):  # fmod=0: the sign of the divisor
+                return Interval(0, b.hi - 1)
+        if op == "Range" and len(ins) == 3 and all(i is not None for i in ins):
+            start, limit, delta = ins
+            if delta.lo > 0:
+                return Interval(start.lo, limit.hi - 1) if start.lo <= limit.hi - 1 else Interval(start.lo, start.lo)
+            if delta.hi < 0:
+                return Interval(limit.lo + 1, start.hi)
+        return UNBOUNDED
+
+
+def interval(value: ir.Value, assumptions: Assumptions = FITS_INT32) -> Interval:
+    return Intervals(assumptions)(value)
+
+
+__all__ = ["ANY_DIMS", "FITS_INT32", "INT32", "INT64", "UNBOUNDED", "Assumptions", "Interval", "Intervals", "interval"]

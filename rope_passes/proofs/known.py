@@ -1,0 +1,270 @@
+"""Values of the cos/sin cone that do not read the positions' values (:class:`Known`): constants, constants
+broadcast to a call's shape (``Expand`` / ``ConstantOfShape``: uniform along those axes, extents set per call), and
+the shape arithmetic of a call (``Shape`` / ``Size`` of the positions), whose elements are tracked symbolically
+(:class:`Dim` ``k`` = ``positions.shape[k]``; :data:`OPAQUE` = a call-dependent number nothing more is known about).
+Numbers are computed by onnx's reference evaluator one node at a time; data movement on symbols by running the op on
+element indices. Used by :mod:`rope_passes.proofs.cone`; :func:`evaluate_node` is also the per-node step of
+:mod:`rope_passes.proofs.constants`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Union
+
+import numpy as np
+import onnx_ir as ir
+
+from rope_passes.analysis.graph import attr
+from rope_passes.report import MatchFailure
+
+SMALL = 4096  # elements kept as values
+
+
+@dataclasses.dataclass(frozen=True)
+class Dim:
+    """``positions.shape[axis]`` (a call's batch or length)."""
+
+    axis: int
+
+    def __repr__(self) -> str:
+        return f"positions.shape[{self.axis}]"
+
+
+class _Opaque:
+    def __repr__(self) -> str:
+        return "?"
+
+
+OPAQUE = _Opaque()  # a call-dependent number nothing more is known about
+Ext = Union[int, Dim, _Opaque]  # noqa: UP007 - a runtime alias
+
+
+@dataclasses.dataclass(frozen=True)
+class Known:
+    shape: tuple[Ext, ...] | None  # None: not known
+    pattern: tuple[int, ...] | None = None  # static extents of the data (1 = uniform along that axis)
+    values: np.ndarray | None = None  # shaped like ``pattern``; object dtype when it holds symbols
+    varies: bool = False
+
+    @classmethod
+    def of(cls, array: np.ndarray) -> Known:
+        sym = array.dtype == object and any(isinstance(x, (Dim, _Opaque)) for x in array.flat)
+        if array.dtype == object and not sym:  # numbers only after all: back to a numeric array
+            array = np.array(array.tolist()).reshape(array.shape)
+        return cls(tuple(int(d) for d in array.shape), tuple(array.shape), array, sym)
+
+
+UNKNOWN_VARYING = Known(None, None, None, True)
+UNARY = {"Cast", "Identity", "Neg", "Abs", "Cos", "Sin", "Tan", "Exp", "Log", "Sqrt", "Reciprocal", "Floor", "Ceil",
+          "Round", "Sign", "Not", "Relu", "Sigmoid", "Tanh", "Erf", "IsNaN", "IsInf", "Atan", "Asin", "Acos", "Sinh",
+          "Cosh", "Softplus"}
+NARY = {"Add", "Sub", "Mul", "Div", "Pow", "Mod", "Max", "Min", "Equal", "Greater", "GreaterOrEqual", "Less",
+         "LessOrEqual", "And", "Or", "Xor", "Where", "BitShift", "BitwiseAnd", "BitwiseOr", "BitwiseXor", "Sum",
+         "Mean", "CastLike"}
+_MOVES = {"Identity", "Unsqueeze", "Squeeze", "Reshape", "Slice", "Transpose", "Expand", "Gather", "Concat", "Flatten",
+          "Tile", "Split"}
+def combine(exts: Sequence) -> Ext:
+    """The broadcast extent of feature axes (ints, Dim, OPAQUE)."""
+    ints = {e for e in exts if isinstance(e, int)} - {1}
+    syms = {e for e in exts if not isinstance(e, int)}
+    if len(ints) > 1:
+        raise MatchFailure.refuse(f"feature extents {sorted(ints)} do not broadcast")
+    if ints:
+        return ints.pop()
+    if len(syms) == 1:
+        return syms.pop()
+    return OPAQUE if syms else 1
+
+
+def const(tensor: ir.TensorProtocol) -> Known:
+    shape = tuple(int(d) for d in tensor.shape)
+    values = tensor.numpy() if tensor.size <= SMALL else None
+    return Known(shape, shape, values, False)
+
+
+def known_values(v: object) -> np.ndarray | None:
+    if not isinstance(v, Known) or v.values is None or v.shape is None or v.pattern != v.shape:
+        return None
+    return v.values
+
+
+# -- values not reading the positions ---------------------------------------------------------------------------------
+def known_op(node: ir.Node, ins: list[Known | None], opset: int) -> list[Known]:
+    op = node.op_type
+    n_out = len(node.outputs)
+    if op == "ConstantOfShape" or (op == "Expand" and ins[0] is not None):
+        shape = known_values(ins[-1])
+        if shape is None or shape.ndim != 1:
+            return [UNKNOWN_VARYING]
+        entries = shape.tolist()
+        if op == "ConstantOfShape":
+            fill = attr(node, "value", None)
+            data = fill.numpy().reshape(()) if fill is not None else np.float32(0)
+            base = Known((), (), np.asarray(data), False)
+        else:
+            base = ins[0]
+        if base.shape is None:
+            return [UNKNOWN_VARYING]
+        rank = max(len(entries), len(base.shape))
+        b_shape = (1,) * (rank - len(base.shape)) + base.shape
+        pattern = (1,) * (rank - len(base.shape)) + (base.pattern if base.pattern is not None else base.shape)
+        entries = [1] * (rank - len(entries)) + entries
+        out_shape = tuple(combine([b, e]) if not isinstance(e, _Opaque) or b == 1 else b
+                          for b, e in zip(b_shape, entries, strict=True))
+        values = None if base.values is None else base.values.reshape(pattern)
+        if values is not None and all(isinstance(e, int) for e in out_shape) and int(np.prod(out_shape)) <= SMALL:
+            return [Known.of(np.broadcast_to(values, out_shape).copy()) if not base.varies else
+                    Known(out_shape, out_shape, np.broadcast_to(values, out_shape).copy(), True)]
+        return [Known(out_shape, tuple(int(p) for p in pattern), values, base.varies)]
+    if any(a is None or a.shape is None for a in ins if a is not None) or not ins:
+        return [UNKNOWN_VARYING] * n_out
+    present = [a for a in ins if a is not None]
+    varies = any(a.varies for a in present)
+    if op in UNARY or op in NARY:
+        shape = tuple(combine(col) for col in _columns([a.shape for a in present]))  # type: ignore[misc]
+        patterns = [a.pattern for a in present]
+        if any(p is None for p in patterns) or any(a.values is None for a in present):
+            return [Known(shape, None, None, varies)]
+        out = evaluate_node(node, [a.values for a in ins] if op != "CastLike" else [ins[0].values, ins[1].values], opset)
+        if out is None:
+            return [Known(shape, None, None, True)]
+        value = Known.of(out[0])
+        return [Known(shape, value.pattern, value.values, varies and value.varies)]
+    if op in _MOVES and all(a.pattern == a.shape for a in present):
+        return _move(node, ins, opset, varies)
+    if op in ("Shape", "Size"):
+        a = present[0]
+        if op == "Size":
+            return [Known.of(np.array(int(np.prod(a.shape)) if all(isinstance(d, int) for d in a.shape) else OPAQUE,
+                                      dtype=object))]
+        start, end = attr(node, "start", 0), attr(node, "end", None)
+        return [Known.of(np.array(list(a.shape)[start:end], dtype=object))]
+    # any other op on numbers: only on whole tensors (a stored pattern is not the tensor: ReduceSum of a
+    # ConstantOfShape(Shape(positions)) counts the batch)
+    if not varies and all(a.values is not None and a.values.dtype != object and a.pattern == a.shape
+                          for a in present):
+        out = evaluate_node(node, [None if a is None else a.values for a in ins], opset)
+        if out is not None:
+            return [Known.of(v) for v in out]
+    return [UNKNOWN_VARYING] * n_out
+
+
+def _columns(shapes: list[tuple]) -> list[list]:
+    rank = max(len(s) for s in shapes)
+    return [[s[i - (rank - len(s))] for s in shapes if i - (rank - len(s)) >= 0] for i in range(rank)]
+
+
+def _move(node: ir.Node, ins: list[Known | None], opset: int, varies: bool) -> list[Known]:
+    """A data-movement op on known values (symbols included): run on element indices, then take the elements."""
+    data_inputs = range(len(ins)) if node.op_type == "Concat" else [0]
+    feeds: list[np.ndarray | None] = []
+    pool: list = []
+    for i, a in enumerate(ins):
+        if a is None or a.values is None:
+            if i in data_inputs and a is not None and a.pattern is not None and int(np.prod(a.pattern)) <= 1 << 20:
+                feeds.append(np.arange(len(pool), len(pool) + int(np.prod(a.pattern))).reshape(a.pattern))
+                pool.extend([None] * int(np.prod(a.pattern)))
+                continue
+            if a is None:
+                feeds.append(None)
+                continue
+            return [UNKNOWN_VARYING] * len(node.outputs)
+        if i in data_inputs:
+            feeds.append(np.arange(len(pool), len(pool) + a.values.size, dtype=np.int64).reshape(a.values.shape))
+            pool.extend(a.values.reshape(-1).tolist())
+        elif a.values.dtype == object:
+            return [UNKNOWN_VARYING] * len(node.outputs)
+        else:
+            feeds.append(a.values)
+    out = evaluate_node(node, feeds, opset)
+    if out is None:
+        return [UNKNOWN_VARYING] * len(node.outputs)
+    results: list[Known] = []
+    dtype = next((a.values.dtype for i, a in enumerate(ins) if i in data_inputs and a is not None
+                  and a.values is not None), object)
+    for idx in out:
+        elems = [pool[int(i)] for i in idx.reshape(-1)]
+        if any(e is None for e in elems):
+            results.append(Known(tuple(int(d) for d in idx.shape), tuple(int(d) for d in idx.shape), None, varies))
+            continue
+        sym = any(isinstance(e, (Dim, _Opaque)) for e in elems)
+        arr = np.array(elems, dtype=object if sym else dtype).reshape(idx.shape)
+        results.append(Known.of(arr))
+    return results
+
+
+def evaluate_node(node: ir.Node, arrays: list[np.ndarray | None], opset: int) -> list[np.ndarray] | None:
+    """One node on known values: onnx's reference evaluator on numbers, :func:`_symbolic` on object arrays."""
+    if any(a is not None and a.dtype == object for a in arrays):
+        return _symbolic(node, arrays)
+    from onnx.reference import ReferenceEvaluator
+
+    proto = ir.serde.serialize_node(node)
+    names = [f"x{i}" if a is not None else "" for i, a in enumerate(arrays)]
+    del proto.input[:]
+    proto.input.extend(names)
+    outs = [f"y{i}" for i in range(len(proto.output))]
+    del proto.output[:]
+    proto.output.extend(outs)
+    try:
+        ref = ReferenceEvaluator(proto, opsets={"": opset})
+        return [np.asarray(r) for r in ref.run(None, {n: a for n, a in zip(names, arrays, strict=True) if n})]
+    except Exception:  # noqa: BLE001 - an op the evaluator cannot run is simply not known
+        return None
+
+
+def _symbolic(node: ir.Node, arrays: list[np.ndarray | None]) -> list[np.ndarray] | None:
+    """Elementwise ops on arrays holding call dimensions: the few identities shape plumbing needs, OPAQUE else."""
+    op = node.op_type
+    present = [a for a in arrays if a is not None]
+    if op not in UNARY and op not in NARY:
+        return None
+    if op == "Cast":
+        to = attr(node, "to", None)
+        keep = to in (ir.DataType.INT64, ir.DataType.INT32, int(ir.DataType.INT64), int(ir.DataType.INT32))
+        return [np.vectorize(lambda x: x if keep or not isinstance(x, (Dim, _Opaque)) else OPAQUE,
+                             otypes=[object])(present[0])]
+    if op == "CastLike":
+        present = present[:1]
+    fn = np.vectorize(lambda *xs: _scalar(op, xs), otypes=[object])
+    return [fn(*present)]
+
+
+def _scalar(op: str, xs: tuple) -> object:
+    syms = [x for x in xs if isinstance(x, (Dim, _Opaque))]
+    if not syms:
+        numbers = [np.asarray(x) for x in xs]
+        try:
+            return np.asarray({
+                "Add": lambda a, b: a + b, "Sub": lambda a, b: a - b, "Mul": lambda a, b: a * b,
+                "Equal": lambda a, b: bool(a == b), "Greater": lambda a, b: bool(a > b),
+                "Less": lambda a, b: bool(a < b), "Where": lambda c, a, b: a if c else b, "Identity": lambda a: a,
+                "Neg": lambda a: -a, "Not": lambda a: not a, "Max": max, "Min": min, "Abs": abs,
+            }[op](*numbers)).item() if op != "Where" else (numbers[1] if numbers[0] else numbers[2]).item()
+        except (KeyError, TypeError):
+            return OPAQUE
+    a, b = (xs + (None,))[:2]
+    if op == "Where":
+        return (xs[1] if xs[0] else xs[2]) if isinstance(xs[0], (bool, np.bool_)) else OPAQUE
+    if op in ("Identity", "Abs") and isinstance(a, Dim):
+        return a
+    if op in ("Add", "Sub") and b == 0 and isinstance(a, Dim):
+        return a
+    if op == "Add" and a == 0 and isinstance(b, Dim):
+        return b
+    if op in ("Mul", "Div") and b == 1 and isinstance(a, Dim):
+        return a
+    if op == "Mul" and a == 1 and isinstance(b, Dim):
+        return b
+    if op == "Equal":
+        other = b if isinstance(a, Dim) else a
+        if isinstance(other, Dim):
+            return True if other == (a if isinstance(b, Dim) else b) else OPAQUE
+        if not isinstance(other, _Opaque) and other is not None and float(other) < 0:
+            return False  # a dimension is never negative (the Where(shape == -1) idiom of TorchScript exports)
+    return OPAQUE
+
+
+__all__ = ["NARY", "OPAQUE", "UNARY", "SMALL", "UNKNOWN_VARYING", "Dim", "Ext", "Known", "combine", "const", "evaluate_node", "known_op", "known_values"]
