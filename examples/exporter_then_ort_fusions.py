@@ -1,11 +1,11 @@
 """Exporter output → rope-passes ``--target exporter`` → onnxscript's ORT fusions, measured on WebGPU.
 
-    python examples/exporter_then_ort_fusions.py [EXPORT_DIR] [--steps N]
+    python examples/exporter_then_ort_fusions.py [EXPORT_DIR] [--steps N] [--out DIR]
 
 EXPORT_DIR holds the exported graph (``model.onnx``) and the model's ``config.json``, as optimum and transformers'
-exporter leave them. Without it the example uses the transformers-5 (``OnnxExporter``) Llama fixture of this
-repository with its config. Four variants of the graph are built and run as decode steps (batch 1, one new token,
-past 0..N-1) on onnxruntime's WebGPU EP and on CPU:
+exporter leave them; without it the example uses the transformers-5 (``OnnxExporter``) Llama fixture of this
+repository with its config. Four variants of the graph are written to DIR (default: a temporary folder, removed at
+the end) and run as decode steps (batch 1, one new token, past 0..N-1) on onnxruntime's WebGPU EP and on CPU:
 
 * ``original``: the export as it is;
 * ``exporter``: ``rope_passes.optimize(..., target="exporter")``: cos/sin read from tables (sized by config.json);
@@ -92,9 +92,18 @@ def _measure(path: Path, steps: int, reference: list[list[np.ndarray]] | None, r
 
 
 def main(argv: list[str]) -> int:
+    options = ("--steps", "--out")
     steps = int(argv[argv.index("--steps") + 1]) if "--steps" in argv else 16
-    args = [a for i, a in enumerate(argv) if a != "--steps" and (i == 0 or argv[i - 1] != "--steps")]
-    work = Path(tempfile.mkdtemp(prefix="rope-exporter-fusions-"))
+    out = argv[argv.index("--out") + 1] if "--out" in argv else None
+    args = [a for i, a in enumerate(argv) if a not in options and (i == 0 or argv[i - 1] not in options)]
+    if out is not None:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        return run(Path(out), args, steps, kept=True)
+    with tempfile.TemporaryDirectory(prefix="rope-exporter-fusions-") as tmp:  # removed afterwards
+        return run(Path(tmp), args, steps, kept=False)
+
+
+def run(work: Path, args: list[str], steps: int, kept: bool) -> int:
     src = work / "export"
     if args:
         shutil.copytree(args[0], src)
@@ -124,8 +133,9 @@ def main(argv: list[str]) -> int:
             reference = outputs
         print(f"{name:<18} {sum(ops.values()):>5} {ms_nodes:>3} {on_cpu:>10} {ms:>14.3f} {worst:>20.2e}  "
               f"{counts[name] or '-'}")
+    where = f"outputs in {work}" if kept else "outputs removed: --out DIR keeps them"
     print(f"\n(decode steps: batch 1, one token, past 0..{steps - 1}; ms = com.microsoft nodes; CPU/Memcpy = nodes "
-          f"onnxruntime's WebGPU session places on CPU / Memcpy nodes it inserts; outputs in {work})")
+          f"onnxruntime's WebGPU session places on CPU / Memcpy nodes it inserts; {where})")
     return 0
 
 

@@ -19,10 +19,13 @@ def main(argv: list[str]) -> int:
     text_only = "--text-only" in argv
     args = [a for a in argv if a != "--text-only"]
     if len(args) >= 2:
-        src, out = Path(args[0]), Path(args[1])
-    else:
-        tmp = Path(tempfile.mkdtemp(prefix="rope-example-"))
-        src, out = build_tiny_decoder(tmp / "tiny"), tmp / "tiny-webgpu-graph"
+        return optimize_and_check(Path(args[0]), Path(args[1]), text_only)
+    with tempfile.TemporaryDirectory(prefix="rope-example-") as tmp:  # removed afterwards: nothing left behind
+        src = build_tiny_decoder(Path(tmp) / "tiny")
+        return optimize_and_check(src, Path(tmp) / "tiny-webgpu-graph", text_only)
+
+
+def optimize_and_check(src: Path, out: Path, text_only: bool) -> int:
     report = rope_passes.optimize(str(src), str(out), target="webgpu-graph", options={"text_only": text_only})
     for p in report.passes:
         print(f"{p.pass_name:>22}: {p.status}")

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import onnx
 import pytest
@@ -36,9 +38,33 @@ def test_onnx_ir_pass_manager_example_gives_optimize_bytes(model, text_only, tmp
     assert model_proto.ir_version <= 13
 
 
+def fresh_tmpdir(tmp_path) -> dict[str, str]:
+    """An environment whose temp dir is a new empty folder: what a run leaves there is what it left behind."""
+    (tmp_path / "tmpdir").mkdir()
+    return {**os.environ, "TMPDIR": str(tmp_path / "tmpdir")}
+
+
+def left_behind(env: dict[str, str]) -> list[str]:
+    return sorted(p.name for p in Path(env["TMPDIR"]).iterdir())
+
+
 @pytest.mark.webgpu
-def test_optimize_and_check_example_on_tiny_model():
+def test_optimize_and_check_example_on_tiny_model(tmp_path):
+    env = fresh_tmpdir(tmp_path)
     result = subprocess.run([sys.executable, str(REPO / "examples/optimize_and_check.py")],
-                            capture_output=True, text=True, timeout=300)
+                            capture_output=True, text=True, timeout=300, env=env)
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.strip().endswith("equivalent")
+    assert left_behind(env) == []  # the tiny model's folder (rope-example-*) is removed
+
+
+@pytest.mark.webgpu
+def test_demo_runs_and_leaves_nothing_behind(tmp_path):
+    """``rope-passes demo`` (what scripts/demo.sh runs): the main job on the tiny decoder, exit 0 (equivalent), and
+    its temporary folder removed afterwards."""
+    env = fresh_tmpdir(tmp_path)
+    result = subprocess.run([sys.executable, "-m", "rope_passes", "demo", "--steps", "2"],
+                            capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert left_behind(env) == []  # the demo folder (rope-passes-demo-*) is removed
+    assert "equivalent (exit 0)" in result.stdout and "removed now" in result.stdout

@@ -325,14 +325,19 @@ def test_range_forms_that_must_not_be_rewritten(case, between, start, outcome, r
 
 
 @pytest.mark.webgpu
-def test_exporter_then_ort_fusions_example():
-    """examples/exporter_then_ort_fusions.py runs (WebGPU) and every variant stays within 1e-5 of the original."""
+def test_exporter_then_ort_fusions_example(tmp_path):
+    """examples/exporter_then_ort_fusions.py runs (WebGPU) and every variant stays within 1e-5 of the original;
+    nothing is left in the temp dir."""
+    import os
     import subprocess
     import sys
 
+    (tmp_path / "tmpdir").mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp_path / "tmpdir")}  # a fresh temp dir: what the example leaves there
     proc = subprocess.run([sys.executable, str(FIXTURES.parents[1] / "examples" / "exporter_then_ort_fusions.py"),
-                           "--steps", "3"], capture_output=True, text=True, timeout=600)
+                           "--steps", "3"], capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
+    assert list((tmp_path / "tmpdir").iterdir()) == []  # its variants (rope-exporter-fusions-*) are removed
     rows = {line.split()[0]: line.split() for line in proc.stdout.splitlines()
             if line.split() and line.split()[0] in ("original", "exporter", "original+fusions", "exporter+fusions")}
     assert set(rows) == {"original", "exporter", "original+fusions", "exporter+fusions"}, proc.stdout

@@ -18,17 +18,25 @@ from rope_passes.cli import output_console
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="build the embedded tiny decoder, optimize it for WebGPU graph capture, check it")
-    p.add_argument("--out", help="folder for the demo models (default: a new temporary folder)")
+    p.add_argument("--out", help="keep the demo models in this folder (default: a temporary one, removed at the end)")
     p.add_argument("--steps", type=int, default=8, help="decode steps for the check (default 8)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.out:
+        return _demo(Path(args.out), args.steps)
+    with tempfile.TemporaryDirectory(prefix="rope-passes-demo-") as tmp:  # nothing left behind in the temp dir
+        code = _demo(Path(tmp), args.steps)
+    output_console().print(f"(the demo models were in {tmp}, removed now: --out DIR keeps them)", highlight=False)
+    return code
+
+
+def _demo(root: Path, steps: int) -> int:
     from rope_passes.cli import main
     from rope_passes.demo import build_tiny_decoder
 
     console = output_console()
-    root = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="rope-passes-demo-"))
     original = build_tiny_decoder(root / "tiny")
     rewritten = root / "tiny-webgpu-graph"
     console.print(Rule(f"1. embedded tiny decoder → {original}"))
@@ -40,4 +48,4 @@ def run(args: argparse.Namespace) -> int:
     console.print(Rule("3. the rewritten model"))
     main(["inspect", str(rewritten)])
     console.print(Rule("4. check: original (CPU, WebGPU) vs rewritten (WebGPU, graph capture)"))
-    return main(["check", str(original), str(rewritten), "--steps", str(args.steps), "--graph-capture"])
+    return main(["check", str(original), str(rewritten), "--steps", str(steps), "--graph-capture"])
