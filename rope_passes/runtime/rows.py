@@ -29,7 +29,6 @@ import numpy as np
 import onnx_ir as ir
 
 from rope_passes.analysis.graph import attr, const_tensor
-from rope_passes.interrupts import held_interrupts
 
 #: elementwise ops of one input whose output element ``i`` depends on input element ``i`` only
 DEFERRED = frozenset({"Cos", "Sin", "Tan", "Acos", "Asin", "Atan", "Cosh", "Sinh", "Tanh", "Exp", "Log", "Sqrt",
@@ -237,8 +236,7 @@ class RowEvaluator:
         return list(session.run(None, dict(zip(names, [np.ascontiguousarray(a) for a in feeds], strict=True))))  # type: ignore[attr-defined]
 
     def _session(self, node: ir.Node, ins: list[np.ndarray | None]) -> object:
-        with held_interrupts():  # a first import of onnxruntime is not safe to interrupt
-            import onnxruntime as ort
+        from rope_passes.runtime.sessions import create_session, session_options  # every session comes from there
 
         values = [None if a is None else ir.Value(name=f"in{k}", type=ir.TensorType(ir.DataType.from_numpy(a.dtype)),
                                                   shape=ir.Shape([None] * a.ndim)) for k, a in enumerate(ins)]
@@ -249,11 +247,10 @@ class RowEvaluator:
         graph = ir.Graph([v for v in values if v is not None], one.outputs, nodes=[one],
                          opset_imports={"": self.opset})
         proto = ir.serde.serialize_model(ir.Model(graph, ir_version=min(self.model.ir_version or 10, 10)))
-        so = ort.SessionOptions()
-        so.log_severity_level = 3
+        so = session_options("cpu")
         so.intra_op_num_threads = 1  # small single ops: threads cost more than they give
         try:
-            return ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
+            return create_session(proto.SerializeToString(), "cpu", so=so)
         except Exception as exc:  # noqa: BLE001 - onnxruntime refuses the node alone: run the whole cone instead
             raise Unsupported(f"{node.op_type} alone does not load ({type(exc).__name__})") from None
 
