@@ -7,6 +7,9 @@
   ``.venv-plugin`` from ``scripts/setup-plugin-runtime.sh``; ``$ROPE_PASSES_WEBGPU_PYTHON`` or ``.venv``);
 * ``all``: one check per runtime, one verdict each (:func:`rope_passes.check.core.check_runtimes`); the exit code is the worst of them
   (:func:`worst`: not equivalent, then could not run, then equivalent);
+* ``web`` (``onnxruntime-web``): the WebGPU runs in headless Chromium (onnxruntime-web on the browser's WebGPU,
+  :mod:`rope_passes.check.web`, one browser per process), the CPU runs (the reference) on onnxruntime's CPU EP
+  here; set up by ``scripts/setup-web-runtime.sh``. Not part of ``all``;
 * default: the runtime installed here.
 
 A runtime asked for by name that has no interpreter is a usage error before anything runs (never a silent switch to
@@ -16,7 +19,7 @@ the other runtime).
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,17 +28,22 @@ from rope_passes.targets import RUNTIMES, WEBGPU_PLUGIN, default_runtime, get_ta
 
 if TYPE_CHECKING:
     from rope_passes.check.report import EquivalenceReport
+    from rope_passes.check.runner import RunResult, RunSpec
 
 #: ``--runtime all``: every runtime, one verdict each
 ALL = "all"
+#: the browser runtime (``--runtime web``): onnxruntime-web in headless Chromium
+WEB, WEB_ALIAS = "onnxruntime-web", "web"
 #: what ``check --runtime`` accepts
-CHOICES = (*RUNTIMES, ALL)
+CHOICES = (*RUNTIMES, WEB_ALIAS, WEB, ALL)
 #: verdicts from worst to best (the exit code of ``--runtime all`` is the worst one's)
 _ORDER = ("not equivalent", "could not run", "equivalent")
 
 
 def resolve(runtime: str | None) -> str:
     """The runtime's name (``None``: the one installed here); a usage error for an unknown one."""
+    if runtime in (WEB, WEB_ALIAS):
+        return WEB
     return get_target(runtime or default_runtime()).name
 
 
@@ -46,7 +54,15 @@ def runtimes_for(choice: str | None) -> list[str]:
 
 def interpreter(runtime: str) -> str | None:
     """The interpreter that runs ``runtime``'s sessions: None for this one (the runtime installed here), else the
-    path of the other runtime's. Raises UsageError, saying how to set it up, when there is none."""
+    path of the other runtime's. Raises UsageError, saying how to set it up, when there is none (for ``web``: when
+    the browser runtime is not set up; its CPU runs use this interpreter)."""
+    if runtime == WEB:
+        from rope_passes.runtime.web import missing
+
+        why = missing()
+        if why is not None:
+            raise UsageError(f"the browser runtime is not set up here: {why}")
+        return None
     from rope_passes.runtime.interpreters import PYTHON_ENV, python_for  # imports onnxruntime: not at CLI start
 
     python = python_for(runtime)
@@ -67,10 +83,23 @@ def fallback_interpreter(runtime: str) -> str | None:
     return None if runtime == WEBGPU_PLUGIN else python_for(WEBGPU_PLUGIN)
 
 
+def execute_elsewhere(spec: RunSpec, runtime: str | None, on_step: Callable[[int], None] | None = None,
+                      on_sweep: Callable[[int], None] | None = None,
+                      on_schedule: Callable[[int], None] | None = None) -> RunResult | None:
+    """The hook of runtimes that are no Python interpreter: the run's result when ``runtime`` runs ``spec`` itself
+    (``web``: a WebGPU run, in this process's browser), else None (run it as usual)."""
+    if runtime != WEB or spec.ep != "webgpu":
+        return None
+    from rope_passes.check.web import execute_web_run
+
+    return execute_web_run(spec, on_step, on_sweep=on_sweep, on_schedule=on_schedule)
+
+
 def worst(reports: Sequence[EquivalenceReport]) -> str:
     """The worst verdict: not equivalent (found a difference), else could not run, else equivalent."""
     return min((r.verdict for r in reports), key=_ORDER.index)
 
 
-__all__ = ["ALL", "CHOICES", "fallback_interpreter", "interpreter", "resolve", "runtimes_for",
+__all__ = ["ALL", "CHOICES", "WEB", "WEB_ALIAS", "execute_elsewhere", "fallback_interpreter", "interpreter", "resolve",
+           "runtimes_for",
            "worst"]

@@ -177,7 +177,8 @@ class WebCaptureDriver:
 
 
 def execute_web_run(spec: RunSpec, on_step: Callable[[int], None] | None = None,
-                    on_sweep: Callable[[int], None] | None = None, bundle: str = "webgpu") -> RunResult:
+                    on_sweep: Callable[[int], None] | None = None, bundle: str = "webgpu",
+                    on_schedule: Callable[[int], None] | None = None) -> RunResult:
     """Run ``spec`` (``ep == "webgpu"``) in this process's browser; every failure becomes a status with a one-line
     reason, as :func:`.runner.execute_run` does for a Python runtime. A page that crashed is reopened."""
     from rope_passes.check.sweep import run_sweep
@@ -226,6 +227,18 @@ def execute_web_run(spec: RunSpec, on_step: Callable[[int], None] | None = None,
     except Exception as exc:  # noqa: BLE001
         result.status, result.reason = RUN_FAILED, _one_line(exc)
         result.failed_step = len(result.steps)
+    schedules = getattr(spec, "schedules", None) or []  # the checker's schedules (.schedules), where it has them
+    if schedules and dspec is not None and dspec.is_decoder and driver is None and result.ok:
+        from rope_passes.check.schedules import from_spec, run_schedule
+
+        for k, data in enumerate(schedules):
+            calls = result.schedules.setdefault(data["name"], [])
+            try:
+                run_schedule(session, dspec, from_spec(data), calls)
+            except Exception as exc:  # noqa: BLE001 - a call that raises is a result; the calls before it are kept
+                result.schedule_errors[data["name"]] = _one_line(exc)
+            if on_schedule is not None:
+                on_schedule(k)
     if spec.sweep and dspec is not None and dspec.is_decoder and driver is None and result.ok:
         for k, position in enumerate(spec.sweep):
             run_sweep(session, dspec, [position], spec.seed, result.sweep, result.sweep_errors)

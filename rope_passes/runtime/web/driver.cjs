@@ -35,6 +35,7 @@ async function main() {
       let value;
       if (fn === '__reload') { await open(); value = {}; }
       else if (fn === '__close') { break; }
+      else if (fn === '__eval') { value = await page.evaluate(args.expr); }  // an async function's source, for probes
       else value = await page.evaluate(([f, a]) => window.rope[f](a), [fn, args]);
       say({ id, ok: true, value });
     } catch (e) {
