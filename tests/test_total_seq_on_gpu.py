@@ -318,18 +318,26 @@ def test_int64_movement_narrowed_on_3d_vl_graph(genai_corpus):
     assert gathers and gathers[0].outputs[0].dtype == ir.DataType.INT32
 
 
-def test_int64_constants_outside_int32_are_not_narrowed():
-    """A constant data input is checked, not assumed: 2^31 + 7 would wrap in the int32 Cast."""
-    from rope_passes.passes.narrow_int64 import _constant_fits
+def test_int64_values_outside_int32_are_not_narrowed():
+    """A data input is proved to fit int32 by its interval, whatever form its constants take: 2^31 + 7 would wrap in
+    the int32 Cast. A graph input is the caller's (taken to fit int32: the note above says so)."""
+    from rope_passes.passes.narrow_int64 import _fits_int32
 
     def value(array, constant=True):
         return ir.Value(name="c", type=ir.TensorType(ir.DataType.INT64), shape=ir.Shape(array.shape),
                         const_value=ir.tensor(array, name="c") if constant else None)
-    assert _constant_fits(value(np.array([0, 5, 2**31 - 1, -(2**31)], np.int64)))
-    assert not _constant_fits(value(np.array([3, 2**31 + 7], np.int64)))
-    assert _constant_fits(value(np.array([2**40], np.int64), constant=False))  # the caller's: noted, see above
+    assert _fits_int32(value(np.array([0, 5, 2**31 - 1, -(2**31)], np.int64)))
+    assert not _fits_int32(value(np.array([3, 2**31 + 7], np.int64)))
+    caller = value(np.array([2**40], np.int64), constant=False)
+    ir.Graph([caller], [], nodes=[])  # a graph input: the caller's
+    assert _fits_int32(caller)
     ints = ir.node("Constant", [], {"value_ints": [1, 2**31 + 7]}).outputs[0]  # a Constant without a tensor too
-    assert not _constant_fits(ints)
+    assert not _fits_int32(ints)
+    three_e9 = ir.node("Constant", [], {"value_float": 3e9}, name="f").outputs[0]
+    three_e9.name = "f"
+    as_int = ir.node("Cast", [three_e9], {"to": ir.DataType.INT64}, name="i").outputs[0]
+    as_int.name = "i"
+    assert not _fits_int32(as_int)  # a constant computed by a Cast: its value, not its form
 
 
 #: vision-language graphs: capture-ready for text prompts once fold-text-mrope folds them (--text-only)

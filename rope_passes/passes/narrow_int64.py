@@ -37,16 +37,16 @@ onnxruntime-webgpu, or no Memcpy this pass can remove (the reason says which).
 
 from __future__ import annotations
 
-import numpy as np
 import onnx_ir as ir
 
 from rope_passes.analysis.bf16 import note_bf16
-from rope_passes.analysis.graph import ancestors, const_array, const_tensor
+from rope_passes.analysis.graph import ancestors
 from rope_passes.analysis.placement import Placement, predict_placement, value_dtype
 from rope_passes.analysis.webgpu_kernels import KernelTable
 from rope_passes.passes._rewrite import NodeTape
 from rope_passes.passes.base import RopePass
-from rope_passes.report import PassReport
+from rope_passes.proofs.intervals import FITS_INT32, Intervals
+from rope_passes.report import MatchFailure, PassReport
 from rope_passes.targets import resolve_target
 
 #: ops that only move or select int64 values (no arithmetic): narrowing them to int32 is exact whenever the values fit
@@ -71,7 +71,7 @@ class NarrowInt64Pass(RopePass):
         if note_bf16(model, report):  # no bf16 GQA kernel: moving int64 plumbing cannot help
             return
         narrowed: list[ir.Node] = []
-        done: set[int] = set()
+        done: set[int] = set()  # narrowed, or refused (each refused once)
         target = resolve_target(self.context.runtime)
         for _ in range(MAX_ROUNDS):
             placement = predict_placement(model, graph_capture=True, target=target)
@@ -82,6 +82,11 @@ class NarrowInt64Pass(RopePass):
                 why = "no Memcpy predicted under graph capture"
                 break
             node = _next_node(model.graph, placement, done, target.kernels)
+            if isinstance(node, tuple):  # a candidate whose values are not proved to fit int32
+                refused, failure = node
+                report.record(failure)
+                done.add(id(refused))
+                continue
             if node is None:
                 why = (f"{len(placement.memcpy)} Memcpy predicted, none at an int64 movement op whose data inputs "
                        "are GPU tensors, graph inputs or constants")
@@ -105,8 +110,10 @@ def _data_indices(node: ir.Node) -> list[int]:
     return [0]
 
 
-def _next_node(graph: ir.Graph, placement: Placement, done: set[int], kernels: KernelTable) -> ir.Node | None:
-    """The first CPU node at a predicted Memcpy that can run in int32 on the GPU (not narrowed before), or None.
+def _next_node(graph: ir.Graph, placement: Placement, done: set[int],
+               kernels: KernelTable) -> ir.Node | tuple[ir.Node, MatchFailure] | None:
+    """The first CPU node at a predicted Memcpy that can run in int32 on the GPU (not narrowed before), or None; a
+    (node, MatchFailure.refuse) when that node has the form but its values are not proved to fit int32.
 
     For a MemcpyFromHost: its producer, then that node's CPU ancestors through data inputs (narrowing starts where the
     data is on the GPU); for a MemcpyToHost or a graph input read on both sides: the value's CPU readers.
@@ -132,11 +139,17 @@ def _next_node(graph: ir.Graph, placement: Placement, done: set[int], kernels: K
         else:
             candidates.extend(u for u, _ in value.uses() if (u.name or "") in placement.cpu_nodes)
     cpu_outputs = {id(v) for n in graph if (n.name or "") in placement.cpu_nodes for v in n.outputs}
-    return next((c for c in candidates if id(c) not in done and c.name in by_name
-                 and _narrowable(c, cpu_outputs, kernels)), None)
+    intervals = Intervals(FITS_INT32)
+    for c in candidates:
+        if id(c) in done or c.name not in by_name or not _narrowable(c, cpu_outputs, kernels):
+            continue
+        unproved = _outside_int32(c, intervals)
+        return c if unproved is None else (c, unproved)
+    return None
 
 
 def _narrowable(node: ir.Node, cpu_outputs: set[int], kernels: KernelTable) -> bool:
+    """The form: an int64 movement op with a WebGPU int32 kernel whose data inputs are not computed on CPU."""
     if node.op_type not in MOVEMENT_OPS or node.domain not in ("", "ai.onnx"):
         return False
     if "on" not in (kernels.modes("", node.op_type, _NARROW_TYPE.get(node.op_type, "INT32")) or frozenset()):
@@ -144,18 +157,31 @@ def _narrowable(node: ir.Node, cpu_outputs: set[int], kernels: KernelTable) -> b
     data = [node.inputs[i] for i in _data_indices(node) if i < len(node.inputs) and node.inputs[i] is not None]
     if not data or any(value_dtype(v) != "INT64" for v in data):
         return False
-    if any(not _constant_fits(v) for v in data):
-        return False
     return not any(id(v) in cpu_outputs for v in data)
 
 
-def _constant_fits(value: ir.Value) -> bool:
-    """A constant data input narrows only when every value fits in int32 (checked: it is in the graph); anything
-    else is not a constant here and is the caller's (see :func:`_input_note`)."""
-    array = const_array(value, max_size=1 << 16)
-    if array is None:  # not a constant (the caller's), or one too large to check
-        return const_tensor(value) is None
-    return bool(np.all((array >= INT32_MIN) & (array <= INT32_MAX)))
+def _outside_int32(node: ir.Node, intervals: Intervals) -> MatchFailure | None:
+    """None when every data input's values are proved to fit int32 (their interval from their cone, graph inputs
+    taken to fit int32 as documented); else the refusal naming the node. Shape reads dims only: its values never
+    matter."""
+    if node.op_type == "Shape":
+        return None
+    for i in _data_indices(node):
+        value = node.inputs[i] if i < len(node.inputs) else None
+        if value is None:
+            continue
+        found = intervals(value)
+        if not found.fits_int32():
+            return MatchFailure.refuse(
+                f"int64 {node.op_type} {node.name!r} not narrowed: its input {value.name!r} is not proved to fit int32 "
+                f"(its values lie in {found}, from its cone with graph inputs in int32), and the int32 Cast would "
+                "wrap them around", node.name or node.op_type, interval=str(found))
+    return None
+
+
+def _fits_int32(value: ir.Value) -> bool:
+    """The interval of ``value`` (from its cone; graph inputs taken to fit int32) lies in int32."""
+    return Intervals(FITS_INT32)(value).fits_int32()
 
 
 def _input_note(graph: ir.Graph, narrowed: list[ir.Node]) -> str | None:

@@ -201,7 +201,10 @@ def evaluate_node(node: ir.Node, arrays: list[np.ndarray | None], opset: int) ->
         return _symbolic(node, arrays)
     from onnx.reference import ReferenceEvaluator
 
-    proto = ir.serde.serialize_node(node)
+    try:
+        proto = ir.serde.serialize_node(node)
+    except Exception:  # noqa: BLE001 - a node that cannot be written (unnamed values) is not evaluated
+        return None
     names = [f"x{i}" if a is not None else "" for i, a in enumerate(arrays)]
     del proto.input[:]
     proto.input.extend(names)

@@ -5,6 +5,14 @@ permutation, a [2, 3] call) show every row depends on its own position only. Per
 the table (expect "equivalent"); a per-call choice the probes never exercise is not (expect "refuse"): a short/long
 blend switched by the call's largest/last position, its length, or a single-token flag, written without Where and,
 for some, without any Reduce op.
+
+Positions made in the graph (issue 18: proofs over values, not forms): the tf5 graph's ``position_ids`` input is
+replaced by optimum's ``Range(past + k, past + k + S, 1)`` (``past`` = ``Shape(past_key)[2]``, ``S`` =
+``Shape(input_ids)[1]``), the rows gathered by the Range output. With ``k`` negative the graph computes cos/sin of
+negative positions, which a table lookup wraps to its end: refused, however ``k`` is spelled (an initializer, a
+``Constant`` ``value_int`` / ``value_ints``, a ``Cast`` of a float, a ``Gather(Concat(...))``, arithmetic). With ``k``
+positive the graph's own positions start at ``k``: a table of ``max_positions`` rows would be read past its end, so the
+table must be sized from what the graph proves (``max_positions + k``), or refused.
 """
 
 from __future__ import annotations
@@ -13,7 +21,7 @@ import onnx_ir as ir
 
 from . import EQUIVALENT, REFUSE, Mutant, Work
 from . import transforms as t
-from .edit import graph_input, splice
+from .edit import Chain, graph_input, splice
 
 PASS = "precompute-cos-sin"
 TF5 = "torch/tf5/dynamo/llama/decode.onnx"
@@ -51,6 +59,67 @@ def blend(flag):
     return edit
 
 
+# -- positions made in the graph ---------------------------------------------------------------------------------
+def _value_int(c: Chain, k: int) -> ir.Value:
+    return c.op("Constant", dtype=ir.DataType.INT64, value_int=k)
+
+
+def _value_ints_gather(c: Chain, k: int) -> ir.Value:
+    ks = c.op("Constant", dtype=ir.DataType.INT64, value_ints=[7, k])
+    return c.op("Gather", ks, c.scalar(1), dtype=ir.DataType.INT64, axis=0)
+
+
+def _cast_float(c: Chain, k: int) -> ir.Value:
+    f = c.op("Constant", dtype=ir.DataType.FLOAT, value_float=float(k))
+    return c.op("Cast", f, dtype=ir.DataType.INT64, to=ir.DataType.INT64)
+
+
+def _gather_concat(c: Chain, k: int) -> ir.Value:
+    both = c.op("Concat", c.i64(3), c.op("Constant", dtype=ir.DataType.INT64, value_ints=[k]), axis=0)
+    return c.op("Gather", both, c.scalar(1), dtype=ir.DataType.INT64, axis=0)
+
+
+def _initializer(c: Chain, k: int) -> ir.Value:
+    return c.scalar(k)
+
+
+def _arithmetic(c: Chain, k: int) -> ir.Value:
+    """k as (k + 7) * 2 - k - 14, from value_int Constants."""
+    a = c.op("Mul", c.op("Add", _value_int(c, k), _value_int(c, 7)), _value_int(c, 2))
+    return c.op("Sub", c.op("Sub", a, _value_int(c, k)), _value_int(c, 14))
+
+
+OFFSET_FORMS = {"initializer": _initializer, "value-int": _value_int, "value-ints-gather": _value_ints_gather,
+                "cast-float": _cast_float, "gather-concat": _gather_concat, "arithmetic": _arithmetic}
+
+
+def range_positions(offset: int, form=_initializer, delta_form=None):
+    """``position_ids`` replaced by ``Unsqueeze(Range(past + offset, past + offset + S, delta), 0)`` (optimum's
+    positions made in the graph; ``delta`` 1 written as ``delta_form``), the input removed."""
+    def edit(work: Work) -> list[str]:
+        graph = work.graph
+        pos = graph_input(graph, "position_ids")
+        c = Chain(graph, "range_positions")
+        past = c.op("Gather", c.op("Shape", graph_input(graph, "past_key_values.0.key"), dtype=ir.DataType.INT64),
+                    c.scalar(2), dtype=ir.DataType.INT64, axis=0)
+        length = c.op("Gather", c.op("Shape", graph_input(graph, "input_ids"), dtype=ir.DataType.INT64),
+                      c.scalar(1), dtype=ir.DataType.INT64, axis=0)
+        start = c.op("Add", past, form(c, offset)) if offset else past
+        limit = c.op("Add", start, length)
+        delta = delta_form(c, 1) if delta_form is not None else c.scalar(1)
+        made = c.op("Range", start, limit, delta, dtype=ir.DataType.INT64)
+        made.name = "mutant_positions"
+        rows = c.op("Unsqueeze", made, c.i64(0), dtype=ir.DataType.INT64)
+        readers = list(pos.uses())
+        c.insert([u for u, _ in readers])
+        for user, index in readers:
+            user.replace_input_with(index, rows)
+        graph.inputs.remove(pos)
+        graph.sort()
+        return _trig(graph)
+    return edit
+
+
 def mutants() -> list[Mutant]:
     def m(base, short, name, cls, expect, edit, why):
         return Mutant(f"precompute-{short}-{name}", cls, PASS, base, expect, edit, why, target="exporter",
@@ -74,6 +143,20 @@ def mutants() -> list[Mutant]:
         ]
         if not full:
             continue
+        out += [m(base, short, "range-positions", "harmless", EQUIVALENT, range_positions(0),
+                  "positions made in the graph: Range(past, past + S) (optimum's form), no position_ids input"),
+                m(base, short, "range-delta-value-int", "constant-form", EQUIVALENT,
+                  range_positions(0, delta_form=_value_int), "Range(past, past + S, Constant(value_int=1))")]
+        for form_name, form in OFFSET_FORMS.items():
+            out.append(m(base, short, f"range-minus5-{form_name}", "constant-form", REFUSE,
+                         range_positions(-5, form),
+                         f"Range(past - 5, ...): negative positions, the -5 as {form_name}; a table lookup wraps them "
+                         "to the table's end"))
+        for form_name in ("value-int", "initializer", "cast-float"):
+            out.append(m(base, short, f"range-plus300-{form_name}", "position-arithmetic", EQUIVALENT,
+                         range_positions(300, OFFSET_FORMS[form_name]),
+                         f"Range(past + 300, ...) (300 as {form_name}): every position the graph makes is >= 300, "
+                         "past a 256-row table"))
         out += [
             m(base, short, "blend-last", "blend", REFUSE, blend(t.switch_last),
               f"blend by each row's last position (Slice): {never}"),
