@@ -3,6 +3,8 @@
 One way each:
 
 * :func:`add_initializer`: a new initializer (``onnx_ir.val`` holding ``onnx_ir.tensor``), its name made unique;
+* :class:`FreshNames`: names for new nodes and values that no node or value of the graph has (onnxruntime rejects
+  two nodes with one name, and a value name declared twice; names derived from an empty node name all collide);
 * :class:`NodeTape`: new nodes recorded on an ``onnx_ir.tape.Tape`` (onnx_ir's own node recorder), each output
   named and typed at creation, inserted into the graph in one step (before/after a node, or at the end);
 * :func:`remove_dead`: nodes and initializers that became dead, walking up from what the rewrite replaced only;
@@ -20,7 +22,7 @@ from onnx_ir.tape import Tape
 
 from rope_passes.config import GenaiConfig
 
-__all__ = ["NodeTape", "add_initializer", "drop_unused_input", "remove_dead"]
+__all__ = ["FreshNames", "NodeTape", "add_initializer", "drop_unused_input", "remove_dead"]
 
 
 def add_initializer(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
@@ -32,6 +34,32 @@ def add_initializer(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
     value = ir.val(name, const_value=ir.tensor(array, name=name))
     graph.register_initializer(value)
     return value
+
+
+class FreshNames:
+    """``fresh(name)``: ``name``, else ``name_1``, ``name_2``… — unique among every node name and value name of the
+    graph and its subgraphs, and among the names this object handed out before."""
+
+    def __init__(self, graph: ir.Graph):
+        self.taken: set[str] = {v.name for v in graph.inputs if v.name} | set(graph.initializers)
+        for node in ir.traversal.RecursiveGraphIterator(graph):
+            self.taken.update(v.name for v in node.outputs if v.name)
+            if node.name:
+                self.taken.add(node.name)
+            for a in node.attributes.values():
+                subgraphs = [a.value] if a.type == ir.AttributeType.GRAPH else (
+                    list(a.value) if a.type == ir.AttributeType.GRAPHS else [])
+                for sub in subgraphs:
+                    self.taken.update(v.name for v in sub.inputs if v.name)
+                    self.taken.update(sub.initializers)
+
+    def __call__(self, name: str) -> str:
+        candidate, n = name, 1
+        while candidate in self.taken:
+            candidate = f"{name}_{n}"
+            n += 1
+        self.taken.add(candidate)
+        return candidate
 
 
 class NodeTape:

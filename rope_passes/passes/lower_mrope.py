@@ -35,7 +35,7 @@ import onnx_ir as ir
 
 from rope_passes.analysis.graph import MS_DOMAIN, attr, const_tensor, flag, nodes_of, rank_of
 from rope_passes.analysis.mrope import axis_of_columns
-from rope_passes.passes._rewrite import NodeTape, add_initializer, remove_dead
+from rope_passes.passes._rewrite import FreshNames, NodeTape, add_initializer, remove_dead
 from rope_passes.passes.base import RopePass
 from rope_passes.report import MatchFailure, PassReport
 
@@ -51,6 +51,7 @@ class LowerMRoPEPass(RopePass):
             raise MatchFailure.absent("no com.microsoft::MRotaryEmbedding node")
         shared: dict[tuple, tuple[ir.Value, ir.Value, ir.Value]] = {}
         old: list[ir.Value] = []
+        fresh = FreshNames(graph)
         for node in nodes:
             if node.graph is not graph:
                 report.not_matched(node.name, "MRotaryEmbedding inside a subgraph is not lowered")
@@ -61,7 +62,7 @@ class LowerMRoPEPass(RopePass):
                 report.record(exc, node.name)
                 continue
             if key not in shared:
-                shared[key] = self._per_token_tables(graph, node, half, sections, layout, scale)
+                shared[key] = self._per_token_tables(graph, node, half, sections, layout, scale, fresh)
             token_index, cos_tok, sin_tok = shared[key]
             attrs = {"interleaved": int(flag(node, "interleaved"))}
             heads = self._num_heads(node)
@@ -71,14 +72,14 @@ class LowerMRoPEPass(RopePass):
                 attrs["rotary_embedding_dim"] = int(attr(node, "rotary_embedding_dim"))
             tape = NodeTape()
             out = tape.op("RotaryEmbedding", [node.inputs[0], token_index, cos_tok, sin_tok], attrs,
-                          domain=MS_DOMAIN, name=f"{node.name}/lowered/RotaryEmbedding",
-                          output=f"{node.outputs[0].name}/lowered",
+                          domain=MS_DOMAIN, name=fresh(f"{node.name or 'MRotaryEmbedding'}/lowered/RotaryEmbedding"),
+                          output=fresh(f"{node.outputs[0].name}/lowered"),
                           dtype=node.outputs[0].dtype or node.inputs[0].dtype, shape=node.outputs[0].shape)
             tape.insert_before(graph, node)
             was = node.outputs[0]
             if was.is_graph_output():  # keep the graph output's name
                 name = was.name
-                was.name = f"{name}/mrotary"
+                was.name = fresh(f"{name}/mrotary")
                 was.replace_all_uses_with(out, replace_graph_outputs=True)
                 out.name = name
             else:
@@ -142,20 +143,24 @@ class LowerMRoPEPass(RopePass):
 
     @staticmethod
     def _per_token_tables(graph: ir.Graph, node: ir.Node, half: int, sections: list[int], layout: int,
-                          scale: float) -> tuple[ir.Value, ir.Value, ir.Value]:
+                          scale: float, fresh: FreshNames) -> tuple[ir.Value, ir.Value, ir.Value]:
         """(token index, per-token cos, per-token sin) for ``node``'s positions, inserted before ``node``."""
         pos, cos, sin = node.inputs[1], node.inputs[2], node.inputs[3]
-        base = f"{node.name}/lowered"
+        base = f"{node.name or 'MRotaryEmbedding'}/lowered"
         tape = NodeTape()
 
         def op(op_type, inputs, attrs=None, name="", dtype=None, shape=None) -> ir.Value:
-            step = f"{base}/{name or op_type}"
-            return tape.op(op_type, inputs, attrs, name=step, output=f"{step}/output_0", dtype=dtype, shape=shape)
+            step = fresh(f"{base}/{name or op_type}")
+            return tape.op(op_type, inputs, attrs, name=step, output=fresh(f"{step}/output_0"), dtype=dtype,
+                           shape=shape)
+
+        def const(name: str, array: np.ndarray) -> ir.Value:
+            return add_initializer(graph, fresh(f"{base}/{name}"), array)
 
         if scale != 1.0:
-            cos, sin = (_scaled(graph, cache, scale) for cache in (cos, sin))
-        axis = add_initializer(graph, f"{base}/axis_of_column", axis_of_columns(sections, layout, half))
-        flat_shape = add_initializer(graph, f"{base}/flat_shape", np.array([-1, half], np.int64))
+            cos, sin = (_scaled(graph, cache, scale, fresh) for cache in (cos, sin))
+        axis = const("axis_of_column", axis_of_columns(sections, layout, half))
+        flat_shape = const("flat_shape", np.array([-1, half], np.int64))
         i64 = ir.DataType.INT64
         per_col = op("Gather", [pos, axis], {"axis": 0}, "pos_per_column", i64)  # [half, B, S]
         per_tok = op("Transpose", [per_col], {"perm": [1, 2, 0]}, "pos_per_token", i64)  # [B, S, half]
@@ -167,21 +172,21 @@ class LowerMRoPEPass(RopePass):
             bs = op("Shape", [pos], {"start": 1, "end": 3}, "batch_seq", i64, [2])
         else:  # Shape has no start/end before opset 15
             shape = op("Shape", [pos], name="pos_shape", dtype=i64, shape=[3])
-            starts = add_initializer(graph, f"{base}/one_1d", np.array([1], np.int64))
-            ends = add_initializer(graph, f"{base}/three_1d", np.array([3], np.int64))
+            starts = const("one_1d", np.array([1], np.int64))
+            ends = const("three_1d", np.array([3], np.int64))
             bs = op("Slice", [shape, starts, ends], name="batch_seq", dtype=i64, shape=[2])
         total = op("ReduceProd", [bs], {"keepdims": 0}, "tokens", i64, [])
-        zero = add_initializer(graph, f"{base}/zero", np.array(0, np.int64))
-        one = add_initializer(graph, f"{base}/one", np.array(1, np.int64))
+        zero = const("zero", np.array(0, np.int64))
+        one = const("one", np.array(1, np.int64))
         rng = op("Range", [zero, total, one], name="token_range", dtype=i64, shape=["tokens"])
         token_index = op("Reshape", [rng, bs], name="token_index", dtype=i64, shape=["batch", "seq"])
         tape.insert_before(graph, node)
         return token_index, cos_tok, sin_tok
 
 
-def _scaled(graph: ir.Graph, cache: ir.Value, scale: float) -> ir.Value:
+def _scaled(graph: ir.Graph, cache: ir.Value, scale: float, fresh: FreshNames) -> ir.Value:
     """A copy of constant ``cache`` times ``scale`` (MRotaryEmbedding scales cos/sin in float, then rounds)."""
     tensor = const_tensor(cache)
     assert tensor is not None  # checked by the match
     array = tensor.numpy()
-    return add_initializer(graph, f"{cache.name}_scaled", (array.astype(np.float32) * scale).astype(array.dtype))
+    return add_initializer(graph, fresh(f"{cache.name}_scaled"), (array.astype(np.float32) * scale).astype(array.dtype))

@@ -32,6 +32,7 @@ import numpy as np
 import onnx_ir as ir
 
 from rope_passes.analysis.graph import MS_DOMAIN, attr, nodes_of
+from rope_passes.passes._rewrite import FreshNames
 from rope_passes.passes.base import RopePass
 from rope_passes.report import MatchFailure, PassReport
 
@@ -61,25 +62,30 @@ def _norm_weight(gqa: ir.Node, index: int) -> tuple[ir.Value, int] | None:
 
 
 class _Builder:
-    """Nodes for one GQA, created with onnx_ir's tape and inserted before it."""
+    """Nodes for one GQA, created with onnx_ir's tape and inserted before it; node names derived from the GQA's
+    (made unique in the graph: two GQAs under one name prefix, or unnamed, would otherwise derive the same ones)."""
 
-    def __init__(self, gqa: ir.Node):
+    def __init__(self, gqa: ir.Node, fresh: FreshNames):
         self.gqa = gqa
         self.tape = ir.tape.Tape()
         self.base = (gqa.name or "GroupQueryAttention").rsplit("/", 1)[0]
+        self.fresh = fresh
+
+    def name(self, suffix: str) -> str:
+        return self.fresh(f"{self.base}/{suffix}")
 
     def const(self, name: str, values: list[int]) -> ir.Value:
         return self.tape.op("Constant", [], {"value": ir.tensor(np.array(values, dtype=np.int64), name=name)},
-                            name=f"{self.base}/{name}/Constant")
+                            name=self.name(f"{name}/Constant"))
 
     def rms_norm(self, x: ir.Value, weight: ir.Value, heads: int, head_size: int, eps: float, tag: str) -> ir.Value:
         per_head = self.tape.op("Reshape", [x, self.const(f"{tag}/shape_heads", [0, -1, head_size])],
-                                name=f"{self.base}/{tag}/Reshape_1")
+                                name=self.name(f"{tag}/Reshape_1"))
         normed = self.tape.op("SimplifiedLayerNormalization", [per_head, weight],
                               {"epsilon": eps, "axis": -1, "stash_type": 1},
-                              name=f"{self.base}/{tag}/SimplifiedLayerNormalization")
+                              name=self.name(f"{tag}/SimplifiedLayerNormalization"))
         out = self.tape.op("Reshape", [normed, self.const(f"{tag}/shape_hidden", [0, -1, heads * head_size])],
-                           name=f"{self.base}/{tag}/Reshape_2")
+                           name=self.name(f"{tag}/Reshape_2"))
         for v, dims in ((per_head, None), (normed, None), (out, heads * head_size)):
             v.dtype = x.dtype
             if dims is not None and x.shape is not None and len(x.shape) == 3:
@@ -88,7 +94,7 @@ class _Builder:
 
     def split3(self, packed: ir.Value, sizes: list[int]) -> list[ir.Value]:
         outs = self.tape.op_multi_out("Split", [packed, self.const("qkv_split/sizes", sizes)], {"axis": -1},
-                                      num_outputs=3, name=f"{self.base}/qkv_split/Split")
+                                      num_outputs=3, name=self.name("qkv_split/Split"))
         for v, width in zip(outs, sizes):
             v.dtype = packed.dtype
             if packed.shape is not None and len(packed.shape) == 3:
@@ -96,7 +102,7 @@ class _Builder:
         return list(outs)
 
     def concat(self, parts: list[ir.Value], like: ir.Value) -> ir.Value:
-        out = self.tape.op("Concat", parts, {"axis": -1}, name=f"{self.base}/qkv_concat/Concat")
+        out = self.tape.op("Concat", parts, {"axis": -1}, name=self.name("qkv_concat/Concat"))
         out.dtype, out.shape = like.dtype, like.shape
         return out
 
@@ -115,12 +121,13 @@ class UnfuseGQAQKNormPass(RopePass):
         if not fused:
             report.not_matched("<model>", "no GroupQueryAttention with fused q/k-norm weights (inputs 14/15)")
             return
+        fresh = FreshNames(model.graph)
         for gqa in fused:
             if gqa.graph is not model.graph:
                 report.not_matched(gqa.name or "GroupQueryAttention", "inside a subgraph: not unfused")
                 continue
             try:
-                self._unfuse(model.graph, gqa)
+                self._unfuse(model.graph, gqa, fresh)
             except MatchFailure as failure:
                 report.record(failure, gqa.name or None)
                 continue
@@ -128,7 +135,7 @@ class UnfuseGQAQKNormPass(RopePass):
                              "fused q/k RMSNorm moved out as SimplifiedLayerNormalization per head "
                              f"(GQA now has {len(gqa.inputs)} inputs)")
 
-    def _unfuse(self, graph: ir.Graph, gqa: ir.Node) -> None:
+    def _unfuse(self, graph: ir.Graph, gqa: ir.Node, fresh: FreshNames) -> None:
         heads, kv_heads = int(attr(gqa, "num_heads", 0) or 0), int(attr(gqa, "kv_num_heads", 0) or 0)
         eps = float(attr(gqa, "qk_norm_epsilon", 1e-6))
         q_norm, k_norm = _norm_weight(gqa, Q_NORM_INPUT), _norm_weight(gqa, K_NORM_INPUT)
@@ -141,7 +148,7 @@ class UnfuseGQAQKNormPass(RopePass):
         query = gqa.inputs[0]
         if query is None:
             raise MatchFailure.absent("GroupQueryAttention without a query input", gqa.name)
-        build = _Builder(gqa)
+        build = _Builder(gqa, fresh)
         packed = _present(gqa, 1) is None
         if packed:
             width = _width(query)

@@ -71,7 +71,9 @@ class Mutant:
     why: str  # what the mutant computes, and why a naive rewrite is wrong (or harmless)
     target: str = "webgpu"
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    #: "ort": the mutant itself on onnxruntime CPU; "mrotary-oracle": the mutant with every MRotaryEmbedding replaced
+    #: "ort": the mutant itself on onnxruntime CPU; "plugin": the mutant itself on onnxruntime >= 1.31's CPU EP
+    #: (``.venv-plugin``: fused q/k-norm GQA and MRotaryEmbedding as that runtime computes them, :mod:`.plugin`);
+    #: "mrotary-oracle": the mutant with every MRotaryEmbedding replaced
     #: by the test's own ONNX lowering (checked against the NumPy oracle), on CPU; "offset": the mutant on CPU vs the
     #: output run with multiRotaryCacheConcatOffset emulated; "offset-truth": the mutant graph with the offset its
     #: table really needs (``truth_offset``, known by construction) vs the output with the offset it was given
@@ -79,6 +81,8 @@ class Mutant:
     calls: tuple[Call, ...] = CALLS
     truth_offset: int | None = None
     fp16: bool = False
+    #: feed ``[3, B, S]`` positions with three different axes (image/video positions, :class:`.plugin.VisionPositions`)
+    vision: bool = False
 
     @property
     def id(self) -> str:
@@ -113,14 +117,21 @@ CLASSES = {
     "cache-offset": "a concatenated LongRoPE cache and the offset genai_config gives it",
     "session": "a session-wide fact (multiRotaryCacheConcatOffset) and every GroupQueryAttention that reads it",
     "harmless": "a change that computes the same (Identity, Cast to the same type, ...)",
+    "attribute": "an attribute spelled so that a reader other than onnxruntime's gets another value (absent, 2, 0)",
+    "constant-form": "a constant in a form a proof may not read (Constant value_int(s), Cast, Gather(Concat), Identity, "
+                     "an initializer that is also a graph input)",
+    "graph-output": "a value a pass removes or rewires is also a graph output or has another consumer",
+    "subgraph": "an If/Loop body reading a value of the outer graph that a pass removes or rewires",
+    "naming": "duplicated node names, names a pass derives its new names from",
+    "dtype-shape": "fp16 / bf16, rank-4 inputs, static dims, partial rotary: shapes and dtypes a pass may assume",
 }
 
 
 def all_mutants() -> list[Mutant]:
-    from . import annotate, fold_mrope, longrope, precompute, total_seq
+    from . import adversarial, annotate, cleanup, fold_mrope, longrope, lower_mrope, precompute, total_seq, unfuse
 
     out: list[Mutant] = []
-    for module in (fold_mrope, longrope, precompute, total_seq, annotate):
+    for module in (fold_mrope, longrope, precompute, total_seq, annotate, lower_mrope, unfuse, cleanup, adversarial):
         out.extend(module.mutants())
     names = [m.name for m in out]
     dupes = {n for n in names if names.count(n) > 1}

@@ -1,0 +1,150 @@
+"""References for mutants that onnxruntime 1.27 cannot load: the mutant itself on onnxruntime >= 1.31's CPU EP
+(``.venv-plugin``), whose kernels *define* what fused GroupQueryAttention (q/k-norm inputs 14/15) and
+``MRotaryEmbedding`` compute, attributes read as that runtime reads them.
+
+:class:`PluginRunner` keeps one child process on the plugin runtime's interpreter (this file run as a script: one
+CPU session, requests over stdin/stdout, tensors through ``.npz`` files), and offers what ``oracle.compare`` needs of a
+runner: ``.session`` (input/output metadata, read from the model, for the feeds) and ``.run(feeds)``.
+
+:class:`VisionPositions` wraps a runner so that the ``[3, B, S]`` position input carries three *different* axes
+(image/video positions), the same for reference and candidate: a lowering that mixes up the axes must show.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+RUNTIME = "onnxruntime-ep-webgpu"
+
+_ONNX_TYPES = {"FLOAT": "tensor(float)", "FLOAT16": "tensor(float16)", "BFLOAT16": "tensor(bfloat16)",
+               "INT64": "tensor(int64)", "INT32": "tensor(int32)", "BOOL": "tensor(bool)", "DOUBLE": "tensor(double)"}
+
+
+class _Arg:
+    def __init__(self, name: str, type_: str, shape: list):
+        self.name, self.type, self.shape = name, type_, shape
+
+
+class _Meta:
+    """What ``DecoderSpec.from_session`` reads of a session, from the model file (weights not read)."""
+
+    def __init__(self, model: Path):
+        import onnx_ir as ir
+
+        graph = ir.load(model).graph
+        inits = set(graph.initializers)
+
+        def arg(v) -> _Arg:
+            dims = [d if isinstance(d, int) else str(d.value if hasattr(d, "value") else d) for d in (v.shape or [])]
+            return _Arg(v.name, _ONNX_TYPES.get(v.dtype.name, "tensor(float)"), dims)
+
+        self._inputs = [arg(v) for v in graph.inputs if v.name not in inits]
+        self._outputs = [arg(v) for v in graph.outputs]
+
+    def get_inputs(self) -> list[_Arg]:
+        return self._inputs
+
+    def get_outputs(self) -> list[_Arg]:
+        return self._outputs
+
+
+class PluginRunner:
+    """``model`` on the plugin runtime's ``ep`` ("cpu", or "webgpu": the plugin EP, for what its CPU EP lacks, e.g.
+    fused q/k-norm GroupQueryAttention), in a child process (one per runner)."""
+
+    def __init__(self, model: Path, ep: str = "cpu"):
+        from rope_passes.runtime.interpreters import child_env, python_for
+
+        python = python_for(RUNTIME)
+        assert python is not None, "no .venv-plugin: scripts/setup.sh --with-plugin-runtime (CI installs it)"
+        self.session = _Meta(model)
+        self._dir = tempfile.TemporaryDirectory(prefix="mutant-plugin-")
+        self._proc = subprocess.Popen([python, __file__, str(model), ep], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      stderr=subprocess.DEVNULL, env=child_env(RUNTIME), text=True)
+        self._k = 0
+        ready = self._proc.stdout.readline().strip()
+        #: the runtime's own refusal to load the mutant: then it runs no call (and a call has no contract)
+        self.error = None if ready == "ready" else f"the plugin runtime cannot load the mutant: {ready[:300]}"
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if self.error is not None:
+            raise RuntimeError(self.error)
+        self._k += 1
+        src, dst = Path(self._dir.name) / f"in{self._k}.npz", Path(self._dir.name) / f"out{self._k}.npz"
+        mine = {a.name for a in self.session.get_inputs()}
+        np.savez(src, **{k: v for k, v in feeds.items() if k in mine})
+        self._proc.stdin.write(json.dumps([str(src), str(dst)]) + "\n")
+        self._proc.stdin.flush()
+        answer = self._proc.stdout.readline().strip()
+        if answer != "ok":
+            raise RuntimeError(answer or "the plugin worker died")
+        with np.load(dst) as data:
+            return {k: data[k] for k in data.files}
+
+    def close(self) -> None:
+        if self._proc.poll() is None and self._proc.stdin is not None:
+            self._proc.stdin.close()
+            self._proc.wait(timeout=30)
+        self._dir.cleanup()
+
+    def __del__(self):
+        with contextlib.suppress(Exception):  # interpreter shutdown
+            self.close()
+
+
+class VisionPositions:
+    """``inner`` fed ``position_ids`` ``[3, B, S]`` with distinct axes: t = p, h = p // 2 + b, w = (3p + b) % 29
+    (every value below 64, inside every corpus cache)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.session = inner.session
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        pos = feeds.get("position_ids")
+        if pos is not None and pos.ndim == 3:
+            p = pos[0]
+            b = np.arange(p.shape[0], dtype=p.dtype)[:, None]
+            feeds = {**feeds, "position_ids": np.ascontiguousarray(np.stack([p, p // 2 + b, (3 * p + b) % 29]))}
+        return self.inner.run(feeds)
+
+
+def _serve(model: str, ep: str) -> None:
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.intra_op_num_threads = 1
+    so.inter_op_num_threads = 1
+    try:
+        if ep == "webgpu":
+            from rope_passes.runtime.sessions import create_session
+
+            sess = create_session(model, "webgpu")
+        else:
+            sess = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # noqa: BLE001 - the answer is the error
+        print(" ".join(str(exc).split())[:400], flush=True)
+        return
+    print("ready", flush=True)
+    names = [o.name for o in sess.get_outputs()]
+    for line in sys.stdin:
+        src, dst = json.loads(line)
+        try:
+            with np.load(src) as data:
+                feeds = {k: data[k] for k in data.files}
+            np.savez(dst, **dict(zip(names, sess.run(names, feeds))))
+            print("ok", flush=True)
+        except Exception as exc:  # noqa: BLE001
+            print(f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}", flush=True)
+
+
+if __name__ == "__main__":
+    _serve(sys.argv[1], sys.argv[2])
