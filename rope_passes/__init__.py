@@ -17,7 +17,6 @@ __version__ = "0.1.0"
 
 #: public name -> the module that defines it
 _EXPORTS = {
-    "check": "rope_passes.check",  # a callable module: rope_passes.check(original, rewritten)
     "optimize": "rope_passes.api",
     "ModelLoadError": "rope_passes.errors",
     "ModelSaveError": "rope_passes.errors",
@@ -36,7 +35,6 @@ _EXPORTS = {
 }
 
 if TYPE_CHECKING:
-    from rope_passes import check
     from rope_passes.api import optimize
     from rope_passes.errors import ModelLoadError, ModelSaveError, RopePassesError, UsageError
     from rope_passes.io import ModelBundle, load_bundle, load_model, save_bundle
@@ -48,9 +46,7 @@ def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'rope_passes' has no attribute {name!r}")
-    value = importlib.import_module(module)
-    if name != "check":
-        value = getattr(value, name)
+    value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
 
@@ -78,3 +74,20 @@ __all__ = [
     "run_pipeline",
     "save_bundle",
 ]
+
+
+# ``rope_passes.check`` is a plain function. The package of the same name is imported first (its __init__ imports
+# nothing), so this definition is what the name holds: importing a submodule later (rope_passes.check.decode) does
+# not rebind it, since the package is already loaded.
+from rope_passes import check as _check_package  # noqa: E402
+
+
+def check(original: Any, rewritten: Any, options: Any = None, **overrides: Any) -> Any:
+    """Is ``rewritten`` the same function as ``original``? :func:`rope_passes.check.core.check` (docs/checker.md):
+    an ``EquivalenceReport`` (``.verdict``, ``.exit_code``, ``.first_failure``, ``.to_json()``)."""
+    from rope_passes.check.core import check as run
+
+    return run(original, rewritten, options, **overrides)
+
+
+del _check_package

@@ -286,7 +286,9 @@ def test_far_switch_is_checked_by_steps_at_its_sides(rewritten, monkeypatch, ep)
     graph on the CPU EP. On WebGPU the concatenated output (offset 32) is right at all four; on the CPU EP, which has
     no offset, it reads short row 32 past the switch: wrong from position 32, exactly where the If takes the long
     table."""
-    monkeypatch.setattr("rope_passes.check.core.MAX_CROSSING_STEPS", 8)
+    from rope_passes.check import plan  # rope_passes.check is the function: patch the module object
+
+    monkeypatch.setattr(plan, "MAX_CROSSING_STEPS", 8)
     report = check(PHI3 / "cpu_fp32", rewritten["cpu_fp32"], ep=ep, sweep=0, tables=False)
     assert report.sweep_positions == [30, 31, 32, 33], report.sweep_positions
     assert report.prefill + report.steps < ORIGINAL  # no decode crossing

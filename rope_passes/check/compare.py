@@ -69,10 +69,12 @@ class OutputDiff:
     max_rel: float
     ok: bool
     reason: str = ""  # shape mismatch, missing output, non-finite values
+    schedule: str = ""  # kind "schedule": the schedule's name (``step`` is then its call)
 
     def to_dict(self) -> dict[str, Any]:
         return {"step": self.step, "output": self.output, "max_abs": _num(self.max_abs),
-                "max_rel": _num(self.max_rel), "ok": self.ok, "reason": self.reason}
+                "max_rel": _num(self.max_rel), "ok": self.ok, "reason": self.reason,
+                **({"schedule": self.schedule} if self.schedule else {})}
 
 
 def _num(x: float) -> float | str:
@@ -114,7 +116,7 @@ class Comparison:
     diffs: list[OutputDiff] = dataclasses.field(default_factory=list)
     status: str = "compared"  # compared | skipped
     reason: str = ""  # why skipped, or which steps were left out and why
-    kind: str = "decode"  # decode (OutputDiff.step = decode step) | sweep (OutputDiff.step = position)
+    kind: str = "decode"  # decode (OutputDiff.step = decode step) | sweep (= position) | schedule (= call)
 
     @property
     def name(self) -> str:
@@ -148,7 +150,8 @@ class Comparison:
                           "precision": self.tolerance.precision},
             "first_failure": first.to_dict() if first else None,
             "per_output": {k: v.to_dict() for k, v in self.worst().items()},
-            ("steps_compared" if self.kind == "decode" else "positions_compared"): sorted({d.step for d in self.diffs}),
+            **({"steps_compared" if self.kind == "decode" else "positions_compared": sorted({d.step for d in self.diffs})}
+               if self.kind != "schedule" else {"schedules_compared": sorted({d.schedule for d in self.diffs})}),
         }
 
 

@@ -193,10 +193,14 @@ def step_feeds(
     tokens: np.ndarray,
     past_len: int,
     past: Mapping[str, np.ndarray] | None = None,
+    mask: np.ndarray | None = None,
+    positions: np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
-    """The feeds for one call that processes ``tokens`` (``[1, S]``) after ``past_len`` cached tokens.
+    """The feeds for one call that processes ``tokens`` (``[B, S]``) after ``past_len`` cached tokens.
 
     ``past`` maps ``past_key_values.*`` to the previous ``present.*`` (None: empty cache, for the prefill).
+    ``mask`` (``[B, past_len + S]``) and ``positions`` (``[B, S]``): a padded batch's attention mask and position ids
+    (:mod:`.schedules`); default all ones and ``past_len .. past_len + S - 1`` on every row.
     """
     seq = tokens.shape[1]
     total = past_len + seq
@@ -214,9 +218,10 @@ def step_feeds(
                 raise UsageError(f"the embedding table is {table.shape[-1]} wide but {name} takes {width}")
             feeds[name] = table[tokens].astype(dtype)
         elif name == "attention_mask":
-            feeds[name] = np.ones((tokens.shape[0], total), dtype)
+            feeds[name] = np.ones((tokens.shape[0], total), dtype) if mask is None else mask.astype(dtype)
         elif name == "position_ids":
-            pos = np.broadcast_to(np.arange(past_len, total, dtype=dtype), tokens.shape)
+            pos = np.broadcast_to(np.arange(past_len, total, dtype=dtype) if positions is None
+                                  else positions.astype(dtype), tokens.shape)
             if len(i.shape) == 3:  # [3, B, S]: text-only mRoPE, three identical axes
                 pos = np.broadcast_to(pos, (i.shape[0] if isinstance(i.shape[0], int) else 3, *tokens.shape))
             feeds[name] = np.ascontiguousarray(pos)

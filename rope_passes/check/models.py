@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from rope_passes.analysis.longrope import LongRoPESwitch
 from rope_passes.check.compare import precision_of
 from rope_passes.check.decode import embedding_table
 from rope_passes.config import GenaiConfig
@@ -24,7 +25,7 @@ class ModelInfo:
     genai_config: dict | None
     precision: str
     webgpu_options: dict[str, str]
-    longrope: dict[str, Any] | None  # {"kind": "if"|"concat", "switch": int}
+    longrope: LongRoPESwitch | None
     takes_embeds: bool
     model: Any = dataclasses.field(default=None, repr=False)  # the onnx_ir model (weights read lazily)
 
@@ -34,7 +35,7 @@ class ModelInfo:
 
     def to_dict(self) -> dict[str, Any]:
         return {"path": str(self.path), "precision": self.precision, "webgpu_options": self.webgpu_options,
-                "longrope": self.longrope}
+                "longrope": self.longrope.to_dict() if self.longrope is not None else None}
 
 
 def read_model(path: str | Path) -> ModelInfo:
@@ -67,7 +68,7 @@ def load_reference(reference: str | Path | np.ndarray) -> np.ndarray:
     return ref
 
 
-def _longrope(proto: Any, webgpu: Mapping[str, str]) -> dict[str, Any] | None:
+def _longrope(proto: Any, webgpu: Mapping[str, str]) -> LongRoPESwitch | None:
     """A LongRoPE cache and its switch point: ``If(Greater(total_len, C))`` picking cos/sin tables (read by the
     LongRoPE detector, :func:`rope_passes.analysis.longrope.find_longrope`), or a concatenated table whose offset is
     in ``multiRotaryCacheConcatOffset`` (the offset onnxruntime will apply, whatever the table)."""
@@ -82,11 +83,11 @@ def _longrope(proto: Any, webgpu: Mapping[str, str]) -> dict[str, Any] | None:
         ignoring = [g.name or "GroupQueryAttention"
                     for g in nodes_of(ir.serde.deserialize_model(proto), "GroupQueryAttention", MS_DOMAIN)
                     if flag(g, "do_rotary") and len(g.inputs) > 7 and g.inputs[7] is not None and separate_qkv(g)]
-        return {"kind": "concat", "switch": offset, "offset_ignored_by": ignoring}
+        return LongRoPESwitch("concat", offset, tuple(ignoring))
 
     found = find_longrope(ir.serde.deserialize_model(proto))  # weights stay unread: only the threshold is
     if found is not None and found.kind == "if" and found.threshold is not None:
-        return {"kind": "if", "switch": found.threshold}
+        return LongRoPESwitch("if", found.threshold)
     return None
 
 

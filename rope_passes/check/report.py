@@ -11,6 +11,7 @@ from typing import Any
 from rope_passes.check.compare import Comparison, OutputDiff
 from rope_passes.check.models import ModelInfo
 from rope_passes.check.runner import RunResult
+from rope_passes.check.schedules import Schedule
 from rope_passes.check.table_diff import TableComparison
 from rope_passes.runtime.adapter import AdapterInfo
 
@@ -36,6 +37,8 @@ class EquivalenceReport:
     reference: str = ""  # what the rewritten graph was compared with, in one line
     reason: str = ""  # could not run: why, in one line
     runtime: str = ""  # the WebGPU runtime the runs used (rope_passes.targets name: "onnxruntime-webgpu", ...)
+    schedules: list[Schedule] = dataclasses.field(default_factory=list)  # what the runs fed besides the decode
+    exploration: Any = None  # .explore.Exploration with --budget
 
     @property
     def equivalent(self) -> bool:
@@ -63,6 +66,18 @@ class EquivalenceReport:
         """(comparison, OutputDiff) of the lowest failing sweep position (``OutputDiff.step`` is the position)."""
         return self._first("sweep")
 
+    @property
+    def first_schedule_failure(self) -> tuple[Comparison, OutputDiff] | None:
+        """(comparison, OutputDiff) of the first failing schedule call (``OutputDiff.schedule`` names it, ``step`` is
+        the call), random schedules (``--budget``) after the fixed ones."""
+        return self._first("schedule") or self._first("random")
+
+    def schedule(self, name: str) -> Schedule | None:
+        found = next((s for s in self.schedules if s.name == name), None)
+        if found is None and self.exploration is not None and self.exploration.shrunk is not None:
+            found = self.exploration.shrunk if self.exploration.shrunk.name == name else None
+        return found
+
     def first_differences(self) -> list[str]:
         """One line per kind of evidence that failed: decode step, sweep position, table row."""
         lines = []
@@ -71,6 +86,13 @@ class EquivalenceReport:
                 c, d = found
                 lines.append(f"{label} {d.step}, output {d.output}, {c.name}: max abs {d.max_abs:.3g}"
                              + (f" ({d.reason})" if d.reason else ""))
+        found = self.first_schedule_failure
+        if found is not None:
+            c, d = found
+            s = self.schedule(d.schedule)
+            lines.append(f"schedule {s.summary() if s else d.schedule}: call {d.step}, output {d.output}, {c.name}: "
+                         f"max abs {d.max_abs:.3g}" + (f" ({d.reason})" if d.reason else "")
+                         + (f"; rerun: --schedule '{s.text()}'" if s else ""))
         if self.tables is not None and self.tables.status == "compared" and not self.tables.ok:
             lines.append(f"rotation tables: {self.tables.diffs[0].line()}")  # not ok: there is a first
         return lines
@@ -96,7 +118,9 @@ class EquivalenceReport:
             "runtime_label": self.runtime_label, "reference": self.reference,
             "reason": self.reason,
             "schedule": {"prefill": self.prefill, "steps": self.steps, "total_tokens": self.prefill + self.steps,
-                         "sweep_positions": self.sweep_positions},
+                         "sweep_positions": self.sweep_positions,
+                         "schedules": [s.to_dict() for s in self.schedules]},
+            "exploration": self.exploration.to_dict() if self.exploration is not None else None,
             "original": self.original.to_dict(), "rewritten": self.rewritten.to_dict(),
             "adapter": self.adapter.summary if self.adapter else None,
             "runs": [r.to_dict() for r in self.runs],

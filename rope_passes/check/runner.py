@@ -55,6 +55,8 @@ class RunSpec:
     embedding: str | None = None  # .npy embedding table for inputs_embeds graphs
     seed: int = 0
     sweep: list[int] = dataclasses.field(default_factory=list)  # positions of single steps after a random past
+    schedules: list[dict] = dataclasses.field(default_factory=list)  # .schedules.Schedule.spec() of each, in order
+    schedules_twice: int = 0  # a reference: .schedules.run_reference (twice, rows alone); ids below this vocab
 
 
 @dataclasses.dataclass
@@ -70,6 +72,8 @@ class RunResult:
     runtime: str = ""  # "onnxruntime <version>" that ran it
     sweep: dict[int, dict[str, np.ndarray]] = dataclasses.field(default_factory=dict)  # position -> outputs
     sweep_errors: dict[int, str] = dataclasses.field(default_factory=dict)  # position -> why its call raised
+    schedules: dict[str, list[dict[str, np.ndarray]]] = dataclasses.field(default_factory=dict)  # name -> calls
+    schedule_errors: dict[str, str] = dataclasses.field(default_factory=dict)  # name -> why the next call raised
 
     @property
     def ok(self) -> bool:
@@ -79,7 +83,9 @@ class RunResult:
         return {"label": self.label, "status": self.status, "reason": self.reason, "providers": self.providers,
                 "steps_run": len(self.steps), "failed_step": self.failed_step, "runtime": self.runtime,
                 "wall_s": round(self.wall_s, 3), "notes": self.notes, "sweep_positions": sorted(self.sweep),
-                "sweep_errors": {str(p): e for p, e in sorted(self.sweep_errors.items())}}
+                "sweep_errors": {str(p): e for p, e in sorted(self.sweep_errors.items())},
+                "schedules_run": {n: len(c) for n, c in self.schedules.items()},
+                "schedule_errors": dict(self.schedule_errors)}
 
 
 def _one_line(exc: BaseException) -> str:
@@ -88,7 +94,8 @@ def _one_line(exc: BaseException) -> str:
 
 
 def execute_run(spec: RunSpec, on_step: Callable[[int], None] | None = None, capture_log: bool = False,
-                on_sweep: Callable[[int], None] | None = None) -> RunResult:
+                on_sweep: Callable[[int], None] | None = None,
+                on_schedule: Callable[[int], None] | None = None) -> RunResult:
     """Run ``spec`` in this process; every failure becomes a status with a one-line reason.
 
     ``capture_log``: log the capture session at info level (the worker does, so the parent can count replays).
@@ -129,6 +136,19 @@ def execute_run(spec: RunSpec, on_step: Callable[[int], None] | None = None, cap
     except Exception as exc:  # noqa: BLE001
         result.status, result.reason = RUN_FAILED, _one_line(exc)
         result.failed_step = len(result.steps)
+    if spec.schedules and dspec is not None and dspec.is_decoder and not spec.graph_capture:
+        from rope_passes.check.schedules import from_spec, run_reference, run_schedule
+
+        for k, data in enumerate(spec.schedules):
+            try:
+                if spec.schedules_twice:
+                    run_reference(sess, dspec, from_spec(data), spec.schedules_twice, result.schedules)
+                else:
+                    run_schedule(sess, dspec, from_spec(data), result.schedules.setdefault(data["name"], []))
+            except Exception as exc:  # noqa: BLE001 - a call that raises is a result; the calls before it are kept
+                result.schedule_errors[data["name"]] = _one_line(exc)
+            if on_schedule is not None:
+                on_schedule(k)
     if spec.sweep and dspec is not None and dspec.is_decoder and not spec.graph_capture:
         from rope_passes.check.sweep import run_sweep
 
@@ -148,7 +168,7 @@ def execute_run(spec: RunSpec, on_step: Callable[[int], None] | None = None, cap
 def run_isolated(
     spec: RunSpec, on_step: Callable[[int], None] | None = None, timeout: float = 600, python: str | None = None,
     on_sweep: Callable[[int], None] | None = None, env_extra: dict[str, str] | None = None,
-    runtime: str | None = None,
+    runtime: str | None = None, on_schedule: Callable[[int], None] | None = None,
 ) -> RunResult:
     """Run ``spec`` in a subprocess; a segfault or a hang is a result (``crashed`` / ``timed-out``).
 
@@ -178,6 +198,8 @@ def run_isolated(
                         on_step(int(line.split()[1]))
                     elif line.startswith("SWEEP ") and on_sweep is not None:
                         on_sweep(int(line.split()[1]))
+                    elif line.startswith("SCHEDULE ") and on_schedule is not None:
+                        on_schedule(int(line.split()[1]))
                     if time.perf_counter() - start > timeout:
                         raise subprocess.TimeoutExpired(proc.args, timeout)
                 rc = proc.wait(timeout=max(1.0, timeout - (time.perf_counter() - start)))
@@ -216,7 +238,14 @@ def run_isolated(
             with np.load(Path(tmp) / f"sweep{p}.npz") as z:
                 sweep[p] = {name: z[name] for name in z.files}
         errors = {int(p): e for p, e in data.pop("sweep_errors").items()}
-        return RunResult(steps=steps, sweep=sweep, sweep_errors=errors, **data)
+        schedules = {}
+        for i, (name, n) in enumerate(data.pop("schedules_run").items()):
+            calls = []
+            for k in range(n):
+                with np.load(Path(tmp) / f"schedule{i}_{k}.npz") as z:
+                    calls.append({name: z[name] for name in z.files})
+            schedules[name] = calls
+        return RunResult(steps=steps, sweep=sweep, sweep_errors=errors, schedules=schedules, **data)
 
 
 def _worker(spec_path: str, out_dir: str) -> int:
@@ -230,16 +259,22 @@ def _worker(spec_path: str, out_dir: str) -> int:
     def on_sweep(k: int) -> None:
         print(f"SWEEP {k}", flush=True)
 
+    def on_schedule(k: int) -> None:
+        print(f"SCHEDULE {k}", flush=True)
+
     def save(path: str, outs: dict[str, np.ndarray]) -> None:  # npz has no bfloat16: such outputs travel as float32
         arrays: dict[str, Any] = {n: (v.astype(np.float32) if v.dtype.name == "bfloat16" else v)
                                   for n, v in outs.items()}  # Any: numpy's stub would read ** as allow_pickle
         np.savez(path, **arrays)
 
-    result = execute_run(spec, on_step, capture_log=True, on_sweep=on_sweep)
+    result = execute_run(spec, on_step, capture_log=True, on_sweep=on_sweep, on_schedule=on_schedule)
     for k, outs in enumerate(result.steps):
         save(os.path.join(out_dir, f"step{k}.npz"), outs)
     for p, outs in result.sweep.items():
         save(os.path.join(out_dir, f"sweep{p}.npz"), outs)
+    for i, calls in enumerate(result.schedules.values()):
+        for k, outs in enumerate(calls):
+            save(os.path.join(out_dir, f"schedule{i}_{k}.npz"), outs)
     data = result.to_dict()
     data.pop("steps_run")
     data["wall_s"] = result.wall_s

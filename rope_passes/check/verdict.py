@@ -63,7 +63,7 @@ class Evidence:
     @property
     def concat_offset(self) -> int | None:
         lr = self.orig.longrope
-        return lr["switch"] if lr and lr["kind"] == "concat" else None
+        return lr.switch if lr is not None and lr.kind == "concat" else None
 
 
 def _short(reason: str) -> str:

@@ -70,6 +70,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="WebGPU runtime every run uses, in its own interpreter (the plugin's: .venv-plugin or "
                    "$ROPE_PASSES_PLUGIN_PYTHON); all: one verdict per runtime, exit the worst "
                    "(default: the one installed here; see docs/runtimes.md)")
+    p.add_argument("--budget", metavar="TIME", default="0",
+                   help="after the check, draw random schedules (batch, padding, lengths, calls, ids) for TIME "
+                   "(60s, 2m; default 0: none); the first that differs is shrunk and printed as a --schedule command")
+    p.add_argument("--seed", type=int, default=0, help="seed of --budget's random schedules (default 0)")
+    p.add_argument("--schedule", action="append", metavar="SCHEDULE",
+                   help="run this schedule instead of the default ones (as a report or --budget prints it, e.g. "
+                   "'left rows 3,1 then 1 pad 0 ids 5.7.9.4/2.8'; repeatable)")
     p.add_argument("--json", action="store_true",
                    help="print the report as JSON (--runtime all: {verdict, exit_code, reports: [...]})")
     p.add_argument("--progress", action="store_true",
@@ -84,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
     from rope_passes.check.decode import parse_dims
     from rope_passes.check.report import EXIT_CODES
     from rope_passes.check.runtimes import interpreter, runtimes_for, worst
+    from rope_passes.check.schedules import parse
 
     tolerance = {k: v for k, v in (("atol", args.atol), ("rtol", args.rtol)) if v is not None}
     if any(v < 0 for v in tolerance.values()):
@@ -129,7 +137,8 @@ def run(args: argparse.Namespace) -> int:
                 embeddings=args.embeddings, tolerance=tolerance, isolate=not args.in_process, timeout=args.timeout,
                 reference_python=args.reference_python, progress=on_step, sweep=args.sweep,
                 fallback_python=None if args.fallback_python.lower() == "none" else args.fallback_python,
-                layers=args.layers, runtime=name))
+                layers=args.layers, runtime=name, budget=_seconds(args.budget), seed=args.seed,
+                schedules=None if not args.schedule else [parse(t, f"given-{i}") for i, t in enumerate(args.schedule)]))
     verdict = worst(reports)
     if args.json:
         if several:
@@ -149,6 +158,21 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_CODES[verdict]
 
 
+def _seconds(text: str) -> float:
+    """``60``, ``60s``, ``2m``, ``1.5h`` -> seconds (``--budget``)."""
+    import re
+
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(s|m|h)?\s*", text)
+    if m is None:
+        raise UsageError(f"--budget takes a time like 60s or 2m, got {text!r}")
+    return float(m.group(1)) * {"s": 1, "m": 60, "h": 3600}[m.group(2) or "s"]
+
+
+def _at(d) -> str:
+    """Where a difference is: the step or position, or a schedule's call."""
+    return f"{d.schedule} call {d.step}" if d.schedule else str(d.step)
+
+
 def _fmt(x: float) -> str:
     return "-" if x != x else ("inf" if x == float("inf") else f"{x:.3g}")
 
@@ -162,6 +186,8 @@ def render(report, console: Console) -> None:
     if report.sweep_positions:
         console.print(f"sweep: {len(report.sweep_positions)} single steps after a random past, positions "
                       f"{', '.join(map(str, report.sweep_positions))}")
+    for s in report.schedules:
+        console.print(f"schedule {escape(s.summary())}")
     console.print(f"runtime: {escape(report.runtime_label)} ({escape(report.runtime)})")
     console.print(f"reference: {escape(report.reference)}")
     tolerances = dict.fromkeys(str(c.tolerance) for c in report.comparisons)
@@ -179,16 +205,16 @@ def render(report, console: Console) -> None:
             console.print(f"{title}: skipped: {c.reason}")
             continue
         table = Table(title=title, title_justify="left")
-        unit = "step" if c.kind == "decode" else "position"
+        unit = {"decode": "step", "sweep": "position"}.get(c.kind, "call")
         for col in ("output", "max abs", "max rel", f"worst {unit}", f"first failing {unit}"):
             table.add_column(col)
-        firsts: dict[str, int] = {}
+        firsts: dict[str, str] = {}
         for d in c.diffs:
             if not d.ok and d.output not in firsts:
-                firsts[d.output] = d.step
+                firsts[d.output] = _at(d)
         for name, d in c.worst().items():
             first = firsts.get(name)
-            table.add_row(name, _fmt(d.max_abs), _fmt(d.max_rel), str(d.step),
+            table.add_row(name, _fmt(d.max_abs), _fmt(d.max_rel), _at(d),
                           "" if first is None else f"[red]{first}[/red]" + (f" ({d.reason})" if d.reason else ""))
         console.print(table)
         if c.reason:

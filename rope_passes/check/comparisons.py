@@ -1,0 +1,141 @@
+"""The comparisons beyond :func:`.verdict.compare_all` (the decode, sweep, capture and reference-logits ones):
+
+* ``rewritten@cpu vs original@cpu`` (``ep="webgpu"``): the decode and the sweep, so a rewrite that is right on
+  WebGPU only (an invalid value WebGPU tolerates, an input WebGPU ignores) is a difference; counted;
+* ``schedule: rewritten@E vs <reference>`` per EP ``E`` the rewritten graph ran on: every schedule of that EP
+  (:mod:`.schedules`), call by call, on what a caller reads. The reference is the original on the same EP (an exact
+  rewrite is bit-identical there, and the EP's own error is not the rewrite's), else the original on the second
+  runtime's same EP, else (WebGPU only) the original on CPU; the comparison's ``reference`` names which.
+
+With a concatenated LongRoPE table on either side (:class:`rope_passes.analysis.longrope.LongRoPESwitch`, kind
+``concat``), CPU comparisons stop at the offset: the CPU EP has no ``multiRotaryCacheConcatOffset``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from rope_passes.check.compare import TOLERANCES, Comparison, OutputDiff, compare_steps
+from rope_passes.check.plan import Plan
+from rope_passes.check.runner import RunResult
+from rope_passes.check.schedules import AGAIN, ROW, Schedule, compare_calls, padded_rows_kept
+from rope_passes.check.sweep import compare_sweep
+from rope_passes.check.verdict import PLUGIN, Evidence
+
+
+def _ran(run: RunResult | None) -> bool:
+    return run is not None and (run.ok or bool(run.steps))
+
+
+def _concat_offset(ev: Evidence) -> int | None:
+    offsets = [m.longrope.switch for m in (ev.orig, ev.rew) if m.longrope is not None and m.longrope.kind == "concat"]
+    return min(offsets) if offsets else None
+
+
+def _reference(ev: Evidence, ep: str) -> tuple[RunResult | None, bool]:
+    """The original's run the rewritten graph on ``ep`` is compared with, and whether it is on another EP."""
+    by = ev.by
+    for label in (f"original@{ep}", f"original@{ep}{PLUGIN}"):
+        if _ran(by.get(label)):
+            return by[label], False
+    if ep == "webgpu":
+        for label in ("original@cpu", f"original@cpu{PLUGIN}"):
+            if _ran(by.get(label)):
+                return by[label], True
+    return None, False
+
+
+def cpu_comparisons(ev: Evidence) -> list[Comparison]:
+    """``rewritten@cpu`` against the original on CPU: the decode and the sweep (``ep="webgpu"`` only)."""
+    rew = ev.by.get("rewritten@cpu")
+    if ev.ep != "webgpu" or rew is None:
+        return []
+    ref, _ = _reference(ev, "cpu")
+    if ref is None:
+        return []
+    offset = _concat_offset(ev)
+    decode = Comparison(rew.label, ref.label, ev.tolerance, True)
+    if not _ran(rew):
+        decode.diffs.append(OutputDiff(0, "(run)", float("inf"), float("inf"), False,
+                                       f"the original runs on CPU but the rewritten graph does not: {rew.status}: "
+                                       f"{rew.reason}"))
+        return [decode]
+    only = [k for k in range(ev.steps + 1) if ev.prefill + k <= offset] if offset else None
+    compare_steps(rew.steps, ref.steps, decode, only)
+    if rew.failed_step is not None and rew.failed_step < len(ref.steps) and (only is None
+                                                                            or rew.failed_step in only):
+        decode.diffs.append(OutputDiff(rew.failed_step, "(run)", float("inf"), float("inf"), False,
+                                       f"{rew.label} failed at this step: {rew.reason}"))
+    if only is not None:
+        decode.reason = f"steps up to the LongRoPE offset {offset} only (the CPU EP cannot apply it)"
+        if not only:
+            decode.status = "skipped"
+    out = [decode]
+    if ev.positions:
+        sweep = Comparison(rew.label, ref.label, ev.tolerance, True, kind="sweep")
+        compare_sweep(rew, ref, sweep, (lambda p: p + 1 <= offset) if offset else None)
+        out.append(sweep)
+    return out
+
+
+def schedule_comparisons(ev: Evidence, plan: Plan) -> list[Comparison]:
+    """One comparison per EP the rewritten graph ran on, over every schedule of that EP (module docstring)."""
+    out = []
+    eps = ["cpu"] if ev.ep == "cpu" else ["webgpu", "cpu"]
+    offset = _concat_offset(ev)
+    int4 = ev.orig.precision == "int4"
+    for ep in eps:
+        rew = ev.by.get(f"rewritten@{ep}")
+        ref, cross = _reference(ev, ep)
+        schedules: list[Schedule] = plan.for_ep(ep)
+        if rew is None or not schedules:
+            continue
+        c = Comparison(rew.label, ref.label if ref is not None else f"original@{ep}",
+                       ev.tolerance if not (cross and int4) else TOLERANCES["fp16"], not (cross and int4),
+                       kind="schedule")
+        if ref is None or not _ran(rew) or not ref.schedules:
+            c.status, c.reason = "skipped", ("no run of the original to compare with" if ref is None else
+                                             f"{rew.label if not _ran(rew) else ref.label} did not run them")
+            out.append(c)
+            continue
+        cpu_side = ep == "cpu" or cross
+        only = (lambda call: call.past + call.tokens <= offset) if offset and cpu_side else None
+        undefined: dict[str, int] = {}
+        rows_out: list[str] = []
+        for s in schedules:
+            got, want = rew.schedules.get(s.name, []), ref.schedules.get(s.name, [])
+            rows = padded_rows_kept(s, want, {b: ref.schedules.get(f"{s.name}{ROW}{b}", [])
+                                              for b in range(s.batch)}, c.tolerance)
+            if rows is not None and not rows.all():
+                rows_out.append(f"{s.name} row(s) {', '.join(str(b) for b in np.flatnonzero(~rows))}")
+            n = compare_calls(s, got, want, c, only, ref.schedules.get(s.name + AGAIN), rows)
+            if n:
+                undefined[s.name] = n
+            if s.name in rew.schedule_errors and len(got) < len(want):
+                c.diffs.append(OutputDiff(len(got), "(run)", float("inf"), float("inf"), False,
+                                          f"{rew.label} raised at this call: {rew.schedule_errors[s.name]}",
+                                          schedule=s.name))
+        notes = []
+        if rows_out:
+            notes.append(f"{ref.label} does not compute {'; '.join(rows_out)} as it computes each alone (padding it "
+                         "does not honour, e.g. GroupQueryAttention after a left-padded prompt on CPU): left out")
+        if undefined:
+            notes.append(f"{ref.label} computes different values on a second run of the same calls at "
+                         f"{sum(undefined.values())} element(s) of {', '.join(undefined)} (not a function of the "
+                         "inputs there, e.g. GroupQueryAttention on CPU after a left-padded prompt): left out")
+        if cross:
+            notes.append(f"{rew.label} against the original on CPU: the original does not run on {ep}")
+        if only is not None:
+            notes.append(f"calls up to {offset} tokens only (the CPU EP has no multiRotaryCacheConcatOffset)")
+        skipped = sorted(set(s.name for s in schedules) - set(ref.schedules))
+        if skipped:
+            notes.append(f"{ref.label} did not run {', '.join(skipped)}")
+        c.reason = "; ".join(notes)
+        if not c.diffs:
+            c.status = "skipped"
+            c.reason = c.reason or "no call to compare"
+        out.append(c)
+    return out
+
+
+__all__ = ["cpu_comparisons", "schedule_comparisons"]

@@ -1,0 +1,160 @@
+"""``check --budget 60s --seed N``: random schedules until the budget is spent; the first that differs is shrunk.
+
+After the check's own runs, both graphs are loaded in this process on CPU (and on WebGPU with ``--ep webgpu``: a
+crash of the EP ends the checker here, unlike the isolated runs), and schedules are drawn from
+``numpy.random.RandomState(N)`` (:func:`.schedules.random_schedule`: batch 1-4, left or right padding, prompts of 1
+token to past every switch, chunked or not, up to four calls after it, ids across the vocabulary). Each is run on
+both graphs on every EP it fits (WebGPU on a software adapter: calls of at most 8 tokens) and compared with the
+schedule comparison (:func:`.schedules.compare_calls`: what a caller reads, the check's tolerance). The first
+schedule that differs is shrunk (:func:`.schedules.shrink`: fewer rows, fewer and shorter calls, shorter prompts)
+to the smallest that still differs on the same EP, and the report prints it as a command line that reruns it:
+``rope-passes check ORIGINAL REWRITTEN --schedule '<schedule>'`` (exit 1 there too). The same seed draws the same
+schedules; how many fit in the budget depends on the machine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+import time
+from typing import Any
+
+import numpy as np
+
+from rope_passes.check.compare import Comparison, OutputDiff, Tolerance
+from rope_passes.check.decode import DecoderSpec
+from rope_passes.check.models import ModelInfo
+from rope_passes.check.plan import CheckOptions, Plan
+from rope_passes.check.schedules import Schedule, differs, random_schedule, shrink
+
+
+@dataclasses.dataclass
+class Exploration:
+    """What ``--budget`` did: how many schedules it drew, and the first that differs, shrunk."""
+
+    seed: int
+    budget_s: float
+    pairs: list[str]  # "rewritten@cpu vs original@cpu", ...
+    drawn: int = 0
+    wall_s: float = 0.0
+    found: Schedule | None = None  # the first drawn schedule that differs
+    shrunk: Schedule | None = None  # the smallest one reached from it that still differs
+    pair: str = ""  # where it differs
+    diff: OutputDiff | None = None  # the first differing output of ``shrunk``
+    tries: int = 0  # schedules run while shrinking
+    command: str = ""  # reruns ``shrunk``
+    reason: str = ""  # why nothing was explored
+
+    def comparison(self, tolerance: Tolerance) -> Comparison:
+        actual, _, reference = (self.pair or (self.pairs[0] if self.pairs else "rewritten vs original")).partition(
+            " vs ")
+        c = Comparison(actual, reference or "original", tolerance, True, kind="random")
+        if self.reason:
+            c.status, c.reason = "skipped", self.reason
+            return c
+        what = f"--budget {self.budget_s:g}s --seed {self.seed}: {self.drawn} random schedule(s) in {self.wall_s:.1f} s"
+        if self.diff is None:
+            c.reason = what + ", none differs"
+            c.diffs.append(OutputDiff(0, "(all)", 0.0, 0.0, True, schedule="random"))
+        else:
+            assert self.found is not None and self.shrunk is not None
+            c.diffs.append(self.diff)
+            c.reason = (f"{what}; {self.found.name} differs, shrunk in {self.tries} tries to "
+                        f"{self.shrunk.summary()}; rerun: {self.command}")
+        return c
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"seed": self.seed, "budget_s": self.budget_s, "pairs": self.pairs, "drawn": self.drawn,
+                "wall_s": round(self.wall_s, 3), "reason": self.reason,
+                "found": self.found.to_dict() if self.found else None,
+                "shrunk": self.shrunk.to_dict() if self.shrunk else None, "pair": self.pair,
+                "difference": self.diff.to_dict() if self.diff else None, "tries": self.tries,
+                "command": self.command}
+
+
+def command_line(original: Any, rewritten: Any, opts: CheckOptions, schedule: Schedule) -> str:
+    """``rope-passes check`` with the options that change what runs, and ``--schedule``."""
+    args = ["rope-passes", "check", str(original), str(rewritten)]
+    if opts.ep != "webgpu":
+        args += ["--ep", opts.ep]
+    if opts.layers is not None:
+        args += ["--layers", str(opts.layers)]
+    for name, size in (opts.dims or {}).items():
+        args += ["--dim", f"{name}={size}"]
+    if opts.embeddings:
+        args += ["--embeddings", opts.embeddings]
+    for name, value in (opts.tolerance or {}).items():
+        args += [f"--{name}", f"{value:g}"]
+    args += ["--schedule", schedule.text()]
+    return shlex.join(args)
+
+
+def _sessions(orig: ModelInfo, rew: ModelInfo, emb_orig: str | None, emb_rew: str | None, opts: CheckOptions
+              ) -> list[tuple[str, tuple[Any, DecoderSpec, Any, DecoderSpec]]]:
+    from rope_passes.runtime.sessions import create_session
+
+    pairs = []
+    for ep in ["cpu"] + (["webgpu"] if opts.ep == "webgpu" else []):
+        sides = []
+        for info, emb in ((rew, emb_rew), (orig, emb_orig)):
+            sess = create_session(str(info.path), ep, webgpu_options=dict(info.webgpu_options) if ep == "webgpu"
+                                  else {})
+            table = np.load(emb) if emb else None
+            sides.append((sess, DecoderSpec.from_session(sess, info.genai_config, dims=dict(opts.dims or {}),
+                                                         embedding_table=table)))
+        pairs.append((f"rewritten@{ep} vs original@{ep}", (sides[0][0], sides[0][1], sides[1][0], sides[1][1])))
+    return pairs
+
+
+def explore(orig: ModelInfo, rew: ModelInfo, emb_orig: str | None, emb_rew: str | None, plan: Plan,
+            opts: CheckOptions, original: Any, rewritten: Any) -> Exploration:
+    """Random schedules for ``opts.budget`` seconds (module docstring)."""
+    start = time.perf_counter()
+    out = Exploration(opts.seed, opts.budget, [])
+    if plan.facts is None:
+        out.reason = "no schedule facts (not a decoder)"
+        return out
+    try:
+        pairs = _sessions(orig, rew, emb_orig, emb_rew, opts)
+    except Exception as exc:  # noqa: BLE001 - a graph that does not load here: the check's runs say so
+        out.reason = f"the graphs do not both load here ({' '.join(str(exc).split())[:200]})"
+        return out
+    if not all(p[1][1].is_decoder and p[1][3].is_decoder for p in pairs):
+        out.reason = "not decoders: no schedules to draw"
+        return out
+    out.pairs = [name for name, _ in pairs]
+    offsets = [m.longrope.switch for m in (orig, rew) if m.longrope is not None and m.longrope.kind == "concat"]
+
+    def usable(s: Schedule, name: str) -> bool:
+        if name.startswith("rewritten@webgpu"):
+            return plan.max_call is None or s.longest_call <= plan.max_call
+        return not offsets or s.width + sum(s.then) <= min(offsets)  # CPU: no concat offset
+
+    rng = np.random.RandomState(opts.seed)
+    facts = plan.facts
+    while time.perf_counter() - start < opts.budget:
+        s = random_schedule(rng, facts, name=f"random-{out.drawn}")
+        out.drawn += 1
+        opts.say("random schedules", out.drawn - 1, out.drawn)
+        for name, pair in pairs:
+            if not usable(s, name):
+                continue
+            d = differs(s, [pair], plan.tolerance, facts.vocab)
+            if d is None:
+                continue
+            out.found, out.pair = s, name
+
+            def still(c: Schedule, pair: Any = pair, name: str = name) -> bool:
+                return usable(c, name) and differs(c, [pair], plan.tolerance, facts.vocab) is not None
+
+            out.shrunk, out.tries = shrink(s, still)
+            out.diff = differs(out.shrunk, [pair], plan.tolerance, facts.vocab) or d
+            out.diff.schedule = out.shrunk.name
+            out.command = command_line(original, rewritten, opts, dataclasses.replace(out.shrunk))
+            out.wall_s = time.perf_counter() - start
+            return out
+    out.wall_s = time.perf_counter() - start
+    return out
+
+
+__all__ = ["Exploration", "command_line", "explore"]

@@ -1,0 +1,245 @@
+"""What a check will run, decided before anything runs: the options (:class:`CheckOptions`), the decode (prefill and
+steps, adjusted for LongRoPE and a software adapter), the sweep positions, the schedules (:mod:`.schedules`), the
+tolerance, and the rotation-table comparison (no session). Every adjustment is a note.
+
+* software WebGPU adapter (lavapipe): prefill capped at :func:`rope_passes.runtime.adapter.max_webgpu_prefill`
+  tokens, the rest of the prompt fed by single-token steps (WebGPU GQA prefill is wrong for query rows >= 8 there);
+  WebGPU runs take only the schedules whose calls fit the cap (a long prompt goes chunked), CPU runs take them all;
+* LongRoPE (:class:`rope_passes.analysis.longrope.LongRoPESwitch`): the decode runs past the switch point (original
+  context + :data:`PAST_SWITCH` tokens) when that is at most :data:`MAX_CROSSING_STEPS` steps, else the sweep gets
+  single steps at the switch's two sides (after a random past; any ``--sweep``, even 0). A concatenated table is
+  wrong on onnxruntime's CPU EP past the offset (it has no such option), so CPU comparisons stop at the offset.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from rope_passes.check.compare import TOLERANCES, Tolerance
+from rope_passes.check.decode import TOKEN_HIGH
+from rope_passes.check.models import ModelInfo
+from rope_passes.check.schedules import GraphFacts, Schedule, default_schedules
+from rope_passes.check.sweep import sweep_positions
+from rope_passes.check.table_diff import TableComparison, compare_tables
+from rope_passes.check.tables import GraphTables, graph_tables
+from rope_passes.config import GenaiConfig
+from rope_passes.errors import UsageError
+from rope_passes.runtime.adapter import AdapterInfo, max_webgpu_prefill
+
+#: decode steps past a LongRoPE switch point
+PAST_SWITCH = 4
+#: the most decode steps spent to reach a LongRoPE switch by decoding; a later switch is checked by sweep steps after
+#: a random past at its two sides (a step is equal on both graphs given the same past, so a decode of equal steps is
+#: equal: the steps are what a crossing adds). Real size: 4096 single steps of real layers per run are hours on a
+#: software adapter (a 2-layer Phi-3-128k run here: 5 minutes per WebGPU run, and the process tree grew to 23 GB).
+MAX_CROSSING_STEPS = 256
+
+
+@dataclasses.dataclass
+class CheckOptions:
+    """Everything :func:`rope_passes.check.core.check` takes besides the two models (docs/checker.md)."""
+
+    ep: str = "webgpu"  # the rewritten graph's EP: webgpu | cpu
+    prefill: int = 8
+    steps: int = 4
+    graph_capture: bool = False
+    reference_logits: str | Path | np.ndarray | None = None
+    dims: Mapping[str, int] | None = None  # sizes of symbolic dims (--dim)
+    embeddings: str | None = None  # token embeddings for inputs_embeds graphs
+    tolerance: Mapping[str, float] | None = None  # atol/rtol overrides
+    isolate: bool = True  # every run in its own subprocess
+    timeout: float = 300  # seconds per run
+    reference_python: str | None = None  # run the original with this interpreter
+    progress: Callable[[str, int, int], None] | None = None  # (label, step, n_steps); step -1: a run starts
+    sweep: int | None = None  # sweep positions (None: 32, with layers default_sweep)
+    fallback_python: str | None = "auto"  # the second runtime for an original that does not load here
+    tables: bool = True  # compare the rotation tables
+    layers: int | None = None  # compare the first N decoder layers only
+    runtime: str | None = None  # the WebGPU runtime every run uses
+    schedules: Sequence[Schedule] | None = None  # None: the default set (.schedules.default_schedules); [] none
+    budget: float = 0.0  # seconds of random schedules after the check (check --budget)
+    seed: int = 0  # the random schedules' seed (check --seed)
+
+    def validate(self) -> None:
+        if self.ep not in ("webgpu", "cpu"):
+            raise UsageError(f"unknown execution provider {self.ep!r} (choose webgpu or cpu)")
+        if self.prefill < 1 or self.steps < 0 or (self.sweep is not None and self.sweep < 0):
+            raise UsageError("--prefill must be >= 1, --steps and --sweep >= 0")
+        if self.graph_capture and self.ep != "webgpu":
+            raise UsageError("--graph-capture needs --ep webgpu")
+        if self.layers is not None and self.reference_logits is not None:
+            raise UsageError("--reference-logits compares logits, which --layers cuts off")
+        if self.budget < 0:
+            raise UsageError("--budget must be >= 0 seconds")
+
+    def say(self, label: str, step: int, total: int) -> None:
+        if self.progress is not None:
+            self.progress(label, step, total)
+
+
+@dataclasses.dataclass
+class Plan:
+    """The decode, sweep and schedules every run shares, the tolerance, and the table comparison."""
+
+    prefill: int
+    steps: int
+    positions: list[int]
+    tolerance: Tolerance
+    tables: TableComparison | None
+    notes: list[str]
+    switches: set[int]
+    max_call: int | None  # WebGPU's longest correct call here (None: no cap)
+    schedules: list[Schedule] = dataclasses.field(default_factory=list)  # filled by with_schedules
+    facts: GraphFacts | None = None
+
+    def for_ep(self, ep: str) -> list[Schedule]:
+        """The schedules a run on ``ep`` makes: on WebGPU those whose calls fit its cap."""
+        return [s for s in self.schedules if ep != "webgpu" or self.max_call is None
+                or s.longest_call <= self.max_call]
+
+
+def _graph_tables(info: ModelInfo, ep: str) -> GraphTables:
+    try:
+        return graph_tables(info.model, info.genai_config, ep=ep)
+    except Exception as exc:  # noqa: BLE001 - a graph the reader trips on is reported, not a crash of the checker
+        return GraphTables(unavailable=f"reading its rotations failed ({type(exc).__name__}: "
+                                       f"{' '.join(str(exc).split())[:200]})")
+
+
+def make_plan(orig: ModelInfo, rew: ModelInfo, opts: CheckOptions, adapter: AdapterInfo | None,
+              sweep: int) -> Plan:
+    """The decode, the sweep positions, the table comparison and the tolerance (the schedules come with
+    :func:`with_schedules`, once the embedding tables are known)."""
+    ep, prefill, steps = opts.ep, opts.prefill, opts.steps
+    notes: list[str] = []
+    orig_t, rew_t = (_graph_tables(orig, ep), _graph_tables(rew, ep)) if opts.tables or sweep else (None, None)
+    table_cmp = (compare_tables(orig_t, rew_t, orig.context_length)
+                 if opts.tables and orig_t is not None and rew_t is not None else None)  # tables: both were read
+    end = table_cmp.positions if table_cmp is not None and table_cmp.status == "compared" else (
+        (orig_t.covers if orig_t is not None and not orig_t.unavailable else None) or orig.context_length)
+    switches = set(orig_t.switches if orig_t else []) | set(rew_t.switches if rew_t else [])
+    switches |= {m.longrope.switch for m in (orig, rew) if m.longrope is not None}
+    positions = sweep_positions(end, switches, sweep) if sweep and end else []
+    if sweep and not end:
+        notes.append("no position sweep: the table length is unknown (no context_length in genai_config.json, and "
+                     "the rotation tables were not read)")
+
+    switch = max((m.longrope.switch for m in (orig, rew) if m.longrope is not None), default=None)
+    if switch is not None and prefill + steps < switch + PAST_SWITCH:
+        if switch + PAST_SWITCH - prefill <= MAX_CROSSING_STEPS:
+            steps = switch + PAST_SWITCH - prefill
+            notes.append(f"LongRoPE cache switching after {switch} tokens: decoding {prefill + steps} tokens in all "
+                         f"to cross it")
+        else:  # real size (Phi-3-128k: 4096): the switch's two sides as sweep steps after a random past
+            sides = [p for p in range(switch - 2, switch + 2) if p > 0 and (not end or p < end)]
+            positions = sorted(set(positions) | set(sides))
+            notes.append(f"LongRoPE cache switching after {switch} tokens: crossing it by decoding would take "
+                         f"{switch + PAST_SWITCH - prefill} steps (more than {MAX_CROSSING_STEPS}); positions "
+                         f"{', '.join(map(str, sides))} are single steps after a random past instead (the step at "
+                         f"each side of the switch, the same past for both graphs)")
+    limit = max_webgpu_prefill(adapter) if adapter else None
+    if adapter is not None and limit is not None and prefill > limit:  # a limit comes from an adapter
+        notes.append(f"software WebGPU adapter ({adapter.summary}): WebGPU GroupQueryAttention prefill is wrong for "
+                     f"query rows >= 8 there, so the prefill is {limit} tokens and the other {prefill - limit} come "
+                     f"as single-token decode steps; WebGPU runs take the schedules whose calls are at most {limit} "
+                     f"tokens (longer ones run on CPU)")
+        steps += prefill - limit
+        prefill = limit
+    elif adapter is not None and adapter.software:
+        notes.append(f"software WebGPU adapter ({adapter.summary}): prefills and WebGPU schedule calls kept at <= "
+                     f"{limit} tokens")
+    notes += _longrope_notes(orig, rew, ep)
+    tol = dict(dataclasses.asdict(TOLERANCES[orig.precision]))
+    tol.update(opts.tolerance or {})
+    tolerance = Tolerance(float(tol["atol"]), float(tol["rtol"]), orig.precision)
+    return Plan(prefill, steps, positions, tolerance, table_cmp, notes, switches,
+                limit if adapter is not None else None)
+
+
+def _longrope_notes(orig: ModelInfo, rew: ModelInfo, ep: str) -> list[str]:
+    notes = []
+    for info in (orig, rew):
+        lr = info.longrope
+        if lr is not None and lr.offset_ignored_by:
+            notes.append(f"WARNING {info.path}: multiRotaryCacheConcatOffset={lr.switch} is IGNORED by "
+                         f"{len(lr.offset_ignored_by)} GroupQueryAttention node(s) with separate Q/K/V "
+                         f"({lr.offset_ignored_by[0]!r}…): onnxruntime applies the offset to packed QKV only, so on "
+                         f"WebGPU a position p reads row p of the [short; long] cache: past {lr.switch} tokens the "
+                         "short rows (wrong); lint RP206; fix: rope-passes optimize --target webgpu-graph packs Q/K/V")
+    o, r = orig.longrope, rew.longrope
+    if o is not None and o.kind == "concat":
+        notes.append(f"{orig.path.name}: concatenated LongRoPE cache with offset {o.switch}: the CPU EP has no "
+                     f"multiRotaryCacheConcatOffset, so comparisons with original@cpu stop at {o.switch} tokens")
+    if r is not None and r.kind == "concat":
+        if ep == "webgpu" and not (o is not None and o.kind == "concat"):
+            notes.append(f"{rew.path.name}: concatenated LongRoPE cache (offset {r.switch}): WebGPU-only output; on "
+                         f"the CPU EP it is wrong past {r.switch} tokens, so rewritten@cpu is compared up to there")
+        if ep == "cpu":
+            notes.append(f"{rew.path.name}: concatenated LongRoPE cache: it needs multiRotaryCacheConcatOffset, which "
+                         f"the CPU EP lacks, so on CPU it is wrong past {r.switch} tokens")
+    return notes
+
+
+def _static_vocab(info: ModelInfo) -> list[int]:
+    """The vocabulary sizes the model states: genai_config's ``vocab_size``, its logits' last dim."""
+    out = []
+    cfg = (info.genai_config or {}).get("model", {})
+    if isinstance(cfg.get("vocab_size"), int):
+        out.append(int(cfg["vocab_size"]))
+    if info.model is not None:
+        for v in info.model.graph.outputs:
+            shape = v.shape
+            if v.name == "logits" and shape is not None and len(shape) and isinstance(shape[-1], int):
+                out.append(int(shape[-1]))
+    return out
+
+
+def _windows(info: ModelInfo) -> list[int]:
+    """Fixed windows: GroupQueryAttention ``local_window_size`` > 0."""
+    out: list[int] = []
+    if info.model is None:
+        return out
+    import onnx_ir as ir
+
+    for node in ir.traversal.RecursiveGraphIterator(info.model.graph):
+        if node.op_type == "GroupQueryAttention":
+            a = node.attributes.get("local_window_size")
+            if a is not None and int(a.as_int()) > 0:
+                out.append(int(a.as_int()))
+    return out
+
+
+def graph_facts(orig: ModelInfo, rew: ModelInfo, plan: Plan, embedding_rows: Sequence[int]) -> GraphFacts:
+    """What the schedules are built from: ids valid for both graphs (every stated vocabulary, every embedding table
+    fed), genai's pad id, the switches, the windows, WebGPU's call cap and the context."""
+    vocab = _static_vocab(orig) + _static_vocab(rew) + list(embedding_rows)
+    if not vocab and (orig.takes_embeds or rew.takes_embeds):
+        vocab = [TOKEN_HIGH]  # the fixed-seed default table's rows
+    pad = (orig.genai_config or {}).get("model", {}).get("pad_token_id", 0)
+    pad = pad[0] if isinstance(pad, list) and pad else pad
+    context = [c for c in (GenaiConfig(orig.genai_config).context_length,) if c]
+    return GraphFacts(vocab=min(vocab) if vocab else TOKEN_HIGH, pad=int(pad) if isinstance(pad, int) else 0,
+                      switches=tuple(sorted(plan.switches)), windows=tuple(sorted(set(_windows(orig) + _windows(rew)))),
+                      max_call=plan.max_call, context=context[0] if context else None)
+
+
+def with_schedules(plan: Plan, facts: GraphFacts, given: Sequence[Schedule] | None) -> Plan:
+    """``plan`` with its schedules: the given ones, else the default set; a note when a default long prompt cannot
+    pass a switch in one call (the sweep stands in there)."""
+    plan.facts = facts
+    plan.schedules = list(given) if given is not None else default_schedules(facts)
+    if given is None:
+        n, why = facts.long_prompt()
+        missed = [c for c in facts.switches if c + 1 > n] + [w for w in facts.windows if w + 1 > n]
+        if missed:
+            plan.notes.append(f"schedules: the long prompt is {n} tokens ({why}); it does not pass "
+                              f"{', '.join(map(str, missed))}: the sweep's steps after a random past cover that")
+    return plan
+
+
+__all__ = ["MAX_CROSSING_STEPS", "PAST_SWITCH", "CheckOptions", "Plan", "graph_facts", "make_plan",
+           "with_schedules"]

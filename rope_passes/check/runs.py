@@ -1,0 +1,89 @@
+"""The runs of a check (each a :class:`.runner.RunSpec`, in its own subprocess unless ``isolate=False``):
+
+1. ``original@cpu``: the reference (onnxruntime's CPU EP is the best-tested implementation of these ops);
+2. ``original@webgpu``: the same graph on WebGPU, the baseline error of the EP itself;
+3. ``rewritten@webgpu``: the graph under test (``ep="cpu"``: ``rewritten@cpu`` only);
+4. ``rewritten@cpu`` (with ``ep="webgpu"``): the graph under test on CPU too, so a rewrite that is only right on
+   WebGPU (a value WebGPU happens to tolerate) shows against ``original@cpu``;
+5. ``rewritten@webgpu+capture`` with ``graph_capture=True``: under ``enableGraphCapture=1`` (:mod:`.capture`).
+
+Every run but the captured one makes the decode, the schedules its EP takes (:meth:`.plan.Plan.for_ep`) and the
+sweep. When the original loads nowhere here and the rewritten graph runs, the original runs on the second WebGPU
+runtime (``original@webgpu:plugin``, ``original@cpu:plugin``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from rope_passes.check.models import ModelInfo
+from rope_passes.check.plan import CheckOptions, Plan
+from rope_passes.check.runner import LOAD_FAILED, RunResult, RunSpec, execute_run, run_isolated
+from rope_passes.check.verdict import PLUGIN
+from rope_passes.runtime.adapter import AdapterInfo
+from rope_passes.runtime.sessions import ALLOW_SOFTWARE_ADAPTER
+from rope_passes.targets import WEBGPU_PLUGIN
+
+
+def run_spec(label: str, info: ModelInfo, ep: str, emb: str | None, plan: Plan, opts: CheckOptions,
+             capture: bool = False) -> RunSpec:
+    return RunSpec(label=label, model=str(info.path), ep=ep, prefill=plan.prefill, steps=plan.steps,
+                   genai_config=info.genai_config, webgpu_options=dict(info.webgpu_options) if ep == "webgpu" else {},
+                   graph_capture=capture, max_length=plan.prefill + plan.steps, dims=dict(opts.dims or {}),
+                   embedding=emb, sweep=[] if capture else list(plan.positions),
+                   schedules=[] if capture else [s.spec() for s in plan.for_ep(ep)],
+                   schedules_twice=plan.facts.vocab if plan.facts is not None and label.startswith("original@") else 0)
+
+
+def execute(spec: RunSpec, opts: CheckOptions, adapter: AdapterInfo | None, python: str | None,
+            runtime: str | None = None) -> RunResult:
+    """One run, isolated unless ``opts.isolate`` is off (another interpreter always is), with progress."""
+    total = spec.steps + 1
+
+    def callback(label: str, n: int) -> Callable[[int], None]:
+        return lambda k: opts.say(label, k, n)
+
+    on_step = callback(spec.label, total)
+    on_sweep = callback(f"{spec.label} sweep", len(spec.sweep))
+    on_schedule = callback(f"{spec.label} schedules", len(spec.schedules))
+    opts.say(spec.label, -1, total)
+    if opts.isolate or python:
+        env = {ALLOW_SOFTWARE_ADAPTER: "1"} if python and adapter is not None and adapter.software else {}
+        return run_isolated(spec, on_step, opts.timeout, python=python, on_sweep=on_sweep, env_extra=env,
+                            runtime=runtime, on_schedule=on_schedule)
+    return execute_run(spec, on_step, on_sweep=on_sweep, on_schedule=on_schedule)
+
+
+def all_runs(orig: ModelInfo, rew: ModelInfo, emb_orig: str | None, emb_rew: str | None, plan: Plan,
+             opts: CheckOptions, adapter: AdapterInfo | None, here: str | None, runtime: str,
+             fallback: str | None) -> tuple[list[RunResult], str | None]:
+    """Every run (module docstring) and the second runtime's interpreter when the original ran there."""
+    ep = opts.ep
+    specs = [run_spec("original@cpu", orig, "cpu", emb_orig, plan, opts)]
+    if ep == "webgpu":
+        specs.append(run_spec("original@webgpu", orig, "webgpu", emb_orig, plan, opts))
+    specs.append(run_spec(f"rewritten@{ep}", rew, ep, emb_rew, plan, opts))
+    if ep == "webgpu":
+        specs.append(run_spec("rewritten@cpu", rew, "cpu", emb_rew, plan, opts))
+    if opts.graph_capture:
+        specs.append(run_spec("rewritten@webgpu+capture", rew, "webgpu", emb_rew, plan, opts, capture=True))
+    runs = []
+    for s in specs:
+        if opts.reference_python and s.label.startswith("original@"):
+            runs.append(execute(s, opts, adapter, opts.reference_python))
+        else:
+            runs.append(execute(s, opts, adapter, here, runtime))
+    by = {r.label: r for r in runs}
+    originals = [r for r in runs if r.label.startswith("original@")]
+    if (not opts.reference_python and fallback and not any(r.ok for r in originals)
+            and all(r.status == LOAD_FAILED for r in originals) and by[f"rewritten@{ep}"].ok):
+        # the original does not load on this runtime, the rewritten graph does: run the original on the other
+        extra = [run_spec(f"original@webgpu{PLUGIN}", orig, "webgpu", emb_orig, plan, opts)] if ep == "webgpu" else []
+        extra.append(run_spec(f"original@cpu{PLUGIN}", orig, "cpu", emb_orig, plan, opts))
+        for s in extra:
+            runs.append(execute(s, opts, adapter, fallback, WEBGPU_PLUGIN))
+        return runs, fallback
+    return runs, None
+
+
+__all__ = ["all_runs", "execute", "run_spec"]

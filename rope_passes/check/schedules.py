@@ -1,0 +1,549 @@
+"""Schedules: the calls a caller makes, as data. What ``check`` runs besides its decode and sweep.
+
+A :class:`Schedule` is a batch of token rows and the calls that feed them:
+
+* ``lengths``: each row's prompt length (the batch is ``len(lengths)``); shorter rows are padded to the longest with
+  ``pad`` ids, on the ``left`` (as onnxruntime-genai pads a batch: attention mask 0 there, position ids 0 there and
+  ``0, 1, 2, ...`` over each row's real tokens) or on the ``right`` (a prompt alone: no call after it);
+* the prompt goes in calls of at most ``chunk`` tokens (None: one call; chunked prefill = multi-token calls after a
+  past), then ``then``: one call per entry with that many new tokens on every row (1: a decode step; more: a
+  multi-token call after a past: chat turns, speculative decoding). Every call after the first continues from the
+  previous call's ``present.*``, the mask grows by the call's tokens (ones) and every row's positions go on from its
+  own count;
+* ``ids``: every row's real token ids, prompt first.
+
+:meth:`Schedule.calls` spells it out call by call (:class:`Call`: past length, tokens, ids, mask, positions, which
+outputs a caller reads); :meth:`Schedule.text` is one line that :func:`parse` reads back (``check --schedule``), so
+a failure names a schedule that reruns as is.
+
+:func:`default_schedules` is the set every ``check`` runs (the caller classes of issue 20): ids at both ends of the
+vocabulary, a one-token prompt with decode steps and multi-token calls after a past, a left-padded batch of rows of
+different lengths, a right-padded batch, a prompt longer than every fixed window and past every LongRoPE switch (in
+one call, and chunked where the EP's prefill is capped). :func:`random_schedule` draws one for ``check --budget``,
+:func:`shrink` makes a differing one as small as it stays differing.
+
+Only the outputs a caller reads are compared (:func:`compare_calls`): per call, the rows' real tokens (logits and
+every ``[B, S, ...]`` output) and the real cache positions of ``present.*``. What a graph computes at padding is
+read by no one, and a correct rewrite may differ there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import re
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from rope_passes.check.compare import Comparison, OutputDiff, diff_arrays
+from rope_passes.check.decode import PRESENT_PREFIX, DecoderSpec, keep_step, step_feeds
+from rope_passes.errors import UsageError
+
+LEFT, RIGHT = "left", "right"
+#: key suffix of a reference run's second pass over a schedule (:func:`run_twice`)
+AGAIN = "#again"
+#: key infix of a padded batch's row run alone (:func:`run_reference`)
+ROW = "#row"
+#: the longest prompt a default schedule sends in one call to reach past a switch or window (longer: the sweep's
+#: single steps after a random past stand in, see :mod:`.sweep`)
+LONG_PROMPT_MAX = 512
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+    """One call of a schedule: ``tokens`` new tokens on each of ``batch`` rows after ``past`` cached ones."""
+
+    index: int
+    past: int
+    ids: np.ndarray  # [B, S] int64 (pad ids at padding)
+    mask: np.ndarray  # [B, past + S] int64
+    positions: np.ndarray  # [B, S] int64
+    real: np.ndarray  # [B, past + S] bool: the real tokens (the mask as bools)
+
+    @property
+    def batch(self) -> int:
+        return int(self.ids.shape[0])
+
+    @property
+    def tokens(self) -> int:
+        return int(self.ids.shape[1])
+
+    @property
+    def lengths(self) -> list[int]:
+        """Real tokens of each row in this call."""
+        return [int(n) for n in self.real[:, self.past:].sum(axis=1)]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"call": self.index, "batch": self.batch, "past": self.past, "tokens": self.tokens,
+                "lengths": self.lengths, "ids": self.ids.tolist(), "positions": self.positions.tolist()}
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """A batch of rows and the calls that feed them (see the module docstring)."""
+
+    name: str
+    lengths: tuple[int, ...]
+    ids: tuple[tuple[int, ...], ...]  # per row: its prompt, then one id per continuation token
+    padding: str = LEFT
+    chunk: int | None = None  # prompt tokens per call (None: the whole prompt in one call)
+    then: tuple[int, ...] = ()  # new tokens of each call after the prompt
+    pad: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.lengths or min(self.lengths) < 1:
+            raise UsageError(f"schedule {self.name}: every row needs a prompt of at least one token")
+        if self.padding not in (LEFT, RIGHT):
+            raise UsageError(f"schedule {self.name}: padding is left or right, not {self.padding!r}")
+        if self.padding == RIGHT and self.then and len(set(self.lengths)) > 1:
+            raise UsageError(f"schedule {self.name}: a right-padded batch takes no call after its prompt")
+        if self.chunk is not None and self.chunk < 1 or any(n < 1 for n in self.then):
+            raise UsageError(f"schedule {self.name}: every call takes at least one token")
+        more = sum(self.then)
+        if len(self.ids) != len(self.lengths) or any(len(r) != n + more for r, n in zip(self.ids, self.lengths)):
+            raise UsageError(f"schedule {self.name}: each row needs its prompt's ids and {more} more")
+
+    @property
+    def batch(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def width(self) -> int:
+        """Columns of the padded prompt."""
+        return max(self.lengths)
+
+    @property
+    def call_sizes(self) -> list[int]:
+        w, c = self.width, self.chunk or self.width
+        return [min(c, w - s) for s in range(0, w, c)] + list(self.then)
+
+    @property
+    def longest_call(self) -> int:
+        return max(self.call_sizes)
+
+    @property
+    def size(self) -> tuple[int, int, int]:
+        """What :func:`shrink` makes smaller: (rows, tokens fed, calls)."""
+        return self.batch, self.batch * sum(self.call_sizes), len(self.call_sizes)
+
+    def matrix(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(ids ``[B, T]``, real ``[B, T]`` bool, positions ``[B, T]``) over all ``T`` columns of all calls."""
+        w, more = self.width, sum(self.then)
+        ids = np.full((self.batch, w + more), self.pad, np.int64)
+        real = np.zeros((self.batch, w + more), bool)
+        for b, (n, row) in enumerate(zip(self.lengths, self.ids)):
+            start = w - n if self.padding == LEFT else 0
+            ids[b, start:start + n] = row[:n]
+            real[b, start:start + n] = True
+            ids[b, w:] = row[n:]
+            real[b, w:] = True
+        positions = np.where(real, np.cumsum(real, axis=1) - 1, 0).astype(np.int64)  # genai: 0 at padding
+        return ids, real, positions
+
+    def calls(self) -> Iterator[Call]:
+        ids, real, positions = self.matrix()
+        start = 0
+        for k, n in enumerate(self.call_sizes):
+            end = start + n
+            yield Call(k, start, ids[:, start:end], real[:, :end].astype(np.int64), positions[:, start:end],
+                       real[:, :end])
+            start = end
+
+    def text(self) -> str:
+        """One line :func:`parse` reads back: ``left rows 7,1,4 chunk 8 then 1+3 pad 0 ids 5.9.1/.../...``."""
+        parts = [self.padding, "rows", ",".join(map(str, self.lengths))]
+        if self.chunk is not None and self.chunk < self.width:
+            parts += ["chunk", str(self.chunk)]
+        if self.then:
+            parts += ["then", "+".join(map(str, self.then))]
+        parts += ["pad", str(self.pad), "ids", "/".join(".".join(map(str, r)) for r in self.ids)]
+        return " ".join(parts)
+
+    def summary(self) -> str:
+        """In words, without the ids."""
+        rows = (f"batch {self.batch}, rows of {', '.join(map(str, self.lengths))} prompt tokens"
+                + (f" {self.padding}-padded to {self.width}" if len(set(self.lengths)) > 1 else ""))
+        sizes, past, calls = self.call_sizes, 0, []
+        for n in sizes:
+            calls.append(f"{n}" + (f" after {past}" if past else ""))
+            past += n
+        return f"{self.name}: {rows}; calls of {', '.join(calls)} tokens"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "summary": self.summary(), "text": self.text(), "batch": self.batch,
+                "lengths": list(self.lengths), "padding": self.padding, "calls": self.call_sizes,
+                "ids": [list(r) for r in self.ids], "pad": self.pad}
+
+    def spec(self) -> dict[str, Any]:
+        """What a run needs (JSON): :func:`from_spec` makes it back."""
+        return {"name": self.name, "lengths": list(self.lengths), "ids": [list(r) for r in self.ids],
+                "padding": self.padding, "chunk": self.chunk, "then": list(self.then), "pad": self.pad}
+
+
+def from_spec(data: dict[str, Any]) -> Schedule:
+    return Schedule(data["name"], tuple(data["lengths"]), tuple(tuple(r) for r in data["ids"]), data["padding"],
+                    data["chunk"], tuple(data["then"]), data["pad"])
+
+
+_TEXT = re.compile(r"\s*(?P<padding>left|right)\s+rows\s+(?P<rows>\d+(?:,\d+)*)(?:\s+chunk\s+(?P<chunk>\d+))?"
+                   r"(?:\s+then\s+(?P<then>\d+(?:\+\d+)*))?(?:\s+pad\s+(?P<pad>\d+))?\s+ids\s+(?P<ids>[\d./]+)\s*")
+
+
+def parse(text: str, name: str = "given") -> Schedule:
+    """The schedule :meth:`Schedule.text` printed (``check --schedule TEXT``)."""
+    m = _TEXT.fullmatch(text)
+    if m is None:
+        raise UsageError(f"--schedule: cannot read {text!r} (e.g. 'left rows 3,1 then 1+2 pad 0 ids "
+                         "5.7.9.1.2.3/4.1.2.3')")
+    ids = tuple(tuple(int(t) for t in row.split(".") if t) for row in m["ids"].split("/"))
+    return Schedule(name, tuple(int(n) for n in m["rows"].split(",")), ids, m["padding"],
+                    int(m["chunk"]) if m["chunk"] else None,
+                    tuple(int(n) for n in m["then"].split("+")) if m["then"] else (), int(m["pad"] or 0))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Which schedules: the default set, random ones, shrinking
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class GraphFacts:
+    """What the schedules are built from, read from both graphs (:func:`rope_passes.check.core.graph_facts`)."""
+
+    vocab: int  # ids 0..vocab-1 are valid for both graphs
+    pad: int = 0  # genai_config's pad_token_id
+    switches: tuple[int, ...] = ()  # LongRoPE switches (totals above one read another table)
+    windows: tuple[int, ...] = ()  # fixed windows (GroupQueryAttention local_window_size)
+    max_call: int | None = None  # the longest call WebGPU computes correctly here (software adapter: 8)
+    context: int | None = None  # context_length: no schedule runs past it
+
+    def long_prompt(self) -> tuple[int, str]:
+        """A prompt length longer than every window and past every switch, and why (capped at LONG_PROMPT_MAX and
+        the context)."""
+        need = [(3 * (self.max_call or 8) + 1, f"3 calls of the {self.max_call or 8}-token prefill cap, plus one")]
+        need += [(w + 2, f"local window {w}") for w in self.windows]
+        need += [(c + 4, f"LongRoPE switch {c}") for c in self.switches]
+        cap = min(LONG_PROMPT_MAX, (self.context or LONG_PROMPT_MAX + 8) - 8)
+        fits = [(n, why) for n, why in need if n <= cap]
+        return max(fits) if fits else (min(cap, need[0][0]), need[0][1])
+
+
+def _edge_ids(vocab: int) -> list[int]:
+    """The lowest and the highest ids (special tokens sit at the low ones)."""
+    return sorted({0, 1, 2, 3, vocab - 1, vocab - 2, vocab - 3} & set(range(vocab)))
+
+
+def _draw(rng: np.random.RandomState, vocab: int, n: int) -> tuple[int, ...]:
+    """``n`` ids across the whole vocabulary, a fifth of them at its two ends."""
+    ids = rng.randint(0, vocab, size=n)
+    edges = np.array(_edge_ids(vocab))
+    at_edges = rng.random_sample(n) < 0.2
+    ids[at_edges] = edges[rng.randint(0, len(edges), size=int(at_edges.sum()))]
+    return tuple(int(i) for i in ids)
+
+
+def default_schedules(facts: GraphFacts, seed: int = 0) -> list[Schedule]:
+    """The schedules every ``check`` runs (module docstring); a WebGPU run takes those whose calls fit
+    ``facts.max_call`` (:func:`fits`), a CPU run all of them."""
+    rng = np.random.RandomState(seed)
+    v, pad = facts.vocab, facts.pad
+    short = min(7, facts.max_call or 7)
+    edges = _edge_ids(v)
+    out = [
+        Schedule("vocabulary-edges", (len(edges) + 1,), (tuple(edges) + _draw(rng, v, 3),), then=(1, 1), pad=pad,
+                 chunk=facts.max_call if facts.max_call is not None and facts.max_call <= len(edges) else None),
+        Schedule("one-token-prompt", (1,), ((v - 1,) + _draw(rng, v, 6),), then=(1, 3, 2), pad=pad),
+        Schedule("left-padded-batch", (short, 1, max(1, short - 3)),
+                 tuple(_draw(rng, v, n + 2) for n in (short, 1, max(1, short - 3))), LEFT, then=(1, 1), pad=pad),
+        Schedule("right-padded-batch", (short, max(1, short - 2)),
+                 tuple(_draw(rng, v, n) for n in (short, max(1, short - 2))), RIGHT, pad=pad),
+    ]
+    n, _ = facts.long_prompt()
+    ids = (_draw(rng, v, n + 3),)
+    out.append(Schedule("long-prompt", (n,), ids, then=(1, 2), pad=pad))
+    if facts.max_call is not None and n > facts.max_call:
+        out.append(Schedule("long-prompt-chunked", (n,), ids, chunk=facts.max_call, then=(1, 2), pad=pad))
+    if facts.context is not None:
+        out = [s for s in out if s.width + sum(s.then) <= facts.context]
+    return out
+
+
+def fits(schedule: Schedule, max_call: int | None) -> bool:
+    """Whether every call of ``schedule`` is at most ``max_call`` tokens (None: any)."""
+    return max_call is None or schedule.longest_call <= max_call
+
+
+def random_schedule(rng: np.random.RandomState, facts: GraphFacts, name: str = "random") -> Schedule:
+    """A schedule drawn for ``check --budget``: batch 1..4, left or right padding, prompts from 1 token to past the
+    long prompt, up to four calls after it, ids across the vocabulary; with batch 1 the prompt chunked or not and
+    calls of several tokens after it (GroupQueryAttention refuses those for a batch: onnxruntime-genai sends them
+    for batch 1 only)."""
+    batch = 1 if rng.random_sample() < 0.4 else int(rng.randint(2, 5))
+    long_n, _ = facts.long_prompt()
+    kind = rng.random_sample()
+    top = 8 if kind < 0.5 else (32 if kind < 0.8 else max(long_n, 9))
+    lengths = tuple(int(rng.randint(1, top + 1)) for _ in range(batch))
+    padding = RIGHT if batch > 1 and rng.random_sample() < 0.25 else LEFT
+    then: tuple[int, ...] = ()
+    if padding == LEFT or len(set(lengths)) == 1:  # GroupQueryAttention: several tokens after a past, batch 1 only
+        then = tuple(1 if batch > 1 or rng.random_sample() < 0.6 else int(rng.randint(2, 7))
+                     for _ in range(int(rng.randint(0, 5))))
+    chunk = None
+    if batch == 1 and rng.random_sample() < 0.5:
+        chunk = int(rng.randint(1, (facts.max_call or 8) + 1))
+    if facts.context is not None:  # stay inside the table
+        room = facts.context - max(lengths)
+        while then and sum(then) > room:
+            then = then[:-1]
+    ids = tuple(_draw(rng, facts.vocab, n + sum(then)) for n in lengths)
+    return Schedule(name, lengths, ids, padding, chunk, then, facts.pad)
+
+
+def _replace(s: Schedule, **kw: Any) -> Schedule | None:
+    try:
+        return dataclasses.replace(s, **kw)
+    except UsageError:
+        return None
+
+
+def _smaller(s: Schedule) -> Iterator[Schedule]:
+    """Candidates one step smaller than ``s``, the biggest cuts first."""
+    more = sum(s.then)
+    if s.batch > 1:
+        for b in range(s.batch):  # one row alone, then the batch without one row
+            yield from filter(None, [_replace(s, lengths=(s.lengths[b],), ids=(s.ids[b],))])
+        for b in range(s.batch):
+            keep = [i for i in range(s.batch) if i != b]
+            yield from filter(None, [_replace(s, lengths=tuple(s.lengths[i] for i in keep),
+                                              ids=tuple(s.ids[i] for i in keep))])
+    if s.then:  # fewer calls after the prompt, then fewer tokens in one
+        for k in range(len(s.then)):
+            cut = sum(s.then[:k])
+            yield from filter(None, [_replace(s, then=s.then[:k] + s.then[k + 1:],
+                                              ids=tuple(r[:n + cut] + r[n + cut + s.then[k]:]
+                                                        for r, n in zip(s.ids, s.lengths)))])
+        for k, m in enumerate(s.then):
+            if m > 1:
+                cut = sum(s.then[:k + 1]) - 1
+                yield from filter(None, [_replace(s, then=s.then[:k] + (m - 1,) + s.then[k + 1:],
+                                                  ids=tuple(r[:n + cut] + r[n + cut + 1:]
+                                                            for r, n in zip(s.ids, s.lengths)))])
+    if s.then and s.padding == LEFT:  # the same tokens, all in the prompt: fewer calls
+        yield from filter(None, [_replace(s, lengths=tuple(n + more for n in s.lengths), then=())])
+    for b, n in enumerate(s.lengths):  # shorter prompts: halves, then one token off either end
+        if n == 1:
+            continue
+        h = n // 2
+        for lo, hi in ((0, h), (h, n), (1, n), (0, n - 1)):
+            lengths = s.lengths[:b] + (hi - lo,) + s.lengths[b + 1:]
+            row = s.ids[b][lo:hi] + s.ids[b][n:n + more]
+            yield from filter(None, [_replace(s, lengths=lengths, ids=s.ids[:b] + (row,) + s.ids[b + 1:])])
+    if s.chunk is not None and s.chunk < s.width:
+        yield from filter(None, [_replace(s, chunk=None)])
+
+
+def shrink(schedule: Schedule, differs: Callable[[Schedule], bool], max_tries: int = 400
+           ) -> tuple[Schedule, int]:
+    """The smallest schedule reached from ``schedule`` by cuts (:func:`_smaller`) that ``differs`` still holds for
+    (greedy: the first smaller candidate that differs is taken, until none does); and the number of tries."""
+    tries = 0
+    current = schedule
+    progress = True
+    while progress and tries < max_tries:
+        progress = False
+        for cand in _smaller(current):
+            if cand.size >= current.size and cand.chunk == current.chunk:
+                continue
+            tries += 1
+            if differs(cand):
+                current, progress = dataclasses.replace(cand, name=schedule.name + "-shrunk"), True
+                break
+            if tries >= max_tries:
+                break
+    return current, tries
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Running and comparing
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def run_schedule(session: Any, spec: DecoderSpec, schedule: Schedule,
+                 results: list[dict[str, np.ndarray]] | None = None) -> list[dict[str, np.ndarray]]:
+    """Every output of every call of ``schedule`` (``present.*`` as :func:`.decode.keep_step` keeps it: the new
+    rows, and the whole cache on the last call); appended to ``results`` as they come, so the calls before one
+    that raises are kept."""
+    results = [] if results is None else results
+    past: dict[str, np.ndarray] | None = None
+    calls = list(schedule.calls())
+    for call in calls:
+        feeds = step_feeds(spec, call.ids, call.past, past, mask=call.mask, positions=call.positions)
+        outs = dict(zip(spec.outputs, session.run(spec.outputs, feeds)))
+        results.append(keep_step(outs, call.past, call.index == len(calls) - 1))
+        past = {p: outs[spec.present_name(p)] for p in spec.past_names if spec.present_name(p) in outs}
+    return results
+
+
+def scrubbed(schedule: Schedule, vocab: int) -> Schedule:
+    """The same shapes with other ids: run between two passes of ``schedule`` so memory a kernel leaves
+    uninitialised holds other values the second time."""
+    return dataclasses.replace(schedule, ids=tuple(tuple((7 * i + 1) % vocab for i in row) for row in schedule.ids))
+
+
+def run_twice(session: Any, spec: DecoderSpec, schedule: Schedule, vocab: int,
+              first: list[dict[str, np.ndarray]], again: list[dict[str, np.ndarray]]) -> None:
+    """A reference's run of ``schedule``: once, the scrubbed schedule, once more. An output element that differs
+    between the two passes is not a function of the inputs (measured: GroupQueryAttention on the CPU EP leaves a
+    left-padded prompt's last rows uninitialised); :func:`compare_calls` leaves such elements out."""
+    run_schedule(session, spec, schedule, first)
+    with contextlib.suppress(Exception):
+        run_schedule(session, spec, scrubbed(schedule, vocab))
+    run_schedule(session, spec, schedule, again)
+
+
+def row_alone(schedule: Schedule, b: int) -> Schedule:
+    """Row ``b`` of a batch as a caller would send it alone: no padding, the same calls after its prompt."""
+    return dataclasses.replace(schedule, name=f"{schedule.name}{ROW}{b}", lengths=(schedule.lengths[b],),
+                               ids=(schedule.ids[b],), padding=LEFT)
+
+
+def run_reference(session: Any, spec: DecoderSpec, schedule: Schedule, vocab: int,
+                  results: dict[str, list[dict[str, np.ndarray]]]) -> None:
+    """What a reference run makes of ``schedule``: :func:`run_twice` (``results[name]``, ``results[name + AGAIN]``)
+    and, for a padded batch, every row alone (``results[name + ROW + b]``; :func:`padded_rows_kept` compares the two).
+    A call that raises ends that part; what ran before is kept, the first error is raised after the rest ran."""
+    error: Exception | None = None
+    try:
+        run_twice(session, spec, schedule, vocab, results.setdefault(schedule.name, []),
+                  results.setdefault(schedule.name + AGAIN, []))
+    except Exception as exc:  # noqa: BLE001 - reported by the caller once the rows ran
+        error = exc
+    if schedule.batch > 1 and len(set(schedule.lengths)) > 1:
+        for b in range(schedule.batch):
+            alone = row_alone(schedule, b)
+            with contextlib.suppress(Exception):
+                run_schedule(session, spec, alone, results.setdefault(alone.name, []))
+    if error is not None:
+        raise error
+
+
+def _row_outputs(calls: Sequence[dict[str, np.ndarray]], schedule: Schedule, b: int | None) -> dict[str, np.ndarray]:
+    """Per output of shape ``[B, S, ...]`` (not ``present.*``): row ``b``'s real tokens over all calls, in order
+    (``b`` None: the single row of a schedule sent alone)."""
+    out: dict[str, list[np.ndarray]] = {}
+    for call, outs in zip(schedule.calls(), calls):
+        for name, v in outs.items():
+            if name.startswith(PRESENT_PREFIX) or v.ndim < 2 or v.shape[1] != call.tokens:
+                continue
+            out.setdefault(name, []).append(v[0] if b is None else v[b][call.real[b, call.past:]])
+    return {n: np.concatenate(parts) for n, parts in out.items()}
+
+
+def padded_rows_kept(schedule: Schedule, reference: Sequence[dict[str, np.ndarray]],
+                     alone: dict[int, Sequence[dict[str, np.ndarray]]], tolerance: Any) -> np.ndarray | None:
+    """Which rows of a padded batch the reference computes as it computes each row alone (within ``tolerance``,
+    on every ``[B, S, ...]`` output): the rows where padding means what a caller means by it. None: not a padded
+    batch, or nothing to tell it by. Measured: GroupQueryAttention treats a left-padded prompt as right-padded on
+    onnxruntime's CPU EP (a left-padded row's logits 3.5-4.5 off its own run), so there only the unpadded rows are
+    defined; what a rewrite computes for the others is not compared."""
+    if schedule.batch == 1 or len(set(schedule.lengths)) == 1:
+        return None
+    keep = np.ones(schedule.batch, bool)
+    for b in range(schedule.batch):
+        calls = alone.get(b)
+        if not calls or len(calls) < len(reference):
+            return None
+        want, got = _row_outputs(calls, row_alone(schedule, b), None), _row_outputs(reference, schedule, b)
+        if not want or set(want) != set(got):
+            return None
+        keep[b] = all(w.shape == got[n].shape and diff_arrays(got[n], w, tolerance, 0, n).ok
+                      for n, w in want.items())
+    return keep
+
+
+def _read(value: np.ndarray, call: Call, name: str) -> np.ndarray:
+    """The part of one output a caller reads: real tokens' rows, real cache positions."""
+    b, s = call.batch, call.tokens
+    if name.startswith(PRESENT_PREFIX) and value.ndim == 4 and value.shape[0] == b:
+        t = value.shape[2]
+        real = call.real if t == call.past + s else (call.real[:, call.past:] if t == s else None)
+        if real is not None:
+            return np.moveaxis(value, 2, 1)[real]
+        return value
+    if value.ndim >= 2 and value.shape[0] == b and value.shape[1] == s:
+        return value[call.real[:, call.past:]]
+    if value.ndim >= 2 and value.shape[0] == b and value.shape[1] == 1:  # last-token outputs
+        return value[call.real[:, -1:]]
+    return value
+
+
+def compare_calls(schedule: Schedule, actual: Sequence[dict[str, np.ndarray]],
+                  reference: Sequence[dict[str, np.ndarray]], comparison: Comparison,
+                  only: Callable[[Call], bool] | None = None,
+                  again: Sequence[dict[str, np.ndarray]] | None = None, rows: np.ndarray | None = None) -> int:
+    """Append one :class:`OutputDiff` per output per call both runs made (``step`` = the call, ``schedule`` = its
+    name), each on what a caller reads of it; ``only``: the calls to compare (default all). ``again``: the
+    reference's second pass (:func:`run_twice`): elements where the two passes differ are left out. Returns how
+    many were left out so. ``rows``: the rows of a padded batch to compare (:func:`padded_rows_kept`)."""
+    undefined = 0
+    for call in schedule.calls():
+        if rows is not None:
+            call = dataclasses.replace(call, real=call.real & rows[:, None])
+        if call.index >= len(actual) or call.index >= len(reference):
+            break
+        if only is not None and not only(call):
+            continue
+        a, b = actual[call.index], reference[call.index]
+        for name, ref in b.items():
+            if name not in a:
+                comparison.diffs.append(OutputDiff(call.index, name, float("inf"), float("inf"), False,
+                                                   "output missing from this run", schedule=schedule.name))
+                continue
+            if a[name].shape != ref.shape:
+                d = diff_arrays(a[name], ref, comparison.tolerance, call.index, name)
+            else:
+                got, want = _read(a[name], call, name), _read(ref, call, name)
+                second = again[call.index].get(name) if again is not None and call.index < len(again) else None
+                if second is not None and second.shape == ref.shape:
+                    w2 = _read(second, call, name)
+                    stable = (want == w2) | (np.isnan(want.astype(np.float32)) & np.isnan(w2.astype(np.float32)))
+                    if not stable.all():
+                        undefined += int((~stable).sum())
+                        got, want = got[stable], want[stable]
+                d = diff_arrays(got, want, comparison.tolerance, call.index, name)
+            d.schedule = schedule.name
+            comparison.diffs.append(d)
+    return undefined
+
+
+def differs(schedule: Schedule, runs: Sequence[tuple[Any, DecoderSpec, Any, DecoderSpec]], tolerance: Any,
+            vocab: int) -> OutputDiff | None:
+    """The first output that differs on ``schedule`` between the two sessions of one of ``runs`` ((actual session,
+    spec, reference session, spec) per EP; the reference run twice, :func:`run_twice`); a call that raises on the
+    actual side only is a difference."""
+    for sa, da, sb, db in runs:
+        made: dict[str, list[dict[str, np.ndarray]]] = {}
+        with contextlib.suppress(Exception):  # the reference cannot run it all: compare the calls before
+            run_reference(sb, db, schedule, vocab, made)
+        ref, again = made.get(schedule.name, []), made.get(schedule.name + AGAIN, [])
+        rows = padded_rows_kept(schedule, ref, {b: made.get(f"{schedule.name}{ROW}{b}", [])
+                                                for b in range(schedule.batch)}, tolerance)
+        got: list[dict[str, np.ndarray]] = []
+        try:
+            run_schedule(sa, da, schedule, got)
+        except Exception as exc:  # noqa: BLE001 - a call that raises only on the actual side is a difference
+            if len(got) < len(ref):
+                return OutputDiff(len(got), "(run)", float("inf"), float("inf"), False,
+                                  " ".join(str(exc).split())[:300], schedule=schedule.name)
+        c = Comparison("actual", "reference", tolerance, True, kind="schedule")
+        compare_calls(schedule, got, ref, c, again=again, rows=rows)
+        if c.first_failure is not None:
+            return c.first_failure
+    return None
+
+
+__all__ = ["AGAIN", "LEFT", "ROW", "LONG_PROMPT_MAX", "RIGHT", "Call", "GraphFacts", "Schedule", "compare_calls",
+           "default_schedules", "differs", "fits", "from_spec", "parse", "padded_rows_kept", "random_schedule", "row_alone", "run_reference", "run_schedule", "run_twice", "scrubbed",
+           "shrink"]
