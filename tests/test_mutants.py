@@ -42,11 +42,7 @@ MUTANTS = all_mutants()
 #: Mutants a pass rewrites wrongly today (or crashes on), found by this suite and written up in
 #: /work/notes/findings.md for the pass's owner: name -> the finding. They run as strict expected failures, so the
 #: suite reports them (xfailed) and fails (XPASS strict) the day the pass is fixed: then delete the entry.
-KNOWN_WRONG: dict[str, str] = {
-    "narrow-legqwen25-range-from-2p32": "narrow-int64 narrows a Reshape of Range(2^32, ...): the int32 copy wraps, "
-                                        "RotaryEmbedding then fails on CPU where the mutant runs",
-    "narrow-legqwen25-range-from-2p31": "narrow-int64 narrows a Reshape of Range(2^31, ...): 2^31 + i wraps negative",
-}
+KNOWN_WRONG: dict[str, str] = {}
 RESULTS: dict[str, dict] = {}
 OFFSET_KEY = "multiRotaryCacheConcatOffset"
 OFFSET_METADATA = "rope_passes.multi_rotary_cache_concat_offset"
