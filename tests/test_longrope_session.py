@@ -65,7 +65,7 @@ def _pass(report, name):
 
 
 @pytest.mark.parametrize("name", ["annotate-offset-on-llama", "annotate-offset-on-plain-tables",
-                                  "annotate-offset-on-if-switch"])
+                                  "annotate-offset-on-plain-288-rows", "annotate-offset-on-if-switch"])
 def test_stale_offset_is_a_lint_error_and_optimize_removes_it(name, tmp_path):
     _, path = _build(name, tmp_path)
     assert _offset(path) == "32"
@@ -79,6 +79,15 @@ def test_stale_offset_is_a_lint_error_and_optimize_removes_it(name, tmp_path):
     assert annotate.count(Outcome.REWRITTEN) == 1, annotate.status
     assert _offset(tmp_path / "out") is None
     assert not [d for d in lint_bundle(tmp_path / "out") if d.code in ("RP208", "RP209")]
+
+
+def test_an_offset_a_same_factor_table_needs_is_kept(tmp_path):
+    """[short[:32]; short RoPE restarted at 0] with offset 32: not LongRoPE (refused as before), but not plain either:
+    the table is right only at that offset, so neither optimize nor lint --fix removes it, and RP208 is silent."""
+    _, path = _build("annotate-same-factors-offset-kept", tmp_path)
+    assert not [d for d in lint_bundle(path) if d.code in ("RP208", "RP209")]
+    optimize(str(path), str(tmp_path / "out"), target="webgpu-graph")
+    assert _offset(tmp_path / "out") == "32"
 
 
 def test_lint_fix_removes_a_stale_offset(tmp_path):

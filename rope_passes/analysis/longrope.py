@@ -31,7 +31,9 @@ cos/sin cache. The separate-Q/K/V rotary path (``FusedQKRotaryEmbedding``) and `
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx_ir as ir
@@ -51,11 +53,20 @@ from rope_passes.analysis.graph import (
     nodes_of,
     table_like,
 )
-from rope_passes.analysis.patterns import LongRoPESwitchCondition, ValueMatch
 from rope_passes.config import CONCAT_OFFSET_OPTION
 from rope_passes.report import MatchFailure
 
-_GREATER = LongRoPESwitchCondition()
+if TYPE_CHECKING:
+    from rope_passes.analysis.patterns import LongRoPESwitchCondition, ValueMatch
+
+
+@functools.cache
+def _greater() -> LongRoPESwitchCondition:
+    """The switch condition's pattern: onnxscript's rewriter, imported only when a graph has an If/Where to match
+    (linting or inspecting any other graph never imports it)."""
+    from rope_passes.analysis.patterns import LongRoPESwitchCondition
+
+    return LongRoPESwitchCondition()
 
 
 @dataclasses.dataclass
@@ -158,7 +169,7 @@ def switch_condition(node: ir.Node, model: ir.Model) -> SwitchCondition:
     """The condition of the If/Where ``node``: matched against ``Greater(length, constant)`` and described."""
     cond = node.inputs[0] if node.inputs else None
     producer = cond.producer() if cond is not None else None
-    match = _GREATER.match_value(model, cond, f"the {node.op_type} condition") if cond is not None else None
+    match = _greater().match_value(model, cond, f"the {node.op_type} condition") if cond is not None else None
     threshold = None
     if match is not None and match.ok:
         threshold = int(const_array(match.bindings["original"]).reshape(-1)[0])
@@ -538,7 +549,10 @@ class PairFit:
 
 def fit_pair(found: ConcatCache) -> PairFit:
     """Prove the rows of ``found`` are two RoPE tables split at ``found.offset``, with different factors:
-    ``MatchFailure.refuse`` (target: the cos table) otherwise."""
+    ``MatchFailure.refuse`` (target: the cos table) otherwise. The refusal carries ``details["plain"]`` when the
+    whole table is one RoPE table from row 0 (plain RoPE: row ``offset + p`` is position ``offset + p``, so reading
+    it at an offset is wrong); halves that restart at position 0 with the same factors are not plain (they need the
+    offset as much as a LongRoPE pair does)."""
     target = found.cos.name or "cos_cache"
     cos = const_tensor(found.cos)
     sin = const_tensor(found.sin)
@@ -548,14 +562,20 @@ def fit_pair(found: ConcatCache) -> PairFit:
     tolerance = ROW_TOLERANCE.get(cos.dtype, 2e-3)
     short = fit_frequencies(cos_t, sin_t, range(found.offset), tolerance)
     long = fit_frequencies(cos_t, sin_t, range(found.offset, found.rows), tolerance)
+
+    def plain() -> bool:
+        return fit_frequencies(cos_t, sin_t, range(found.rows), tolerance).excess <= 1.0
+
     for half, fit, first in (("short", short, 0), ("long", long, found.offset)):
         if fit.excess > 1.0:
+            if plain():
+                raise MatchFailure.refuse(f"the {found.rows} rows are one RoPE table from row 0 (plain RoPE), not "
+                                          f"two tables split at {found.offset}", target, plain=True)
             raise MatchFailure.refuse(f"rows do not fit a short+long RoPE pair: {half} half, row "
                                       f"{first + fit.row} is off by {fit.excess:.1f}x the allowed error "
-                                      f"({tolerance:g} + float32 angle rounding)", target, not_a_pair=True)
+                                      f"({tolerance:g} + float32 angle rounding)", target)
     if np.allclose(short.w, long.w, rtol=1e-3, atol=0):
-        raise MatchFailure.refuse("short and long halves use the same factors: not LongRoPE", target,
-                                  not_a_pair=True)
+        raise MatchFailure.refuse("short and long halves use the same factors: not LongRoPE", target)
     return PairFit(short.error, long.error)
 
 
@@ -629,7 +649,8 @@ def session_concat(model: ir.Model, *, context_length: int | None, offset: int |
     Every distinct cos/sin pair read by a GroupQueryAttention with do_rotary=1 is read as a concatenated cache
     (:func:`_pair_cache`, then :func:`fit_pair` with ``fit``). Then:
 
-    * no pair is concatenated: ``MatchFailure.absent`` (plain RoPE; nothing to write);
+    * no pair is concatenated: ``MatchFailure.absent`` (plain RoPE; nothing to write), or the refusal of a table
+      with the rows of a concatenation that is one RoPE table from row 0 (``details["plain"]``: plain RoPE too);
     * a pair looks concatenated but its rows are not two RoPE tables: ``refuse`` (target: the table);
     * an offset consumer (:func:`offset_consumers`) reads a pair that is not concatenated: ``refuse`` naming it
       (the offset would make it read row ``offset + position`` of a plain table past ``offset`` tokens);
@@ -645,17 +666,20 @@ def session_concat(model: ir.Model, *, context_length: int | None, offset: int |
     if not by_pair:
         raise MatchFailure.absent("no GroupQueryAttention with do_rotary=1 and a cos_cache")
     concat: list[ConcatCache] = []
+    fits: list[PairFit] = []
     plain: list[tuple[list[ir.Node], MatchFailure]] = []
     for gqas in by_pair.values():
         try:
-            concat.append(_pair_cache(model, gqas, context_length=context_length, offset=offset))
+            found = _pair_cache(model, gqas, context_length=context_length, offset=offset)
+            if fit:
+                fits.append(fit_pair(found))
+            concat.append(found)
         except MatchFailure as not_concat:
-            if not_concat.refused:
+            if not_concat.refused and not not_concat.details.get("plain"):
                 raise
             plain.append((gqas, not_concat))
     if not concat:
         raise plain[0][1]
-    fits = [fit_pair(found) for found in concat] if fit else []
     first = concat[0]
     for gqas, why in plain:
         for gqa in gqas:

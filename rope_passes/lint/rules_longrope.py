@@ -78,9 +78,10 @@ def _session_verdict(ctx: LintContext) -> tuple[int, MatchFailure | None, int | 
             out = (offset, None, found.offset)
         except MatchFailure as failure:
             real = None
-            if context is not None and not failure.refused:  # nothing split at the offset: split anywhere?
+            plain = not failure.refused or failure.details.get("plain")
+            if context is not None and plain:  # nothing split at the offset: split anywhere?
                 try:
-                    real = session_concat(ctx.model, context_length=context, fit=False).offset
+                    real = session_concat(ctx.model, context_length=context).offset
                 except MatchFailure:
                     real = None
             out = (offset, failure, real)
@@ -101,7 +102,7 @@ def concat_offset_without_cache(ctx: LintContext) -> Found:
     if verdict is None:
         return
     offset, failure, real = verdict
-    if failure is None or (failure.refused and not failure.details.get("not_a_pair")):
+    if failure is None or (failure.refused and not failure.details.get("plain")):
         return
     if real is not None and real != offset:
         yield "<model>", (f"{OFFSET_KEY}={offset}, but the concatenated cos/sin cache splits at {real}: every "

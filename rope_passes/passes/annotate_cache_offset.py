@@ -38,9 +38,10 @@ read row ``offset + position`` of a plain table past ``offset`` tokens. Lint RP2
 
 **Not matched**: no such GroupQueryAttention; cos/sin not constant tables; a row count other than
 ``original + max_positions`` (and no offset configured). **Refuses** (graph and config unchanged): rows that do not
-fit a short/long pair, or halves with the same factors; no ``context_length`` in genai_config.json (nothing to split
-the table by); separate Q/K/V that cannot be packed (one of key/value missing, not rank 3, mixed dtypes, widths that
-are not the heads of one head size); a session consumer the offset would make wrong (above).
+fit a short/long pair (where all rows are one RoPE table from row 0 and an offset is configured, that is plain RoPE
+and the offset is removed), or halves with the same factors; no ``context_length`` in genai_config.json and no offset configured (nothing to split the
+table by); separate Q/K/V that cannot be packed (one of key/value missing, not rank 3, mixed dtypes, widths that are
+not the heads of one head size); a session consumer the offset would make wrong (above).
 """
 
 from __future__ import annotations
@@ -75,7 +76,8 @@ class AnnotateCacheOffsetPass(RopePass):
         try:
             found = self._match(model)
         except MatchFailure as failure:
-            if not failure.refused and self._remove_stale(model, report, failure):
+            plain = not failure.refused or failure.details.get("plain")  # no layer reads a concatenation
+            if plain and self._remove_stale(model, report, failure):
                 return
             report.record(failure)
             return
@@ -130,6 +132,8 @@ class AnnotateCacheOffsetPass(RopePass):
         MatchFailure where there is none (absent) or one breaks the proof (refuse, naming it)."""
         context = self.genai_config.decoder.get("context_length") or self.genai_config.model.get("context_length")
         context = context if isinstance(context, int) else None
-        # without a context length nothing splits the table: refused (original alone is not enough)
-        return session_concat(model, context_length=context,
-                              offset=self.genai_config.original_context_length if context is not None else None)
+        if context is None:
+            # without a context length only a configured offset splits the table (the fit then decides); without
+            # either, session_concat refuses (original alone is not enough)
+            return session_concat(model, context_length=None, offset=self.genai_config.concat_offset)
+        return session_concat(model, context_length=context, offset=self.genai_config.original_context_length)

@@ -132,6 +132,11 @@ def plain_long(cos, sin):
     return cos[ORIGINAL:], sin[ORIGINAL:]
 
 
+def plain_full_rows(cos, sin):
+    """One RoPE table (the short factors) over all 288 rows: the row count of a concatenation, plain RoPE inside."""
+    return _rope(cos, sin, 0, cos.shape[0])
+
+
 def add_offset(value: str):
     """A genai_config.json offset for a graph that has no concatenated cache."""
     def edit(work: Work) -> list[str]:
@@ -206,6 +211,11 @@ def session_mutants() -> list[Mutant]:
         m("offset-on-plain-tables", EQUIVALENT, tables(plain_long, offset="32"),
           "both layers read a plain 256-row table and genai_config carries offset 32: it must go (no layer can "
           "honour it; the graph run without an offset is the truth)", 0),
+        m("offset-on-plain-288-rows", EQUIVALENT, tables(plain_full_rows, offset="32"),
+          "288 rows (32 + context 256), but one RoPE table from row 0: plain, offset 32 must go", 0),
+        m("same-factors-offset-kept", REFUSE, tables(short_everywhere, offset="32"),
+          "[short[:32]; short RoPE restarted at 0]: the halves share factors (not LongRoPE) but the table needs offset "
+          "32 as it is; it must not be removed as if plain", 32),
         m("offset-on-llama", EQUIVALENT, add_offset("32"),
           "plain RoPE (llama) with offset 32 in genai_config: it must go", 0, base=LLAMA),
         m("offset-on-if-switch", EQUIVALENT, if_not_a_switch_with_offset,
