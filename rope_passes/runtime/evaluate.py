@@ -11,8 +11,6 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import onnx_ir as ir
 
-from rope_passes.interrupts import held_interrupts
-
 
 def evaluate_subgraph(model: ir.Model, inputs: Sequence[ir.Value], outputs: Sequence[ir.Value], feeds: list[np.ndarray]):
     """An input without a declared type (a Range output, a Where output fed in its place) is typed from its feed."""
@@ -25,8 +23,7 @@ def subgraph_runner(model: ir.Model, inputs: Sequence[ir.Value], outputs: Sequen
     """The subgraph extracted and loaded once; the returned function runs it on one call's feeds (many calls,
     one session). ``types``: (element type, rank) per input, for the inputs the model declares no type or shape of
     (set on the extracted copy: the model is never changed)."""
-    with held_interrupts():  # a first import of onnxruntime is not safe to interrupt
-        import onnxruntime as ort
+    from rope_passes.runtime.sessions import create_session  # every session comes from there (docs/runtimes.md)
 
     sub = ir.convenience.extract(model.graph, inputs, outputs)
     for value, given in zip(sub.inputs, types, strict=False):
@@ -39,8 +36,6 @@ def subgraph_runner(model: ir.Model, inputs: Sequence[ir.Value], outputs: Sequen
             value.const_value = ir.tensor(value.const_value.numpy(), name=value.name)
     sub_model = ir.Model(sub, ir_version=min(model.ir_version or 10, 10))
     proto = ir.serde.serialize_model(sub_model)
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    sess = ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    sess = create_session(proto.SerializeToString(), "cpu")
     names = [i.name for i in sess.get_inputs()]
     return lambda feeds: sess.run(None, dict(zip(names, feeds, strict=True)))
