@@ -2,7 +2,7 @@
 
 * README's layout table names every top-level module and package of ``rope_passes``, and every path it names exists;
 * docs/graph-capture.md's ``webgpu-graph`` table is :data:`rope_passes.pipeline.PRESETS` in order;
-* the names the docs quote in backticks are real: a path (``rope_passes/io/load.py``, ``passes/_rewrite.py``,
+* the names the docs (README, docs/**) quote in backticks are real: a path (``rope_passes/io/load.py``, ``passes/_rewrite.py``,
   ``census.py``) exists, a dotted name that starts with a rope_passes module or class (``pipeline.PRESETS``,
   ``core.check``, ``PassReport.record``, ``rope_passes.runtime.sessions.create_session(model, ep)``) is defined
   there. Read from the source with ``ast``: nothing is imported, so the check costs no start-up.
@@ -22,12 +22,15 @@ from conftest import REPO
 from test_architecture import _session_calls
 
 PACKAGE = REPO / "rope_passes"
-#: the docs whose every quoted name this file checks
-CHECKED_DOCS = ["README.md", "docs/architecture.md", "docs/runtimes.md", "docs/graph-capture.md"]
+#: every doc of the repository: each quoted path and rope_passes name in it is checked
+ALL_DOCS = sorted(str(p.relative_to(REPO)) for p in [*REPO.glob("*.md"), *REPO.glob("docs/**/*.md")])
+#: docs that quote many names: the checker must find them (a broken checker does not pass silently)
+MAIN_DOCS = ["README.md", "docs/architecture.md", "docs/runtimes.md", "docs/graph-capture.md"]
 #: folders a quoted relative path may be relative to
 PATH_ROOTS = (REPO, PACKAGE)
 #: variables the docs use for objects of a rope_passes class (``report.record(failure)`` in "Adding a pass")
-VARIABLES = {"report": "PassReport", "target": "RuntimeTarget", "static": "Placement", "probe": "Placement"}
+VARIABLES = {"report": ("PassReport", "PipelineReport", "EquivalenceReport"), "target": ("RuntimeTarget",),
+             "static": ("Placement",), "probe": ("Placement",)}
 #: quoted on purpose as names that do not exist (the template of a new pass)
 PLACEHOLDERS = ("my_pass", "my-pass", "MyPass")
 
@@ -93,6 +96,14 @@ def test_graph_capture_preset_table_is_the_preset():
 
 
 @functools.cache
+def _strings() -> frozenset[str]:
+    """Every string literal of the package: metadata keys, initializer names, JSON keys the docs quote."""
+    return frozenset(node.value for path in PACKAGE.rglob("*.py")
+                     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path)))
+                     if isinstance(node, ast.Constant) and isinstance(node.value, str))
+
+
+@functools.cache
 def _index() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
     """(module -> top-level names, class -> attribute names) of every module of the package, from ``ast``."""
     modules: dict[str, set[str]] = {}
@@ -143,10 +154,15 @@ def _resolves(dotted: str) -> bool | None:
                 continue  # a submodule: the longer prefix decided
             if not rest or (rest[0] in modules[module] and _attr_chain(rest, module)):
                 return True
-    head = VARIABLES.get(parts[0], parts[0])
-    if head in classes:
-        return len(parts) == 1 or parts[1] in classes[head]
-    return False if known else None
+    heads = [h for h in VARIABLES.get(parts[0], (parts[0],)) if h in classes]
+    if heads:
+        return len(parts) == 1 or any(parts[1] in classes[h] for h in heads)
+    if not known:
+        return None
+    # a module's name used for something else: a key the code spells out (``rope_passes.webgpu_only``,
+    # ``config.model_attributes``), or a variable of that name (``census.inv_freq_product``: a RopeCensus field)
+    strings = _strings()
+    return dotted in strings or parts[-1] in strings or any(parts[-1] in attrs for attrs in classes.values())
 
 
 def _attr_chain(rest: list[str], module: str) -> bool:
@@ -157,18 +173,40 @@ def _attr_chain(rest: list[str], module: str) -> bool:
 
 def _path_exists(token: str) -> bool:
     pattern = token.replace("<runtime>", "*")
-    return any(any(root.glob(pattern)) if "*" in pattern else (root / pattern).exists() for root in PATH_ROOTS)
+    if any(any(root.glob(pattern)) if "*" in pattern else (root / pattern).exists() for root in PATH_ROOTS):
+        return True
+    folder, _, leaf = pattern.rpartition("/")  # ``passes/_concat_offset.pack_qkv``: a module's name
+    module, _, name = leaf.partition(".")
+    if name and "." not in name:
+        for root in PATH_ROOTS:
+            source = root / folder / f"{module}.py"
+            if source.is_file():
+                return name in {n.name for n in ast.parse(source.read_text(encoding="utf-8")).body
+                                if isinstance(n, (ast.FunctionDef, ast.ClassDef))} | {
+                    t.id for n in ast.parse(source.read_text(encoding="utf-8")).body if isinstance(n, ast.Assign)
+                    for t in n.targets if isinstance(t, ast.Name)}
+    return False
 
 
-@pytest.mark.parametrize("doc", CHECKED_DOCS)
+def _ours(path: str) -> bool:
+    """A path into this repository (its first folder is one of it or of the package), not a corpus-relative name
+    (``hf/llama/ref_S8.npy``) or a formula (``rotary_dim/2``)."""
+    first = path.split("/", 1)[0]
+    return bool(first) and any((root / first).exists() or (root / f"{first}.py").exists() for root in PATH_ROOTS)
+
+
+@pytest.mark.parametrize("doc", ALL_DOCS)
 def test_quoted_paths_and_names_are_real(doc):
     wrong = []
     checked = 0
     for token in _quoted(doc):
         word = token.removeprefix("raise ").split("(")[0].split(" ")[0]
-        if any(p in word for p in PLACEHOLDERS) or word.startswith((".", "current/", "legacy/")) or not word:
-            continue  # a template, a hidden file, a corpus model (tests/conftest.py's markers guard the corpus)
+        if any(p in word for p in PLACEHOLDERS) or word.startswith((".", "current/", "legacy/", "tests/fixtures/")) \
+                or not word:
+            continue  # a template, a hidden file, a corpus model or fixture (reading those is a corpus test's)
         if "/" in word and re.fullmatch(r"[\w./<>*-]+", word):
+            if not _ours(word):
+                continue
             checked += 1
             if not _path_exists(word.rstrip("/")):
                 wrong.append(f"{token}: no such path")
@@ -182,7 +220,7 @@ def test_quoted_paths_and_names_are_real(doc):
             if verdict is False:
                 wrong.append(f"{token}: not defined in rope_passes")
     assert not wrong, f"{doc} quotes names that do not exist:\n" + "\n".join(wrong)
-    assert checked >= 5, f"{doc}: the checker found almost nothing to check ({checked})"
+    assert checked >= 5 or doc not in MAIN_DOCS, f"{doc}: the checker found almost nothing to check ({checked})"
 
 
 def test_the_name_checker_finds_what_does_not_exist():
@@ -192,6 +230,10 @@ def test_the_name_checker_finds_what_does_not_exist():
     assert _resolves("analysis.mrope.Evaluate") is False
     assert _resolves("SessionOptions.add_provider_for_devices") is None  # onnxruntime's: not ours to check
     assert not _path_exists("rope_passes/io.py") and _path_exists("rope_passes/io")
+    assert _path_exists("passes/_rewrite.py") and _path_exists("rope_passes/runtime_tables/<runtime>.json")
+    assert _path_exists("passes/_concat_offset.pack_qkv") and not _path_exists("passes/_concat_offset.pack_qvk")
+    assert _ours("rope_passes/x.py") and not _ours("hf/llama/ref_S8.npy") and not _ours("rotary_dim/2")
+    assert _resolves("rope_passes.webgpu_only") and _resolves("rope_passes.nothing_of_ours") is False
 
 
 # ------------------------------------------------------------------------------------------------ runtimes.md
