@@ -52,21 +52,67 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def add_runtime_argument(parser: argparse.ArgumentParser, what: str) -> None:
-    """``--runtime onnxruntime-webgpu|onnxruntime-ep-webgpu`` (default: the runtime installed here), for optimize,
-    lint and inspect (:mod:`rope_passes.targets`)."""
-    from rope_passes.targets import RUNTIMES
+#: the WebGPU runtimes ``--runtime`` names (:data:`rope_passes.targets.RUNTIMES`, which imports onnx_ir: spelled out
+#: here so that building the parser imports nothing heavy; tests/test_startup.py checks the two agree)
+RUNTIMES = ("onnxruntime-webgpu", "onnxruntime-ep-webgpu")
 
+#: the exit codes every command shares, for the end of each ``--help`` (each command adds what 0/1 mean for it)
+EXIT_COMMON = ("2  usage error, or a model that could not be read or written (one line, no traceback)",
+               "3  internal error (a bug: please report it; ROPE_PASSES_DEBUG=1 shows the traceback)",
+               "130  interrupted (Ctrl-C); a commit in progress finishes or rolls back first")
+
+
+def exit_codes(*codes: str) -> str:
+    """An ``exit codes:`` section for a command's ``--help``: the command's own codes, then those of
+    :data:`EXIT_COMMON` it does not state itself."""
+    own = {c.split()[0] for c in codes}
+    return "exit codes:\n" + "\n".join(f"  {c}" for c in (*codes, *(c for c in EXIT_COMMON if c.split()[0] not in own)))
+
+
+class _Help(argparse.HelpFormatter):
+    """argparse's formatter, but the ``exit codes:`` section keeps one line per code (a long one wrapped under
+    itself) instead of being filled into one paragraph."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if not text.startswith("exit codes:"):
+            return super()._fill_text(text, width, indent)
+        import textwrap
+
+        out = []
+        for line in text.splitlines():
+            body = line.lstrip()
+            lead = indent + " " * (len(line) - len(body))
+            hang = lead + " " * (len(body.split("  ")[0]) + 2 if line.startswith(" ") else 0)
+            out.append(textwrap.fill(body, width, initial_indent=lead, subsequent_indent=hang))
+        return "\n".join(out)
+
+
+def add_command(sub: argparse._SubParsersAction, name: str, *, help: str, description: str,
+                exits: tuple[str, ...]) -> argparse.ArgumentParser:
+    """One sub-command's parser: ``help`` (its line in ``rope-passes --help``), ``description`` (the top of its own
+    ``--help``) and its exit codes (the end of it: ``exits``, one "CODE  meaning" each, then :data:`EXIT_COMMON`)."""
+    return sub.add_parser(name, help=help, description=description, epilog=exit_codes(*exits), formatter_class=_Help)
+
+
+def add_runtime_argument(parser: argparse.ArgumentParser, what: str,
+                         default: str = "the one installed beside rope-passes") -> None:
+    """``--runtime onnxruntime-webgpu|onnxruntime-ep-webgpu`` for optimize, lint and inspect
+    (:mod:`rope_passes.targets`); ``default``: what no ``--runtime`` means for that command."""
     parser.add_argument("--runtime", choices=RUNTIMES, default=None,
-                        help=f"{what} (default: the one installed beside rope-passes; see docs/runtimes.md)")
+                        help=f"{what} (default: {default}; see docs/runtimes.md)")
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The whole parser. The command modules import only argparse-level things at the top (their work imports
+    onnx_ir, onnxruntime, rich... inside ``run``), so ``--help`` and usage errors cost no heavy import
+    (tests/test_startup.py)."""
     import importlib
 
     parser = _Parser(
         prog="rope-passes",
         description="ONNX rewrite passes for rotary position embeddings, for onnxruntime's WebGPU EP.",
+        epilog=exit_codes("0  success (see each command's --help for what 1 means there)"),
+        formatter_class=_Help,
     )
     parser.add_argument("--version", action="version", version=f"rope-passes {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
@@ -83,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        with held_interrupts():  # imports the commands (onnx_ir, onnxscript): not safe to interrupt
+        with held_interrupts():  # imports the command modules: not safe to interrupt
             parser = build_parser()
         args = parser.parse_args(argv)
         if not getattr(args, "func", None):

@@ -8,31 +8,28 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from typing import TYPE_CHECKING
 
-from rich.console import Console
-from rich.markup import escape
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TaskID,
-    TextColumn,
-    TimeElapsedColumn,
-)
-from rich.table import Table
-
-from rope_passes.check.runtimes import CHOICES
-from rope_passes.cli import output_console
+from rope_passes.cli import RUNTIMES, add_command, output_console
 from rope_passes.errors import UsageError
+
+if TYPE_CHECKING:  # rich and the checker: imported when the command runs (``--help`` imports nothing heavy)
+    from rich.console import Console
+    from rich.progress import TaskID
+
+#: :data:`rope_passes.check.runtimes.CHOICES`, spelled out so that the parser imports nothing heavy
+#: (tests/test_startup.py checks they agree)
+RUNTIME_CHOICES = (*RUNTIMES, "web", "onnxruntime-web", "all")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "check",
+    p = add_command(
+        sub, "check",
         help="check that a rewritten model computes what the original does (CPU reference, WebGPU, capture)",
         description="Runs the original on CPU (reference) and on WebGPU, and the rewritten model on WebGPU, through "
-        "a real prefill + decode, and compares every output at every step. Exit code: 0 equivalent, "
-        "1 not equivalent, 2 could not run.",
+        "a real prefill + decode, and compares every output at every step.",
+        exits=("0  equivalent", "1  not equivalent (the first failing step and output are printed)",
+               "2  could not run (a model did not load or a run failed or hung), or a usage error"),
     )
     p.add_argument("original", help="original model: .onnx file or model folder (model + genai_config.json)")
     p.add_argument("rewritten", help="rewritten model: .onnx file or model folder")
@@ -66,7 +63,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="compare the first N decoder layers only: both graphs cut after layer N (outputs "
                    "hidden_states.N and present.0..N-1; weights referenced, not copied); for real-size models. "
                    "Later layers and logits are not compared")
-    p.add_argument("--runtime", choices=CHOICES, default=None,
+    p.add_argument("--runtime", choices=RUNTIME_CHOICES, default=None,
                    help="WebGPU runtime every run uses, in its own interpreter (the plugin's: .venv-plugin or "
                    "$ROPE_PASSES_PLUGIN_PYTHON); all: one verdict per runtime, exit the worst "
                    "(default: the one installed here; see docs/runtimes.md)")
@@ -86,6 +83,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import json
+
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from rope_passes.check.core import check
     from rope_passes.check.decode import parse_dims
@@ -178,6 +179,9 @@ def _fmt(x: float) -> str:
 
 
 def render(report, console: Console) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
     colour = {"equivalent": "green", "not equivalent": "red", "could not run": "yellow"}[report.verdict]
     console.print(f"original:  {report.original.path} ({report.original.precision})")
     console.print(f"rewritten: {report.rewritten.path} ({report.rewritten.precision})")

@@ -11,14 +11,17 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from rich.rule import Rule
-
-from rope_passes.cli import output_console
+from rope_passes.cli import add_command, output_console
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("demo", help="build the embedded tiny decoder, optimize it for WebGPU graph capture, check it")
-    p.add_argument("--out", help="keep the demo models in this folder (default: a temporary one, removed at the end)")
+    p = add_command(sub, "demo", help="build the embedded tiny decoder, optimize it for WebGPU graph capture, check it",
+                    description="Builds the embedded tiny genai-style decoder (no download), prints its RoPE census, "
+                    "optimizes it with --target webgpu-graph, prints the census again and checks the rewritten "
+                    "model against the original (CPU reference, WebGPU, WebGPU with graph capture).",
+                    exits=("0  the rewritten model is equivalent", "1  it is not (the checker's verdict)",
+                           "2  something could not run (the checker's or optimize's exit code)"))
+    p.add_argument("--out", help="keep the demo models in this folder (default: a temporary folder, removed at the end)")
     p.add_argument("--steps", type=int, default=8, help="decode steps for the check (default 8)")
     p.set_defaults(func=run)
 
@@ -33,6 +36,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _demo(root: Path, steps: int) -> int:
+    from rich.rule import Rule
+
     from rope_passes.cli import main
     from rope_passes.demo import build_tiny_decoder
 

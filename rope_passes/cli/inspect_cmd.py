@@ -14,28 +14,35 @@ import argparse
 import json
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rope_passes.analysis.census import DynamicNode, GraphInput, RopeCensus, census
-from rope_passes.analysis.placement import predict_placement
-from rope_passes.cli import add_runtime_argument, output_console
-from rope_passes.io import load_bundle
-from rope_passes.targets import RUNTIMES, default_runtime, get_target
+from rope_passes.cli import RUNTIMES, add_command, add_runtime_argument, output_console
+
+if TYPE_CHECKING:  # the census imports onnx_ir: only when the command runs (``--help`` imports nothing heavy)
+    from rope_passes.analysis.census import DynamicNode, GraphInput, RopeCensus
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("inspect", help="RoPE census of a model: attention op, caches, flavour, positions")
+    p = add_command(sub, "inspect", help="RoPE census of a model: attention op, caches, flavour, positions",
+                    description="Prints the RoPE census of each model (file or genai folder): attention op and its "
+                    "attributes, rotary flavour, cos/sin caches, where positions and total_sequence_length come "
+                    "from, what blocks graph capture; then what each WebGPU runtime does with it (loads, "
+                    "capture-ready, or what blocks it; a static prediction). Weights are never read.",
+                    exits=("0  printed (a census is information: nothing in it fails the command)",))
     p.add_argument("models", nargs="+", metavar="MODEL",
                    help="model.onnx or a model folder (model + genai_config.json); several give a census each")
     p.add_argument("--json", action="store_true",
                    help="print JSON: one object for one model, a list of objects for several")
-    add_runtime_argument(p, "show what this WebGPU runtime does with the model (default: every runtime, the one "
-                            "installed here marked)")
+    add_runtime_argument(p, "show what this WebGPU runtime does with the model",
+                         default="every runtime, the one installed here marked")
     p.set_defaults(func=run)
 
 
 def runtime_verdicts(model, runtimes: list[str]) -> list[dict[str, Any]]:
     """Per runtime: loads / capture-ready / blocked by what (static prediction, capture on)."""
+    from rope_passes.analysis.placement import predict_placement
+    from rope_passes.targets import default_runtime, get_target
+
     installed = default_runtime()
     out = []
     for name in runtimes:
@@ -49,6 +56,9 @@ def runtime_verdicts(model, runtimes: list[str]) -> list[dict[str, Any]]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from rope_passes.analysis.census import census
+    from rope_passes.io import load_bundle
+
     results = []
     runtimes = [args.runtime] if args.runtime else list(RUNTIMES)
     for path in args.models:

@@ -6,6 +6,9 @@ installed here).
 Exit 0: no problem at or above ``--fail-on`` (default: warning); 1: problems found; 2: a model could not be read.
 ``--fix`` rewrites each model in place (atomically) with the passes that fix what was found, then lints again and
 reports what is left.
+
+Only argparse-level names at the top: the linting imports (onnx_ir, the rules) happen in :func:`run`, so ``--help``
+and usage errors import nothing heavy.
 """
 
 from __future__ import annotations
@@ -13,20 +16,27 @@ from __future__ import annotations
 import argparse
 import sys
 
-from rope_passes.cli import add_runtime_argument
-from rope_passes.hf_config import use_hf_config
-from rope_passes.io import check_report_path, discover_models, write_report
-from rope_passes.lint import fix_bundle, lint_bundle
-from rope_passes.lint.core import RULES, Severity
-from rope_passes.lint.formats import FORMATS
+from rope_passes.cli import add_command, add_runtime_argument
 
-ORDER = {Severity.NOTE: 0, Severity.WARNING: 1, Severity.ERROR: 2}
+#: :data:`rope_passes.lint.formats.FORMATS` and :class:`rope_passes.lint.core.Severity`, spelled out so that the parser
+#: imports nothing heavy (tests/test_startup.py checks they agree)
+FORMAT_NAMES = ("github", "json", "sarif", "text")
+SEVERITIES = ("error", "warning", "note")
+ORDER = {"note": 0, "warning": 1, "error": 2}
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("lint", help="lint models for WebGPU RoPE problems (rule codes, --fix, CI formats)")
+    p = add_command(
+        sub, "lint", help="lint models for WebGPU RoPE problems (rule codes, --fix, CI formats)",
+        description="Lints each model (file, folder, or folder of model folders) for what keeps it from loading, "
+        "running right or being captured on a WebGPU runtime: rule codes RP001-RP4xx (--list-rules), each with "
+        "the pass that fixes it. Weights are never read. --fix rewrites each model in place with those passes, "
+        "then lints again and reports what is left.",
+        exits=("0  no finding at or above --fail-on", "1  findings at or above --fail-on",
+               "2  a model could not be read, or a usage error"))
     p.add_argument("models", nargs="*", help="model files, model folders, or folders of model folders")
-    p.add_argument("--format", default="text", choices=sorted(FORMATS))
+    p.add_argument("--format", default="text", choices=FORMAT_NAMES,
+                   help="text (default), json, github (workflow annotations) or sarif (code scanning)")
     add_runtime_argument(p, "the WebGPU runtime to lint for: what it loads (RP001-RP003, RP101) and where it places "
                             "nodes (RP205); --fix runs the passes that runtime needs")
     p.add_argument("--output", "-o", help="write the report to this file instead of stdout")
@@ -34,7 +44,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--text-only", action="store_true", help="with --fix: allow folding 3D-position mRoPE")
     p.add_argument("--select", help="comma-separated rule codes to run (default: all)")
     p.add_argument("--ignore", help="comma-separated rule codes to skip")
-    p.add_argument("--fail-on", default="warning", choices=[s.value for s in Severity],
+    p.add_argument("--fail-on", default="warning", choices=SEVERITIES,
                    help="lowest severity that makes the exit code 1 (default: warning)")
     p.add_argument("--hf-config", metavar="PATH",
                    help="the models' Hugging Face config.json for the RP4xx rules (default: the one beside each)")
@@ -43,6 +53,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from rope_passes.hf_config import use_hf_config
+    from rope_passes.io import check_report_path, discover_models, write_report
+    from rope_passes.lint import fix_bundle, lint_bundle
+    from rope_passes.lint.core import RULES
+    from rope_passes.lint.formats import FORMATS
+
     if args.list_rules:
         for r in sorted(RULES.values(), key=lambda r: r.code):
             fix = f" [fix: {r.fix}]" if r.fix else ""
@@ -69,6 +85,6 @@ def run(args: argparse.Namespace) -> int:
         write_report(args.output, text + "\n")
     elif text:
         print(text)
-    threshold = ORDER[Severity(args.fail_on)]
-    failing = any(ORDER[d.severity] >= threshold for diags in results.values() for d in diags)
+    threshold = ORDER[args.fail_on]
+    failing = any(ORDER[d.severity.value] >= threshold for diags in results.values() for d in diags)
     return 1 if failing else 0

@@ -6,25 +6,38 @@ import argparse
 import json
 import sys
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
-from rich.console import Console
-from rich.table import Table
-
-from rope_passes.api import optimize
-from rope_passes.cli import add_runtime_argument, output_console
+from rope_passes.cli import add_command, add_runtime_argument, output_console
 from rope_passes.errors import RopePassesError, UsageError
-from rope_passes.io import WEIGHT_MODES, ModelJob, check_report_path, plan_outputs, write_report
-from rope_passes.pipeline import PRESETS, pass_names_for, skipped_for
-from rope_passes.report import PipelineReport
-from rope_passes.targets import default_runtime, get_target
+
+if TYPE_CHECKING:  # the work imports onnx_ir, the passes, rich: only when the command runs (not for --help)
+    from rich.console import Console
+
+    from rope_passes.io import ModelJob
+    from rope_passes.report import PipelineReport
+
+#: :data:`rope_passes.pipeline.PRESETS` and :data:`rope_passes.io.WEIGHT_MODES`, spelled out so that the parser imports
+#: nothing heavy (tests/test_startup.py checks they agree)
+TARGET_NAMES = ("exporter", "webgpu", "webgpu-graph")
+WEIGHT_MODES = ("reflink", "copy", "link", "rewrite")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("optimize", help="rewrite a model (file or genai folder) for a target")
+    p = add_command(
+        sub, "optimize", help="rewrite a model (file or genai folder) for a target",
+        description="Loads a model (file, genai folder, or folder of model folders), runs the --target preset's "
+        "passes (or --passes) for the WebGPU runtime it is for, and writes the result with a per-pass summary: what "
+        "each pass rewrote, refused (and why, naming the node) or did not find. Weights are never rewritten (see "
+        "--weights). The summary ends with the lint findings the output still has.",
+        exits=("0  written (or --dry-run): every model rewritten or unchanged",
+               "2  usage error, or a model could not be read or written (a folder of models: the others are "
+               "written, the failed ones listed)"))
     p.add_argument("input", help="model.onnx, a model folder (model + genai_config.json + tokenizer files), or a folder "
                                   "of model folders (each written to the same relative path under -o)")
     p.add_argument("-o", "--output", help="output .onnx path or folder (a folder input always gives a folder)")
-    p.add_argument("--target", default="webgpu", choices=sorted(PRESETS), help="pass preset (default: webgpu)")
+    p.add_argument("--target", default="webgpu", choices=TARGET_NAMES,
+                   help="pass preset (default: webgpu; rope-passes passes lists what each runs)")
     p.add_argument("--passes", help="comma-separated pass names, run in this order instead of the preset")
     add_runtime_argument(p, "the WebGPU runtime the output is for: the preset runs the downlevel passes it needs "
                             "(unfuse-gqa-qk-norm, lower-mrope) and no others")
@@ -53,6 +66,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from rope_passes.io import check_report_path, plan_outputs
+    from rope_passes.pipeline import pass_names_for
+
     passes = args.passes.split(",") if args.passes is not None else None
     if args.max_positions is not None and args.max_positions < 1:
         raise UsageError(f"--max-positions must be a positive number of rows, got {args.max_positions}")
@@ -66,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _optimize(args: argparse.Namespace, passes: list[str] | None, job: ModelJob, progress=None) -> PipelineReport:
+    from rope_passes.api import optimize
+
     return optimize(job.input, job.output, target=args.target, passes=passes, options=_options(args),
                     dry_run=args.dry_run, in_place=args.in_place, weights=args.weights, progress=progress,
                     runtime=args.runtime)
@@ -73,6 +91,10 @@ def _optimize(args: argparse.Namespace, passes: list[str] | None, job: ModelJob,
 
 def _run_tree(args: argparse.Namespace, passes: list[str] | None, jobs: list[ModelJob]) -> int:
     """A folder of model folders: one line per model, then a tally; a broken model is reported, the others written."""
+    from rope_passes.io import write_report
+    from rope_passes.pipeline import skipped_for
+    from rope_passes.targets import default_runtime
+
     reports: list[dict] = []
     tally = {"rewritten": 0, "unchanged": 0, "failed": 0}
     runtime = args.runtime or default_runtime()
@@ -118,6 +140,10 @@ def _options(args: argparse.Namespace) -> dict:
 
 
 def _run_one(args: argparse.Namespace, passes: list[str] | None, job: ModelJob) -> int:
+    from rich.console import Console
+
+    from rope_passes.io import write_report
+
     console = Console(stderr=True)
     status = console.status("loading", spinner="dots") if console.is_terminal else None
 
@@ -145,6 +171,8 @@ def _run_one(args: argparse.Namespace, passes: list[str] | None, job: ModelJob) 
 
 def runtime_line(runtime: str, explicit: bool, skipped: Mapping[str, str]) -> str:
     """``output for onnxruntime-webgpu 1.27.0 (...)``, then the preset passes that runtime does not need, and why."""
+    from rope_passes.targets import get_target
+
     how = "--runtime" if explicit else "the runtime installed here; --runtime to choose another"
     lines = [f"output for {get_target(runtime).label} ({how})"]
     lines += [f"  {name} skipped: {why}" for name, why in skipped.items()]
@@ -168,6 +196,7 @@ def _short(value) -> str:
 
 def render(report: PipelineReport, console: Console, explicit_runtime: bool = False) -> None:
     from rich.markup import escape  # reasons quote graphs ("[1, 3]", "[t]*s0"): text, never markup
+    from rich.table import Table
 
     table = Table(title=f"rope-passes optimize ({report.target or 'custom passes'})", title_justify="left")
     for col in ("pass", "matched", "rewritten", "refused", "nodes −/+"):

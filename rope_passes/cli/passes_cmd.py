@@ -4,21 +4,25 @@ from __future__ import annotations
 
 import argparse
 
-from rich.markup import escape
-from rich.table import Table
-
-from rope_passes.cli import output_console
-from rope_passes.passes import ALL_PASSES
-from rope_passes.pipeline import runtime_presets, skipped_for
-from rope_passes.targets import default_runtime, get_target
+from rope_passes.cli import add_command, output_console
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("passes", help="list passes and target presets")
+    p = add_command(sub, "passes", help="list passes and target presets",
+                    description="Lists every pass (what it does, its options) and, per WebGPU runtime, the passes "
+                    "each --target preset runs there and those it leaves out, and why.",
+                    exits=("0  listed",))
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from rich.markup import escape
+    from rich.table import Table
+
+    from rope_passes.passes import ALL_PASSES
+    from rope_passes.pipeline import runtime_presets, skipped_for
+    from rope_passes.targets import default_runtime, get_target
+
     console = output_console()
     table = Table(title="passes", title_justify="left")
     table.add_column("name")

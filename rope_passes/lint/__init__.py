@@ -14,13 +14,14 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from rope_passes.analysis.census import census
-from rope_passes.io import ModelBundle, load_bundle, save_bundle
+from rope_passes.io import ModelBundle, load_bundle
 from rope_passes.lint import rules as _rules  # noqa: F401  (registers the rules)
 from rope_passes.lint import rules_config as _rules_config  # noqa: F401  (RP4xx: graph vs config.json)
 from rope_passes.lint import rules_longrope as _rules_longrope  # noqa: F401  (RP206, RP207)
 from rope_passes.lint.core import RULES, Diagnostic, LintContext, Rule, Severity, run_rules
-from rope_passes.passes import ALL_PASSES
-from rope_passes.pipeline import PRESETS, run_pipeline
+
+# The passes and the pipeline (onnxscript's rewriter, onnxruntime for the numeric proofs) are imported by
+# ``fix_bundle`` only: linting itself needs onnx_ir and the rules (tests/test_startup.py).
 
 
 def _context(bundle: ModelBundle, runtime: str | None = None) -> LintContext:
@@ -52,6 +53,10 @@ def fix_bundle(path: str, *, options: dict | None = None, select: Iterable[str] 
                ignore: Iterable[str] = (), log: Callable[[str], None] = print, runtime: str | None = None) -> list[str]:
     """Rewrite ``path`` in place with the passes that fix its diagnostics on ``runtime`` (in pipeline order);
     returns them."""
+    from rope_passes.io import save_bundle
+    from rope_passes.passes import ALL_PASSES
+    from rope_passes.pipeline import PRESETS, run_pipeline
+
     bundle = load_bundle(path)
     found = run_rules(_context(bundle, runtime), select, ignore)
     wanted = {d.fix for d in found if d.fix}
