@@ -61,6 +61,17 @@ def test_lint_github_annotations_name_the_node_and_the_onnx_file(tiny, capsys):
         assert message.startswith(f"/model/layers.{layer}/attn/GroupQueryAttention: "), line
 
 
+def test_lint_sarif_locations_are_the_onnx_file(tiny, capsys):
+    import json
+
+    assert main(["lint", "--format", "sarif", "--select", "RP201", str(tiny)]) == 1
+    results = json.loads(capsys.readouterr().out)["runs"][0]["results"]
+    assert [r["locations"][0]["physicalLocation"]["artifactLocation"]["uri"] for r in results] == [
+        str(tiny / "model.onnx")] * 2
+    assert [r["locations"][0]["logicalLocations"][0]["name"] for r in results] == [
+        f"/model/layers.{k}/attn/GroupQueryAttention" for k in (0, 1)]
+
+
 def test_github_properties_are_escaped():
     from rope_passes.lint.core import Diagnostic, Severity
     from rope_passes.lint.formats import as_github

@@ -79,6 +79,7 @@ def as_sarif(results: dict[str, list[Diagnostic]]) -> str:
     index = {r["id"]: i for i, r in enumerate(rules)}
     sarif_results = []
     for path, diags in results.items():
+        uri = _model_file(path) if diags else path  # an artifact is a file: the folder's decoder model
         for d in diags:
             sarif_results.append({
                 "ruleId": d.code,
@@ -86,7 +87,7 @@ def as_sarif(results: dict[str, list[Diagnostic]]) -> str:
                 "level": SARIF_LEVEL[d.severity],
                 "message": {"text": d.message},
                 "locations": [{
-                    "physicalLocation": {"artifactLocation": {"uri": path}},
+                    "physicalLocation": {"artifactLocation": {"uri": uri}},
                     "logicalLocations": [{"name": d.target, "kind": "member"}],
                 }],
             })
