@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import errno
 import functools
+import importlib
 import os
 import sys
 
@@ -55,6 +56,13 @@ class _Parser(argparse.ArgumentParser):
 #: the WebGPU runtimes ``--runtime`` names (:data:`rope_passes.targets.RUNTIMES`, which imports onnx_ir: spelled out
 #: here so that building the parser imports nothing heavy; tests/test_startup.py checks the two agree)
 RUNTIMES = ("onnxruntime-webgpu", "onnxruntime-ep-webgpu")
+
+#: third-party modules each command imports, imported by :func:`main` with Ctrl-C held once the arguments are
+#: parsed (an interrupt inside mpmath's or onnx's own imports is swallowed or aborts the process; the commands
+#: themselves import them lazily, so that ``--help`` and usage errors import nothing heavy)
+PRELOAD = {"optimize": ("onnx_ir", "onnxscript.rewriter"), "passes": ("onnx_ir", "onnxscript.rewriter"),
+           "demo": ("onnx_ir", "onnxscript.rewriter"), "lint": ("onnx_ir",), "inspect": ("onnx_ir",),
+           "check": ("onnx_ir",)}
 
 #: the exit codes every command shares, for the end of each ``--help`` (each command adds what 0/1 mean for it)
 EXIT_COMMON = ("2  usage error, or a model that could not be read or written (one line, no traceback)",
@@ -106,8 +114,6 @@ def build_parser() -> argparse.ArgumentParser:
     """The whole parser. The command modules import only argparse-level things at the top (their work imports
     onnx_ir, onnxruntime, rich... inside ``run``), so ``--help`` and usage errors cost no heavy import
     (tests/test_startup.py)."""
-    import importlib
-
     parser = _Parser(
         prog="rope-passes",
         description="ONNX rewrite passes for rotary position embeddings, for onnxruntime's WebGPU EP.",
@@ -135,6 +141,9 @@ def main(argv: list[str] | None = None) -> int:
         if not getattr(args, "func", None):
             parser.print_help()
             return 2
+        with held_interrupts():  # the command's third-party imports: Ctrl-C here would break them (see interrupts)
+            for module in PRELOAD.get(args.command, ()):
+                importlib.import_module(module)
         code = int(args.func(args) or 0)
         sys.stdout.flush()  # a reader that left shows here, not as a message at exit
         return code
