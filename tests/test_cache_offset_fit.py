@@ -15,7 +15,7 @@ import numpy as np
 import onnx_ir as ir
 import pytest
 
-from rope_passes.analysis.longrope import ROW_TOLERANCE, fit_frequencies
+from rope_passes.proofs.concat_offset import ROW_TOLERANCE, fit_frequencies
 
 HEAD, THETA, ORIGINAL, CONTEXT = 96, 10000.0, 4096, 131072
 SHORT = np.round(np.linspace(1.0, 1.19, HEAD // 2), 4)

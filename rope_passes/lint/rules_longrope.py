@@ -12,7 +12,7 @@
   second concatenation split elsewhere): one value per session cannot serve them all; no pass fixes it.
 
 The session facts (which GQAs read the offset, whether a table is a ``[short; long]`` pair split at it) are
-:mod:`rope_passes.analysis.longrope`'s, the ones ``longrope-concat`` and ``annotate-cache-offset`` prove with.
+:mod:`rope_passes.proofs.concat_offset`'s, the ones ``longrope-concat`` and ``annotate-cache-offset`` prove with.
 """
 
 from __future__ import annotations
@@ -20,9 +20,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from rope_passes.analysis.bf16 import BF16_GQA_NOTE, bf16_gqa
-from rope_passes.analysis.longrope import ConcatCache, concat_cache, consumer_name, offset_consumers, session_concat
+from rope_passes.analysis.longrope import ConcatCache, concat_cache
 from rope_passes.config import CONCAT_OFFSET_OPTION as OFFSET_KEY
 from rope_passes.lint.core import LintContext, Severity, rule
+from rope_passes.proofs.concat_offset import consumer_name, offset_consumers, session_concat
 from rope_passes.report import MatchFailure
 
 Found = Iterator[tuple[str, str]]

@@ -1,7 +1,7 @@
 """Shared writes of the two passes that set ``multiRotaryCacheConcatOffset`` (``longrope-concat``,
 ``annotate-cache-offset``): the offset and WebGPU-only marks in genai_config.json and the model metadata, their
 removal, and packing separate Q/K/V into GroupQueryAttention's packed input. A helper module, not a pass: the facts
-these writes rest on are proved in :mod:`rope_passes.analysis.longrope`.
+these writes rest on are proved in :mod:`rope_passes.proofs.concat_offset`.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def pack_qkv(graph: ir.Graph, gqa: ir.Node) -> ir.Node:
 
     GroupQueryAttention splits a packed query back into ``num_heads``, ``kv_num_heads``, ``kv_num_heads`` heads of
     the head size, in that order: the same tensors as the separate inputs, so the attention is unchanged.
-    (:func:`rope_passes.analysis.longrope.packable` says whether it can be done exactly.)
+    (:func:`rope_passes.proofs.concat_offset.packable` says whether it can be done exactly.)
     """
     q, k, v = gqa.inputs[0], gqa.inputs[1], gqa.inputs[2]
     prefix = f"{gqa.name or 'GroupQueryAttention'}/rope_passes_packed_qkv"

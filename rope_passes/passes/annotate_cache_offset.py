@@ -1,6 +1,6 @@
 """``annotate-cache-offset``: find a concatenated LongRoPE cos/sin cache and write its offset where missing or wrong.
 
-**Detects** (:func:`rope_passes.analysis.longrope.concat_cache`) a GroupQueryAttention (``do_rotary=1``) whose
+**Detects** (:func:`rope_passes.proofs.concat_offset.session_concat`, for each table read) a GroupQueryAttention (``do_rotary=1``) whose
 ``cos_cache``/``sin_cache`` are constant tables of ``original + max_positions`` rows, ``max_positions`` =
 ``genai_config.json``'s ``context_length`` and ``original`` the rest (or ``original_max_position_embeddings`` where
 the config has it), and checks the rows are really two tables: row ``original + p`` must equal the RoPE of position
@@ -25,8 +25,8 @@ the same tensors, exact on every EP, one copy per layer. This is the pass's one 
 the offset was already right.
 
 **The whole session.** The offset is one value per session, applied by WebGPU to every GroupQueryAttention with
-do_rotary=1 and packed QKV (:func:`rope_passes.analysis.longrope.offset_consumers`). The pass reads every distinct
-cos/sin pair such a node reads (:func:`rope_passes.analysis.longrope.session_concat`) and writes the offset only when
+do_rotary=1 and packed QKV (:func:`rope_passes.proofs.concat_offset.offset_consumers`). The pass reads every distinct
+cos/sin pair such a node reads (:func:`rope_passes.proofs.concat_offset.session_concat`) and writes the offset only when
 every one is a fitted ``[short; long]`` pair split at the same row: a layer reading a plain table, or a second
 concatenation split elsewhere, is refused, naming that GroupQueryAttention (nothing written). Several layers reading
 one table, or different tables split at the same row, are fine.
@@ -48,7 +48,9 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from rope_passes.analysis.longrope import (
+from rope_passes.passes._concat_offset import OFFSET_KEY, pack_qkv, record_offset, remove_offset
+from rope_passes.passes.base import RopePass
+from rope_passes.proofs.concat_offset import (
     ANGLE_REL,
     ROW_TOLERANCE,
     Fit,
@@ -59,11 +61,9 @@ from rope_passes.analysis.longrope import (
     rotary_gqas,
     session_concat,
 )
-from rope_passes.passes._concat_offset import OFFSET_KEY, pack_qkv, record_offset, remove_offset
-from rope_passes.passes.base import RopePass
 from rope_passes.report import MatchFailure, PassReport
 
-# the fit lives with the LongRoPE facts (lint reads it too); named here for the callers that knew it here
+# the fit lives with the session proof (lint reads it too); named here for the callers that knew it here
 __all__ = ["ANGLE_REL", "ROW_TOLERANCE", "AnnotateCacheOffsetPass", "Fit", "fit_frequencies"]
 
 

@@ -33,7 +33,7 @@ the call length (``Shape(input_ids)``) or on anything but the total is refused.
 
 **The offset is proved for the whole session.** ``multiRotaryCacheConcatOffset`` is one value per session, and
 onnxruntime's WebGPU EP applies it to every GroupQueryAttention with do_rotary=1 and packed QKV
-(:func:`rope_passes.analysis.longrope.offset_consumers`), whatever table it reads. So the pass first proves each
+(:func:`rope_passes.proofs.concat_offset.offset_consumers`), whatever table it reads. So the pass first proves each
 ``If`` on its own, then rewrites only when *every* such consumer reads (as cos and as sin cache) an output of an
 ``If`` it rewrites, and all those ``If`` nodes switch at the same ``o``. A layer that reads a plain table, an ``If``
 refused on its own, or a switch at another offset refuses every ``If``, naming that GroupQueryAttention. Switches at
@@ -44,7 +44,8 @@ own concatenation, its own ``If``'s choice.
 be packed (one of key/value missing, not rank 3, mixed dtypes, head sizes that differ); branches that are not constant
 tables of matching width/dtype; a then-branch that is not the longer table; a small table with fewer than ``o`` rows;
 a condition that reads anything but the total length, is not elementwise, or is not ``total > o`` (``Greater(x, y)``
-with a non-constant ``y`` is refused as such); a session consumer the offset would make wrong (above).
+with a non-constant ``y`` is refused as such); an ``If`` output that is also a graph output (callers read the chosen
+table); a session consumer the offset would make wrong (above).
 """
 
 from __future__ import annotations
@@ -53,17 +54,10 @@ import numpy as np
 import onnx_ir as ir
 
 from rope_passes.analysis.graph import MS_DOMAIN, const_array, const_tensor
-from rope_passes.analysis.longrope import (
-    LongRoPE,
-    consumer_name,
-    if_switch,
-    offset_consumers,
-    packable,
-    separate_qkv,
-    switch_offset,
-)
+from rope_passes.analysis.longrope import LongRoPE, if_switch, separate_qkv, switch_offset
 from rope_passes.passes._concat_offset import OFFSET_KEY, OFFSET_METADATA, WEBGPU_ONLY_KEY, pack_qkv, record_offset
 from rope_passes.passes.base import RopePass
+from rope_passes.proofs.concat_offset import consumer_name, offset_consumers, packable
 from rope_passes.report import MatchFailure, PassReport
 
 __all__ = ["OFFSET_KEY", "OFFSET_METADATA", "WEBGPU_ONLY_KEY", "LongRoPEConcatPass"]
@@ -200,6 +194,9 @@ class LongRoPEConcatPass(RopePass):
         if len(then_tables) != len(node.outputs) or len(else_tables) != len(node.outputs):
             raise MatchFailure.refuse("branches do not return one table per If output", target)
         for out in node.outputs:
+            if out.is_graph_output():
+                raise MatchFailure.refuse(f"{out.name!r} is a graph output: callers read the table the If chose on "
+                                          "each call, which a concatenated table would change", target)
             for user, index in out.uses():
                 if user.op_type != "GroupQueryAttention" or index not in (7, 8):
                     raise MatchFailure.refuse(f"{out.name!r} is read by {user.name or user.op_type} input {index}, "
@@ -230,7 +227,5 @@ class LongRoPEConcatPass(RopePass):
             init = ir.Value(name=name, shape=ir.Shape(table.shape), type=ir.TensorType(ir.DataType.from_numpy(
                 table.dtype)), const_value=ir.tensor(table, name=name))
             graph.register_initializer(init)
-            out.replace_all_uses_with(init)
-            if out.is_graph_output():
-                graph.outputs[graph.outputs.index(out)] = init
+            out.replace_all_uses_with(init)  # never a graph output (_match refuses those)
         graph.remove(node, safe=True)

@@ -1,0 +1,287 @@
+"""The session-wide LongRoPE offset, proved: which GroupQueryAttention nodes read ``multiRotaryCacheConcatOffset``, and
+whether the tables they read are ``[short; long]`` pairs split at one row.
+
+``multiRotaryCacheConcatOffset`` is one value for the whole session. onnxruntime's WebGPU EP holds it as a provider
+option (``WebGpuExecutionProviderConfig``) and every GroupQueryAttention of the session reads it
+(``context.MultiRotaryCacheConcatOffset()``) on its packed-QKV rotary paths (``SplitPackedQKVWithRotaryEmbedding``
+and the flash-attention split/rotary/copy-KV program): row ``(total > offset ? offset : 0) + position`` of *its own*
+cos/sin cache. The separate-Q/K/V rotary path (``FusedQKRotaryEmbedding``) and ``do_rotary=0`` never read it.
+
+* :func:`offset_consumers`: those nodes, in every graph of the model (subgraphs run in the same session);
+* :func:`fit_frequencies` / :func:`fit_pair`: is a table two RoPE tables split at a row (or one plain RoPE table)?
+* :func:`session_concat`: one offset proved for every consumer of a graph that carries concatenated tables, or a
+  ``MatchFailure`` naming the consumer that breaks it (``annotate-cache-offset`` and lint RP208/RP209 read it);
+  ``longrope-concat`` proves its ``If`` switches with :func:`rope_passes.analysis.longrope.switch_offset` and the
+  session with :func:`offset_consumers`;
+* :func:`packable`: can a GQA's separate Q/K/V be packed exactly (the offset acts on packed QKV only)?
+
+Reading a model here never changes it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import onnx_ir as ir
+
+from rope_passes.analysis.graph import MS_DOMAIN, attr, const_tensor, flag, nodes_of, table_like
+from rope_passes.analysis.longrope import ConcatCache, separate_qkv
+from rope_passes.config import CONCAT_OFFSET_OPTION
+from rope_passes.report import MatchFailure
+
+# ------------------------------------------------------------------------------------------------------------
+# Packing separate Q/K/V (the offset acts on packed QKV only)
+# ------------------------------------------------------------------------------------------------------------
+
+
+def packable(gqa: ir.Node, target: str | None = None) -> None:
+    """Refuse (``MatchFailure``, target ``target`` or the GQA) when a GQA with separate Q/K/V cannot be packed
+    exactly into one ``Concat(q, k, v, axis=-1)`` input (GroupQueryAttention splits a packed query back into
+    ``num_heads``, ``kv_num_heads``, ``kv_num_heads`` heads of one head size)."""
+    if not separate_qkv(gqa):
+        return
+    where = target or gqa.name or "GroupQueryAttention"
+    q, k, v = (gqa.inputs[i] if len(gqa.inputs) > i else None for i in range(3))
+    if q is None or k is None or v is None:
+        raise MatchFailure.refuse(f"{gqa.name}: only one of key/value is given; cannot pack Q/K/V", where)
+    for value in (q, k, v):
+        if value.shape is not None and len(value.shape) != 3:
+            raise MatchFailure.refuse(f"{gqa.name}: {value.name!r} has rank {len(value.shape)}, expected [batch, "
+                                      "seq, hidden] to pack Q/K/V", where)
+    if len({value.dtype for value in (q, k, v)}) != 1:
+        raise MatchFailure.refuse(f"{gqa.name}: query/key/value dtypes differ; cannot pack Q/K/V", where)
+    widths = [value.shape[2] if value.shape is not None else None for value in (q, k, v)]
+    heads = (attr(gqa, "num_heads"), attr(gqa, "kv_num_heads"), attr(gqa, "kv_num_heads"))
+    known = all(isinstance(w, int) for w in widths) and all(isinstance(h, int) and h > 0 for h in heads)
+    if known and (widths[1] != widths[2] or widths[0] * heads[1] != widths[1] * heads[0]):
+        raise MatchFailure.refuse(f"{gqa.name}: query/key/value widths {widths} are not num_heads/kv_num_heads "
+                                  f"{heads[0]}/{heads[1]} heads of one head size; cannot pack Q/K/V", where)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Is a table two RoPE tables? The fit of each half
+# ------------------------------------------------------------------------------------------------------------
+
+#: worst row error of a fitted table: float16 rounds values ~1.3 (LongRoPE scaling) to 1e-3 steps; float32 to ~1e-7
+ROW_TOLERANCE = {ir.DataType.FLOAT16: 2e-3, ir.DataType.FLOAT: 1e-4}
+#: builders compute the angle ``p * w`` in float32 (``torch.outer(t, inv_freq)``): the product and ``w`` itself are
+#: rounded, so a row's angle is off by up to ``|p * w| * 2**-23`` (4e-3 rad at position 131072); allowed twice that
+ANGLE_REL = 2.0**-22
+#: rows per step of the fit: two passes over ~3 MB pieces instead of a dozen table-sized temporaries (a 131072-row
+#: table's float64 temporaries are 50 MB each, paid in page faults on every call)
+FIT_CHUNK = 8192
+
+
+@dataclasses.dataclass(frozen=True)
+class Fit:
+    """Per-column angular frequencies of one half and how well every row fits them."""
+
+    w: np.ndarray
+    error: float  # worst |scale * cos(p * w) - row| over rows and columns
+    excess: float  # worst error / allowed error (<= 1: every row fits)
+    row: int  # the row (within the half) of the worst excess
+
+
+def fit_frequencies(cos: np.ndarray, sin: np.ndarray, rows: range, tolerance: float) -> Fit:
+    """Per-column angular frequency of a cos/sin table over ``rows`` (first row = position 0), and the worst error
+    of ``scale * cos(p * w)`` / ``scale * sin(p * w)`` against the table (scale = row 0, the attention scaling),
+    allowed ``tolerance`` (the dtype's rounding) plus the float32 rounding of the angle ``p * w`` (ANGLE_REL).
+
+    ``w`` is the least-squares slope through 0 of the unwrapped phase ``atan2(sin, cos)``; unwrapping adds the
+    multiple of 2π that brings each step within (-π, π], exact for RoPE, whose per-row step ``w`` is at most 1."""
+    n = len(rows)
+    if n == 0:
+        return Fit(w=np.zeros(cos.shape[1]), error=0.0, excess=0.0, row=0)
+    scale = cos[rows.start].astype(np.float64)
+    # pass 1: sum(p * phase) over the unwrapped phase, carried from piece to piece
+    moment = np.zeros(cos.shape[1])
+    last = None
+    for lo in range(0, n, FIT_CHUNK):
+        hi = min(lo + FIT_CHUNK, n)
+        phase = np.arctan2(sin[rows.start + lo : rows.start + hi].astype(np.float64),
+                           cos[rows.start + lo : rows.start + hi].astype(np.float64))
+        prev = phase[:1] if last is None else last[None, :]
+        step = np.diff(phase, axis=0, prepend=prev)
+        step -= (2 * np.pi) * np.round(step / (2 * np.pi))
+        phase = prev + np.cumsum(step, axis=0)
+        last = phase[-1]
+        moment += np.arange(lo, hi, dtype=np.float64) @ phase
+    w = moment / max(float((n - 1) * n * (2 * n - 1) / 6), 1.0)  # sum of p*p over 0..n-1
+    # pass 2: every row against scale * cos/sin(p * w)
+    error = excess = 0.0
+    row = 0
+    for lo in range(0, n, FIT_CHUNK):
+        hi = min(lo + FIT_CHUNK, n)
+        angle = np.arange(lo, hi, dtype=np.float64)[:, None] * w
+        allowed = tolerance + np.abs(scale) * np.abs(angle) * ANGLE_REL
+        err = np.maximum(np.abs(scale * np.cos(angle) - cos[rows.start + lo : rows.start + hi]),
+                         np.abs(scale * np.sin(angle) - sin[rows.start + lo : rows.start + hi]))
+        ratio = err / allowed
+        at = int(np.argmax(ratio))
+        error = max(error, float(err.max()))
+        if ratio.flat[at] > excess:
+            excess, row = float(ratio.flat[at]), lo + at // ratio.shape[1]
+    return Fit(w=w, error=error, excess=excess, row=row)
+
+
+@dataclasses.dataclass(frozen=True)
+class PairFit:
+    """A concatenated table proved to be a ``[short; long]`` RoPE pair split at ``offset``."""
+
+    short_error: float
+    long_error: float
+
+
+def fit_pair(found: ConcatCache) -> PairFit:
+    """Prove the rows of ``found`` are two RoPE tables split at ``found.offset``, with different factors:
+    ``MatchFailure.refuse`` (target: the cos table) otherwise. The refusal carries ``details["plain"]`` when the
+    whole table is one RoPE table from row 0 (plain RoPE: row ``offset + p`` is position ``offset + p``, so reading
+    it at an offset is wrong); halves that restart at position 0 with the same factors are not plain (they need the
+    offset as much as a LongRoPE pair does)."""
+    target = found.cos.name or "cos_cache"
+    cos = const_tensor(found.cos)
+    sin = const_tensor(found.sin)
+    if cos is None or sin is None:
+        raise MatchFailure.absent("cos/sin are not constant tables", target)
+    cos_t, sin_t = cos.numpy(), sin.numpy()
+    tolerance = ROW_TOLERANCE.get(cos.dtype, 2e-3)
+    short = fit_frequencies(cos_t, sin_t, range(found.offset), tolerance)
+    long = fit_frequencies(cos_t, sin_t, range(found.offset, found.rows), tolerance)
+
+    def plain() -> bool:
+        return fit_frequencies(cos_t, sin_t, range(found.rows), tolerance).excess <= 1.0
+
+    for half, fit, first in (("short", short, 0), ("long", long, found.offset)):
+        if fit.excess > 1.0:
+            if plain():
+                raise MatchFailure.refuse(f"the {found.rows} rows are one RoPE table from row 0 (plain RoPE), not "
+                                          f"two tables split at {found.offset}", target, plain=True)
+            raise MatchFailure.refuse(f"rows do not fit a short+long RoPE pair: {half} half, row "
+                                      f"{first + fit.row} is off by {fit.excess:.1f}x the allowed error "
+                                      f"({tolerance:g} + float32 angle rounding)", target)
+    if np.allclose(short.w, long.w, rtol=1e-3, atol=0):
+        raise MatchFailure.refuse("short and long halves use the same factors: not LongRoPE", target)
+    return PairFit(short.error, long.error)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The session: every GroupQueryAttention the offset acts on
+# ------------------------------------------------------------------------------------------------------------
+
+
+def rotary_gqas(model: ir.Model) -> list[ir.Node]:
+    """Every GroupQueryAttention (all graphs) with ``do_rotary=1`` and a cos_cache input: the ones that read a table."""
+    return [n for n in nodes_of(model, "GroupQueryAttention", MS_DOMAIN)
+            if flag(n, "do_rotary") and len(n.inputs) > 8 and n.inputs[7] is not None]
+
+
+def offset_consumers(model: ir.Model) -> list[ir.Node]:
+    """The GroupQueryAttention nodes onnxruntime's WebGPU EP applies ``multiRotaryCacheConcatOffset`` to: do_rotary=1
+    with packed QKV (key and value inputs empty) and a cos_cache, in every graph of the model. Each reads row
+    ``(total > offset ? offset : 0) + position`` of its own cos/sin cache once the offset is set."""
+    return [g for g in rotary_gqas(model) if not separate_qkv(g)]
+
+
+def consumer_name(gqa: ir.Node) -> str:
+    return gqa.name or "GroupQueryAttention"
+
+
+@dataclasses.dataclass
+class SessionConcat:
+    """One offset proved for every GroupQueryAttention of the session that reads it."""
+
+    offset: int
+    tables: list[ConcatCache]  # each distinct [short; long] pair read, all split at ``offset``
+    fits: list[PairFit]  # the fit of each (empty when not fitted)
+    consumers: list[ir.Node]  # every GQA the offset acts on once ``to_pack`` is packed
+
+    @property
+    def to_pack(self) -> list[ir.Node]:
+        """Readers with separate Q/K/V: they ignore the offset until packed."""
+        return [g for t in self.tables for g in t.ignoring_offset]
+
+
+def _pair_cache(model: ir.Model, gqas: list[ir.Node], *, context_length: int | None,
+                offset: int | None) -> ConcatCache:
+    """The cos/sin pair ``gqas`` all read, as a concatenated ``[short; long]`` cache (structure only: the rows are
+    ``offset + context_length``; ``offset`` defaults to the rows past the context). ``MatchFailure.absent`` when it
+    is not one (``refuse`` when neither length is known)."""
+    gqa = gqas[0]
+    cos, sin = gqa.inputs[7], gqa.inputs[8]
+    name = (cos.name if cos is not None else None) or "cos_cache"
+    cos_t = const_tensor(cos)
+    if not table_like(cos_t) or not isinstance(cos_t.shape[0], int):
+        raise MatchFailure.absent(f"cos_cache {name!r} is not a constant table", name)
+    if context_length is None and offset is None:
+        raise MatchFailure.refuse("no context_length in genai_config.json to split the cache by", name)
+    rows = cos_t.shape[0]
+    original = offset if offset is not None else rows - (context_length or 0)
+    if rows <= original or original <= 1 or (context_length is not None and rows != original + context_length):
+        split = "original" if offset is None else str(offset)
+        raise MatchFailure.absent(f"cos_cache {name!r} has {rows} rows, not {split} + context {context_length} "
+                                  "(not a concatenated cache)", name)
+    sin_t = const_tensor(sin)
+    if sin is None or sin_t is None or sin_t.shape != cos_t.shape:
+        raise MatchFailure.absent(f"sin_cache of {consumer_name(gqa)!r} is not a constant table shaped like "
+                                  "cos_cache", name)
+    return ConcatCache(gqa, cos, sin, rows, original, context_length, list(gqas))
+
+
+def session_concat(model: ir.Model, *, context_length: int | None, offset: int | None = None,
+                   fit: bool = True) -> SessionConcat:
+    """Prove one ``multiRotaryCacheConcatOffset`` for the whole session, or fail naming the node that breaks it.
+
+    Every distinct cos/sin pair read by a GroupQueryAttention with do_rotary=1 is read as a concatenated cache
+    (:func:`_pair_cache`, then :func:`fit_pair` with ``fit``). Then:
+
+    * no pair is concatenated: ``MatchFailure.absent`` (plain RoPE; nothing to write), or the refusal of a table
+      with the rows of a concatenation that is one RoPE table from row 0 (``details["plain"]``: plain RoPE too);
+    * a pair looks concatenated but its rows are not two RoPE tables: ``refuse`` (target: the table);
+    * an offset consumer (:func:`offset_consumers`) reads a pair that is not concatenated: ``refuse`` naming it
+      (the offset would make it read row ``offset + position`` of a plain table past ``offset`` tokens);
+    * the concatenated pairs split at different rows: ``refuse`` naming a reader of the second split.
+
+    GQAs with separate Q/K/V reading a plain table are not consumers (WebGPU reads row ``position`` there); those
+    reading a concatenated table are (:attr:`SessionConcat.to_pack`: they must be packed to read it at the offset).
+    """
+    by_pair: dict[tuple[int, int], list[ir.Node]] = {}
+    for gqa in rotary_gqas(model):
+        sin = gqa.inputs[8] if len(gqa.inputs) > 8 else None
+        by_pair.setdefault((id(gqa.inputs[7]), id(sin)), []).append(gqa)
+    if not by_pair:
+        raise MatchFailure.absent("no GroupQueryAttention with do_rotary=1 and a cos_cache")
+    concat: list[ConcatCache] = []
+    fits: list[PairFit] = []
+    plain: list[tuple[list[ir.Node], MatchFailure]] = []
+    for gqas in by_pair.values():
+        try:
+            found = _pair_cache(model, gqas, context_length=context_length, offset=offset)
+            if fit:
+                fits.append(fit_pair(found))
+            concat.append(found)
+        except MatchFailure as not_concat:
+            if not_concat.refused and not not_concat.details.get("plain"):
+                raise
+            plain.append((gqas, not_concat))
+    if not concat:
+        raise plain[0][1]
+    first = concat[0]
+    for gqas, why in plain:
+        for gqa in gqas:
+            if not separate_qkv(gqa):
+                raise MatchFailure.refuse(
+                    f"{consumer_name(gqa)!r} reads a cos/sin cache that is not a concatenated [short; long] table "
+                    f"({why.reason}), while {consumer_name(first.gqa)!r} reads {first.cos.name!r} split at "
+                    f"{first.offset}: {CONCAT_OFFSET_OPTION} is one value for the whole session and WebGPU applies it "
+                    "to every packed-QKV GroupQueryAttention with do_rotary=1, so this one would read row "
+                    f"{first.offset} + position past {first.offset} tokens", consumer_name(gqa), breaks_session=True)
+    for other in concat[1:]:
+        if other.offset != first.offset:
+            raise MatchFailure.refuse(
+                f"{consumer_name(other.gqa)!r} reads {other.cos.name!r} split at {other.offset}, "
+                f"{consumer_name(first.gqa)!r} reads {first.cos.name!r} split at {first.offset}: one "
+                f"{CONCAT_OFFSET_OPTION} for the session cannot serve both", consumer_name(other.gqa),
+                breaks_session=True)
+    consumers = [g for found in concat for g in found.readers]
+    return SessionConcat(first.offset, concat, fits, consumers)
