@@ -60,6 +60,11 @@ def use_hf_config(path: str | os.PathLike | None) -> Iterator[None]:
         _OVERRIDE.reset(token)
 
 
+def explicit_hf_config() -> str | None:
+    """The config given by the user for this run (``--hf-config`` through :func:`use_hf_config`), or None."""
+    return _OVERRIDE.get()
+
+
 @dataclasses.dataclass(frozen=True)
 class Rope:
     """One rotary embedding as the config defines it (one per layer type for Gemma3)."""
@@ -315,4 +320,4 @@ class HFConfig:
         return out
 
 
-__all__ = ["CONFIG_NAMES", "STATIC_TYPES", "HFConfig", "Rope", "use_hf_config"]
+__all__ = ["CONFIG_NAMES", "STATIC_TYPES", "HFConfig", "Rope", "explicit_hf_config", "use_hf_config"]

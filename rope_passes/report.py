@@ -15,6 +15,9 @@ class Outcome(str, enum.Enum):
     REFUSED = "refused"  # matched, but a soundness condition failed: graph left as it was there
     NOT_MATCHED = "not matched"  # the pattern is absent (or not understood)
     NOTE = "note"  # information (e.g. "output serves text prompts only")
+    #: rewritten to compute something else than the input did, because the user asked (a config it must follow):
+    #: never an ordinary rewrite, never without the request (precompute-cos-sin with --hf-config)
+    REPAIRED = "repaired"
 
     def __str__(self) -> str:
         return self.value
@@ -84,6 +87,11 @@ class PassReport:
     def rewritten(self, target: str, what: str, **details: Any) -> None:
         self.findings.append(Finding(Outcome.REWRITTEN, target, what, details))
 
+    def repaired(self, target: str, what: str, **details: Any) -> None:
+        """The output computes something else than the input, on request: ``what`` says "repaired: the input
+        computed X, the output computes Y, because <config> says Z"."""
+        self.findings.append(Finding(Outcome.REPAIRED, target, what, details))
+
     def refused(self, target: str, reason: str, **details: Any) -> None:
         self.findings.append(Finding(Outcome.REFUSED, target, reason, details))
 
@@ -103,20 +111,23 @@ class PassReport:
 
     @property
     def matched(self) -> int:
-        """Places where the pattern was found (rewritten or refused)."""
-        return self.count(Outcome.REWRITTEN) + self.count(Outcome.REFUSED)
+        """Places where the pattern was found (rewritten, repaired or refused)."""
+        return self.count(Outcome.REWRITTEN) + self.count(Outcome.REPAIRED) + self.count(Outcome.REFUSED)
 
     @property
     def modified(self) -> bool:
-        return self.count(Outcome.REWRITTEN) > 0 or bool(self.genai_config_changes) or bool(self.metadata_changes)
+        return (self.count(Outcome.REWRITTEN) + self.count(Outcome.REPAIRED) > 0 or bool(self.genai_config_changes)
+                or bool(self.metadata_changes))
 
     @property
     def status(self) -> str:
-        """One line: ``rewritten 4``, ``refused: <reason>``, ``not matched: <reason>``."""
+        """One line: ``rewritten 4``, ``rewritten 2, repaired 2``, ``refused: <reason>``, ``not matched: <reason>``."""
         rewritten, refused = self.count(Outcome.REWRITTEN), self.count(Outcome.REFUSED)
-        if rewritten:
+        repaired = self.count(Outcome.REPAIRED)
+        if rewritten or repaired:
+            parts = ([f"rewritten {rewritten}"] if rewritten else []) + ([f"repaired {repaired}"] if repaired else [])
             extra = f", refused {refused}" if refused else ""
-            return f"rewritten {rewritten}{extra}"
+            return ", ".join(parts) + extra
         if refused:
             first = next(f for f in self.findings if f.outcome is Outcome.REFUSED)
             return f"refused: {first.reason}"
@@ -133,6 +144,7 @@ class PassReport:
             "status": self.status,
             "matched": self.matched,
             "rewritten": self.count(Outcome.REWRITTEN),
+            "repaired": self.count(Outcome.REPAIRED),
             "refused": self.count(Outcome.REFUSED),
             "modified": self.modified,
             "nodes_removed": self.nodes_removed,
@@ -165,6 +177,9 @@ class PipelineReport:
     runtime: str | None = None
     #: preset passes left out because that runtime does not need them: pass name -> why
     skipped: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: ``webgpu-graph``: the output's graph-capture verdict and what genai_config.json got for it
+    #: (:func:`rope_passes.api.capture_config`: state, verdict, blockers [{node, why}], config)
+    capture: dict[str, Any] | None = None
 
     @property
     def modified(self) -> bool:
@@ -182,5 +197,6 @@ class PipelineReport:
             "copied_verbatim": self.copied_verbatim,
             "weights": self.weights,
             "remaining": self.remaining,
+            "capture": self.capture,
             "passes": [p.to_dict() for p in self.passes],
         }

@@ -7,9 +7,11 @@ optimized with ``--target exporter`` and no other flag:
 * static RoPE with a ``position_ids`` input: tables of ``max_position_embeddings`` rows, bit-identical to the
   original on onnxruntime CPU for batch 1-2, past 0..200;
 * LongRoPE frozen at export (optimum phi3_longrope, phi4mini_longrope_partial: the graph uses the short factors for
-  every call): two tables and transformers' switch. Bit-identical to the original where the original is right
-  (calls whose largest position < 64), and past the switch the rows are transformers' (``fixtures/hf_rope``: same
-  inv_freq, cos/sin within 2 float32 ulps);
+  every call): with the config merely beside the model, a table of what the graph computes (bit-identical on every
+  call) and a note naming the difference; with ``--hf-config`` (a repair, on request) two tables and transformers'
+  switch, reported as *repaired*: bit-identical to the original where the original is right (calls whose largest
+  position < 64), and past the switch the rows are transformers' (``fixtures/hf_rope``: same inv_freq, cos/sin within
+  2 float32 ulps);
 * dynamic NTK config (optimum llama_dynamic): refused with the reason;
 * LongRoPE chosen per call in the graph (transformers 5 Where on ReduceMax): with the LongRoPE config, a table per
   branch and the graph's switch, bit-identical to the original on every call (crossing the switch too); without a
@@ -78,19 +80,45 @@ def test_exporter_folder(graph, tmp_path):
         return
     if graph in PER_CALL:  # transformers 5's own per-call Where: two tables and the same switch, exact everywhere
         assert all("LongRoPE chosen per call: a table for each" in f.reason for f in findings), findings
-    assert pc.count(Outcome.REWRITTEN) == pc.matched > 0 and not any(
-        f.outcome is Outcome.NOTE and "differs from config.json" in f.reason for f in pc.findings), pc.status
+    notes = [f for f in pc.findings if f.outcome is Outcome.NOTE and "differs from config.json" in f.reason]
+    assert pc.count(Outcome.REWRITTEN) == pc.matched > 0, pc.status
+    if graph in FROZEN:  # a config beside the model never changes what it computes: the repair is on request
+        assert len(notes) == 2 and all("a repair, done only on request: give this config with --hf-config" in f.reason
+                                       for f in notes), notes
+    else:
+        assert not notes, notes
     out = tmp_path / "out" / "model.onnx"
     model = ir.load(out)
     tables = {k: v.const_value.numpy() for k, v in model.graph.initializers.items() if k.startswith("rope_passes.")}
     assert all(t.shape[0] == 256 for t in tables.values())  # max_position_embeddings: no --max-positions
     assert model.metadata_props["rope_passes.cos_sin_max_positions"] == "256"
-    right = CALLS if graph not in FROZEN else [c for c in CALLS if c[1] + c[2] <= 64]
+    for ref, new in zip(exporter_outputs(folder / "model.onnx", CALLS), exporter_outputs(out, CALLS), strict=True):
+        for r, n in zip(ref, new, strict=True):
+            np.testing.assert_array_equal(n, r)  # bit-identical: the rewrite computes what the graph computes
+
+
+@pytest.mark.parametrize("graph", sorted(FROZEN))
+def test_frozen_longrope_repaired_on_request(graph, tmp_path):
+    """``hf_config`` given explicitly: LongRoPE frozen at export is rebuilt as two tables and transformers' switch,
+    reported as *repaired* in the words of lint's RP401 (what the input computed, what the output computes, what the
+    config says), never as an ordinary rewrite."""
+    folder = _folder(tmp_path, graph)
+    report = rope_passes.optimize(str(folder), str(tmp_path / "out"), target="exporter",
+                                  options={"hf_config": str(folder / "config.json")})
+    (pc,) = [p for p in report.passes if p.pass_name == "precompute-cos-sin"]
+    repaired = [f for f in pc.findings if f.outcome is Outcome.REPAIRED]
+    assert len(repaired) == 2 and pc.count(Outcome.REWRITTEN) == 0 and pc.status == "repaired 2", pc.status
+    assert all(f.reason.startswith("repaired: the input computed") and "the output computes them with the short "
+               "factors while the call's largest position + 1 <= 64 and the long factors after" in f.reason
+               and f"because {folder / 'config.json'} says longrope rope" in f.reason for f in repaired), repaired
+    out = tmp_path / "out" / "model.onnx"
+    model = ir.load(out)
+    tables = {k: v.const_value.numpy() for k, v in model.graph.initializers.items() if k.startswith("rope_passes.")}
+    right = [c for c in CALLS if c[1] + c[2] <= 64]
     for ref, new in zip(exporter_outputs(folder / "model.onnx", right), exporter_outputs(out, right), strict=True):
         for r, n in zip(ref, new, strict=True):
             np.testing.assert_array_equal(n, r)  # bit-identical where the original is right
-    if graph in FROZEN:
-        _check_switch(graph, model, tables, folder)
+    _check_switch(graph, model, tables, folder)
 
 
 def _check_switch(graph: str, model: ir.Model, tables: dict[str, np.ndarray], folder: Path) -> None:
@@ -119,6 +147,7 @@ def _check_switch(graph: str, model: ir.Model, tables: dict[str, np.ndarray], fo
 
 
 def test_lint_names_frozen_longrope_and_fix_repairs_it(tmp_path):
+    from rope_passes.hf_config import use_hf_config
     from rope_passes.lint import fix_bundle, lint_bundle
 
     folder = _folder(tmp_path, "tf4/optimum/phi3_longrope")
@@ -127,7 +156,17 @@ def test_lint_names_frozen_longrope_and_fix_repairs_it(tmp_path):
     assert "from position 64 on" in found[0].message
     assert "LongRoPE frozen at export: the graph uses the short factors past position 63" in found[0].message
     assert found[0].fix == "precompute-cos-sin"
+    # lint says what the repair does in the words the repair is reported in
+    assert "(repaired: the input computed cos with LongRoPE's short factors for every call (frozen at export), the " \
+           "output computes them with the short factors while the call's largest position + 1 <= 64" in \
+           found[0].message and f"because {folder / 'config.json'} says longrope rope" in found[0].message
+    # --fix without --hf-config: the config beside the model does not change what it computes
     assert fix_bundle(str(folder), select=["RP401"], log=lambda m: None) == ["precompute-cos-sin", "cleanup"]
+    assert "rope_passes.cos_table_long" not in ir.load(folder / "model.onnx").graph.initializers
+    (tmp_path / "again").mkdir()
+    folder = _folder(tmp_path / "again", "tf4/optimum/phi3_longrope")
+    with use_hf_config(folder / "config.json"):  # lint --fix --hf-config: the repair, on request
+        assert fix_bundle(str(folder), select=["RP401"], log=lambda m: None) == ["precompute-cos-sin", "cleanup"]
     model = ir.load(folder / "model.onnx")
     assert "rope_passes.cos_table_long" in model.graph.initializers
 
@@ -232,7 +271,8 @@ def test_cli_hf_config_flag(tmp_path):
                str(config), "--json")
     assert proc.returncode == 0, proc.stderr
     (pc, _) = json.loads(proc.stdout)["passes"]
-    assert pc["status"] == "rewritten 2" and "LongRoPE frozen at export" in pc["findings"][0]["reason"]
+    assert pc["status"] == "repaired 2" and pc["findings"][0]["outcome"] == "repaired", pc
+    assert "repaired: the input computed" in pc["findings"][0]["reason"]
     without = cli("optimize", str(bare), "-o", str(tmp_path / "out2.onnx"), "--target", "exporter", "--json")
     assert json.loads(without.stdout)["passes"][0]["status"].startswith("refused: table size unknown")
 

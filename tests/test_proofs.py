@@ -173,3 +173,50 @@ def test_reading_a_chain_and_its_rows_does_not_retype_the_model():
     np.testing.assert_allclose(rows[:, 0], np.cos(np.arange(8, dtype=np.float32)), rtol=1e-6)
     assert r.type is None and r.shape is None
     assert serialize(model) == before
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# A malformed Hugging Face config is the user's input: one line, exit 2 (never an internal error)
+# ----------------------------------------------------------------------------------------------------------------
+FIXTURES = __import__("pathlib").Path(__file__).parent / "fixtures"
+
+
+def _malformed(tmp, edit) -> tuple:
+    import json
+    import shutil
+
+    folder = tmp / "model"
+    folder.mkdir()
+    shutil.copy(FIXTURES / "torch" / "tf4" / "optimum" / "phi3_longrope" / "decode.onnx", folder / "model.onnx")
+    config = json.loads((FIXTURES / "hf_rope" / "tf4" / "phi3_longrope" / "config.json").read_text())
+    edit(config)
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder / "model.onnx", folder / "config.json"
+
+
+@pytest.mark.corpus
+@pytest.mark.parametrize(("case", "edit", "says"), [
+    ("short-factor-3-of-8", lambda c: c["rope_scaling"].update(short_factor=[1.0, 1.05, 1.1]),
+     "malformed LongRoPE short_factor: 3 numbers, but rotary dim 16 needs 8 positive numbers"),
+    ("long-factor-not-numbers", lambda c: c["rope_scaling"].update(long_factor=["x"] * 8),
+     "malformed LongRoPE long_factor: not numbers"),
+    ("long-factor-zero", lambda c: c["rope_scaling"].update(long_factor=[0.0] * 8),
+     "malformed LongRoPE long_factor: 8 numbers, but rotary dim 16 needs 8 positive numbers"),
+    ("theta-zero", lambda c: c.update(rope_theta=0.0), "malformed rope: theta 0.0"),
+])
+def test_malformed_hf_config_is_one_line_exit_2(tmp_path, case, edit, says):
+    import subprocess
+    import sys
+
+    model, config = _malformed(tmp_path, edit)
+    proc = subprocess.run([sys.executable, "-m", "rope_passes", "optimize", str(model), "-o", str(tmp_path / "o.onnx"),
+                           "--target", "exporter", "--max-positions", "128"], capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("rope-passes: error: ") and says in lines[0], proc.stderr
+    assert str(config) in lines[0]
+    # lint: a finding (RP403), not a crash
+    from rope_passes.lint import lint_bundle
+    found = lint_bundle(str(model), select=["RP401", "RP402", "RP403"])
+    assert [d.code for d in found] == ["RP403"] and says in found[0].message

@@ -16,10 +16,11 @@ from collections.abc import Iterator
 import numpy as np
 
 from rope_passes.analysis.graph import MS_DOMAIN, const_tensor, flag, nodes_of
+from rope_passes.errors import ModelLoadError
 from rope_passes.hf_config import HFConfig, Rope
 from rope_passes.lint.core import LintContext, Severity, rule
 from rope_passes.proofs.chain import find_chain
-from rope_passes.proofs.config import TOL, TOL_FP16, Verdict, best_verdict, judge, rows_of
+from rope_passes.proofs.config import TOL, TOL_FP16, Verdict, best_verdict, check_rope, judge, repair_words, rows_of
 from rope_passes.report import MatchFailure
 
 Found = Iterator[tuple[str, str]]
@@ -31,6 +32,7 @@ class _Checked:
     what: str
     verdict: Verdict | None  # None: the config's rope could not be computed (``refusal``)
     refusal: str = ""
+    role: str = ""  # cos | sin
 
 
 def _config(ctx: LintContext) -> tuple[HFConfig | None, list[Rope], str]:
@@ -41,9 +43,14 @@ def _config(ctx: LintContext) -> tuple[HFConfig | None, list[Rope], str]:
     if hf is None:
         return None, [], ""
     try:
-        return hf, [hf.rope(t) for t in hf.layer_types()], ""
+        ropes = [hf.rope(t) for t in hf.layer_types()]
+        for rope in ropes:
+            check_rope(hf, rope)
+        return hf, ropes, ""
     except MatchFailure as failure:
         return hf, [], failure.reason
+    except ModelLoadError as exc:
+        return hf, [], str(exc)
 
 
 def _chains(ctx: LintContext, ropes: list[Rope], rows: int) -> Iterator[_Checked]:
@@ -57,7 +64,7 @@ def _chains(ctx: LintContext, ropes: list[Rope], rows: int) -> Iterator[_Checked
         except MatchFailure:
             continue
         yield _Checked(node.name or node.op_type,
-                       f"{node.op_type} ({chain.role} computed from {chain.positions.name!r})", verdict)
+                       f"{node.op_type} ({chain.role} computed from {chain.positions.name!r})", verdict, role=chain.role)
 
 
 def _caches(ctx: LintContext, ropes: list[Rope]) -> Iterator[_Checked]:
@@ -92,6 +99,7 @@ def _checked(ctx: LintContext) -> list[_Checked]:
         if rows:
             out += list(_chains(ctx, ropes, rows)) + list(_caches(ctx, ropes))
     ctx._rp4xx = out  # type: ignore[attr-defined]  # the three rules share one evaluation
+    ctx._rp4xx_config = str(hf.path) if hf is not None else "config.json"  # type: ignore[attr-defined]
     return out
 
 
@@ -100,13 +108,16 @@ def _checked(ctx: LintContext) -> list[_Checked]:
       """transformers' LongRoPE (Phi-3/Phi-4 long context) rotates with the short factors while the call's largest
       position + 1 <= original_max_position_embeddings and with the long ones after. TorchScript exports
       (optimum, transformers 4) trace that choice at the sample input and keep one set for every call: the graph is
-      right below the switch and wrong after it (or the reverse). `precompute-cos-sin` with the config beside the
-      model (or --hf-config) rebuilds both tables and the switch.""",
+      right below the switch and wrong after it (or the reverse). `precompute-cos-sin` given the config with
+      --hf-config repairs it: rebuilds both tables and the switch, reported as "repaired" (a config merely found
+      beside the model never changes what the model computes).""",
       fix="precompute-cos-sin")
 def longrope_frozen(ctx: LintContext) -> Found:
     for c in _checked(ctx):
         if c.verdict is not None and not c.verdict.ok and c.verdict.frozen is not None:
-            yield c.target, c.verdict.message(c.what)
+            config = getattr(ctx, "_rp4xx_config", "config.json")
+            yield c.target, (c.verdict.message(c.what) + f"; precompute-cos-sin with --hf-config repairs it "
+                             f"(repaired: {repair_words(c.verdict, c.role, config)})")
 
 
 @rule("RP402", "rope-differs-from-config", Severity.ERROR,

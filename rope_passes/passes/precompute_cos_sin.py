@@ -69,7 +69,7 @@ import numpy as np
 import onnx_ir as ir
 
 from rope_passes.analysis.longrope import longrope_where
-from rope_passes.hf_config import HFConfig
+from rope_passes.hf_config import HFConfig, explicit_hf_config
 from rope_passes.passes._rewrite import NodeTape, add_initializer, remove_dead
 from rope_passes.passes.base import RopePass, option
 from rope_passes.proofs.chain import Chain, find_chain
@@ -88,7 +88,9 @@ class PrecomputeCosSinOptions:
     max_positions: int | None = option(None, "rows of the precomputed tables (default: genai_config context_length, "
                                              "else config.json's max_position_embeddings)", positive=True)
     hf_config: str | None = option(None, "the model's Hugging Face config.json (or its folder): table size, rope type "
-                                         "and scaling (default: config.json / model_config.json beside the model)")
+                                         "and scaling (default: config.json / model_config.json beside the model). "
+                                         "Given explicitly, it is also a request to repair: LongRoPE frozen at "
+                                         "export is rebuilt to compute what this config says (reported as repaired)")
 
 
 class PrecomputeCosSinPass(RopePass):
@@ -147,8 +149,10 @@ class PrecomputeCosSinPass(RopePass):
         for group in by_positions.values():  # a Range source whose limit exceeds the call's sizes: more rows
             excess = group[0].source.excess if group[0].source is not None else 0
             tables.update(self._tables(model, group, max_positions + excess, report))
-        if ropes:
-            against_config(model, [c for c in chains if id(c.end) in tables], tables, ropes, report)
+        if ropes and hf is not None:  # a repair only when the user gave the config (--hf-config)
+            asked = self.options.hf_config is not None or explicit_hf_config() is not None
+            against_config(model, [c for c in chains if id(c.end) in tables], tables, ropes, report,
+                           repair=str(hf.path) if asked else None)
         done = [c for c in chains if id(c.end) in tables] + done_per_call
         if not done:
             return
@@ -257,9 +261,11 @@ class PrecomputeCosSinPass(RopePass):
                              "(LongRoPE frozen at export, rebuilt from config.json: both tables and transformers' "
                              "switch)" if c.per_call is None else "(LongRoPE chosen per call: a table for each of the "
                              "graph's two inv_freq branches, checked against config.json, and its switch)"))
-            report.rewritten(
+            record = report.rewritten if c.repaired is None else report.repaired
+            record(
                 c.trig.name,
-                f"{c.trig.op_type} of positions × {c.inv_freq.name!r} ({c.product.op_type}) → {what}",
+                f"{c.trig.op_type} of positions × {c.inv_freq.name!r} ({c.product.op_type}) → {what}"
+                if c.repaired is None else f"{c.repaired} ({c.trig.op_type} → {what})",
                 table=init.name, rows=rows, columns=int(table.shape[-1]), dtype=str(table.dtype),
                 table_bytes=int(table.nbytes), inv_freq=c.inv_freq.name, replaced=c.end.name,
                 positions=c.positions.name, chain_nodes=len(c.nodes),

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 import numpy as np
 import onnx_ir as ir
 
+from rope_passes.errors import ModelLoadError
 from rope_passes.hf_config import HFConfig, Rope
 from rope_passes.proofs.chain import Chain
 from rope_passes.proofs.constants import constant
@@ -172,14 +173,60 @@ def _cause(rope: Rope, role: str, got: np.ndarray, want: np.ndarray) -> str:
 
 # -- precompute-cos-sin: finding the config, checking its chains, rebuilding frozen LongRoPE --------------------------
 def find_ropes(model_path, explicit: str | None) -> tuple[HFConfig | None, list[Rope] | MatchFailure]:
-    """The config (explicit, else beside the model) and its ropes; a MatchFailure (refuse) for dynamic types."""
+    """The config (explicit, else beside the model) and its ropes; a MatchFailure (refuse) for dynamic types;
+    ModelLoadError (one line, exit 2) for a config whose rope cannot be computed (:func:`check_rope`)."""
     hf = HFConfig.find(model_path, explicit)
     if hf is None:
         return None, []
     try:
-        return hf, [hf.rope(layer_type) for layer_type in hf.layer_types()]
+        ropes = [hf.rope(layer_type) for layer_type in hf.layer_types()]
     except MatchFailure as failure:
         return hf, failure
+    for rope in ropes:
+        check_rope(hf, rope)
+    return hf, ropes
+
+
+def check_rope(hf: HFConfig, rope: Rope) -> None:
+    """ModelLoadError unless the config's rope computes: positive finite theta and head size, a rotary width of at
+    least 2, and per-frequency numbers (LongRoPE's ``short_factor`` / ``long_factor``) one per frequency, finite and
+    positive. A malformed config is the user's input, said in one line, never an internal error."""
+    where = f"{hf.path}" + (f" ({rope.layer_type})" if rope.layer_type else "")
+    half = rope.rotary_dim // 2
+    if not (math.isfinite(rope.theta) and rope.theta > 0) or rope.head_dim <= 0 or half < 1:
+        raise ModelLoadError(f"{where}: malformed rope: theta {rope.theta!r}, head_dim {rope.head_dim!r}, "
+                             f"partial_rotary_factor {rope.partial_rotary_factor!r} (rotary dim {rope.rotary_dim})")
+    if rope.kind == "longrope":
+        for key in ("short_factor", "long_factor"):
+            factors = rope.params.get(key)
+            try:
+                array = np.asarray(factors, dtype=np.float64).reshape(-1)
+            except (TypeError, ValueError):
+                array = None
+            if array is None or array.size != half or not np.all(np.isfinite(array)) or np.any(array <= 0):
+                size = "missing" if factors is None else (f"{array.size} numbers" if array is not None else
+                                                          "not numbers")
+                raise ModelLoadError(f"{where}: malformed LongRoPE {key}: {size}, but rotary dim {rope.rotary_dim} "
+                                     f"needs {half} positive numbers (one per frequency)")
+    try:
+        arrays = [rope.inv_freq(), *([rope.inv_freq(long=True)] if rope.switches else [])]
+        scaling = rope.attention_scaling
+    except (ArithmeticError, KeyError, TypeError, ValueError) as exc:
+        raise ModelLoadError(f"{where}: malformed {rope.kind} rope parameters ({type(exc).__name__}: {exc})") from None
+    if any(a.shape != (half,) or not np.all(np.isfinite(a)) for a in arrays) or not math.isfinite(scaling):
+        raise ModelLoadError(f"{where}: malformed {rope.kind} rope parameters: the frequencies they give are not "
+                             f"{half} finite numbers")
+
+
+def repair_words(verdict: Verdict, role: str, config: str) -> str:
+    """The one sentence a repair of LongRoPE frozen at export is reported in (precompute-cos-sin) and announced in
+    (lint RP401): what the input computed, what the output computes, and what the config says."""
+    rope = verdict.rope
+    orig = rope.original_max
+    frozen = verdict.frozen or "short"
+    return (f"the input computed {role} with LongRoPE's {frozen} factors for every call (frozen at export), the output "
+            f"computes them with the short factors while the call's largest position + 1 <= {orig} and the long "
+            f"factors after (two tables and transformers' switch), because {config} says {rope.describe()}")
 
 
 def best_verdict(model: ir.Model, chain: Chain, long_rows: np.ndarray, ropes: Sequence[Rope]) -> Verdict:
@@ -195,20 +242,30 @@ def best_verdict(model: ir.Model, chain: Chain, long_rows: np.ndarray, ropes: Se
 
 
 def against_config(model: ir.Model, chains: Sequence[Chain], tables: dict[int, np.ndarray], ropes: Sequence[Rope],
-                   report: PassReport) -> None:
-    """Check each chain's table with the config: right (nothing to do), LongRoPE frozen at export (``switch`` set:
-    the other table evaluated with the config's other inv_freq in the graph's own chain), or wrong (a note)."""
+                   report: PassReport, repair: str | None = None) -> None:
+    """Check each chain's table with the config: right (nothing to do), wrong (a note: the tables keep what the graph
+    computes), or LongRoPE frozen at export. ``repair``: the config the user asked the output to follow (its path;
+    None: a config found beside the model, which never changes what the model computes): then a frozen chain gets
+    ``switch`` (the other table evaluated with the config's other inv_freq in the graph's own chain) and ``repaired``
+    (what the report says)."""
     for c in chains:
         table = tables[id(c.end)]
         try:
             verdict = best_verdict(model, c, table, ropes)
             if verdict.ok:
                 continue
+            what = f"{c.trig.op_type} ({c.role} table)"
             if verdict.frozen is None or len(c.positions_shape) != 2:
-                report.note(c.trig.name, verdict.message(f"{c.trig.op_type} ({c.role} table)") + "; the tables keep "
-                            "what the graph computes (rope-passes lint: RP401)", first_wrong=verdict.first_wrong)
+                report.note(c.trig.name, verdict.message(what) + "; the tables keep what the graph computes "
+                            "(rope-passes lint: RP401)", first_wrong=verdict.first_wrong)
+                continue
+            if repair is None:
+                report.note(c.trig.name, verdict.message(what) + "; the tables keep what the graph computes. Changing "
+                            "that is a repair, done only on request: give this config with --hf-config (rope-passes "
+                            "lint: RP401)", first_wrong=verdict.first_wrong)
                 continue
             c.switch = _rebuild(model, c, table, verdict.rope, verdict.frozen)
+            c.repaired = "repaired: " + repair_words(verdict, c.role, repair)
         except MatchFailure as failure:
             report.record(failure, c.trig.name)
             tables.pop(id(c.end), None)
@@ -281,4 +338,4 @@ def per_call_tables(model: ir.Model, c: Chain, ropes: Sequence[Rope], rows: int,
 
 
 __all__ = ["TOL", "TOL_FP16", "UNKNOWN_SIZE", "Verdict", "against_config", "best_verdict", "calls",
-           "find_ropes", "judge", "per_call_tables", "rows_of", "shape_feeds"]
+           "check_rope", "find_ropes", "judge", "repair_words", "per_call_tables", "rows_of", "shape_feeds"]
