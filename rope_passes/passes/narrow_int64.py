@@ -20,19 +20,24 @@ It re-predicts after each change and stops when no Memcpy can be removed this wa
 runs right after ``total-seq-on-gpu``, on the graph the earlier passes left (placement is a property of the whole
 graph).
 
-**Exact when** the values fit in int32 (positions and token indices do; onnxruntime's GQA keeps lengths in int32):
-only movement ops are narrowed (``MOVEMENT_OPS``), never arithmetic. Constants are checked (a constant outside int32
-is not narrowed); values from graph inputs are the caller's, and the report says which inputs in a note (a
-``position_ids`` of 2^32 + p would be read as p where the original's Gather failed). Measured: legacy/qwen25_vl/cpu_fp32,
-webgpu_fp16_graph and legacy/qwen35/cpu_fp32 (3D positions, not folded) go from 11 / 9 / 7 Memcpy to 0, with
-bit-identical WebGPU outputs.
+**Exact when** the values fit in int32: only movement ops are narrowed (``MOVEMENT_OPS``), never arithmetic, and
+each only when the interval of every data input, from its cone (:mod:`rope_passes.proofs.intervals`, constants read
+by value through :mod:`rope_passes.proofs.constants`), lies in int32. The analysis takes a graph input's integer values
+and every tensor dimension to fit int32 (``FITS_INT32``: positions, token indices and lengths do; onnxruntime's GQA
+keeps lengths in int32), and the report names the inputs the rewrite relies on in a note (a ``position_ids`` of
+2^32 + p would be read as p where the original's Gather failed). Values the graph computes are not the caller's: a
+node reading a ``Range`` from a large constant (int64 ``Range`` runs on WebGPU), or any value the graph's arithmetic
+may take out of int32, is refused with the node. Measured:
+legacy/qwen25_vl/cpu_fp32, webgpu_fp16_graph and legacy/qwen35/cpu_fp32 (3D positions, not folded) go from 11 / 9 / 7
+Memcpy to 0, with bit-identical WebGPU outputs.
 
-A model whose GroupQueryAttention is bfloat16 gets one note (:data:`rope_passes.analysis.bf16.BF16_GQA_NOTE`, as ``total-seq-on-gpu``: no bf16 GQA
-kernel in either WebGPU runtime) and no rewrite.
+A model whose GroupQueryAttention is bfloat16 gets one note (:data:`rope_passes.analysis.bf16.BF16_GQA_NOTE`, as
+``total-seq-on-gpu``: no bf16 GQA kernel in either WebGPU runtime) and no rewrite.
 
-**Refuses** nothing: a Memcpy whose CPU end is not an int64 movement op with GPU/constant data inputs is left as it
-is (narrowing there would only move the Memcpy). Not matched: no Memcpy predicted, a model that does not load on
-onnxruntime-webgpu, or no Memcpy this pass can remove (the reason says which).
+**Refuses** (left on CPU, named in the report): a node of that form whose data input is not proved to fit int32.
+Not matched: a Memcpy whose CPU end is not an int64 movement op with GPU/constant data inputs (narrowing there would
+only move the Memcpy), no Memcpy predicted, a model that does not load on onnxruntime-webgpu, or no Memcpy this pass
+can remove (the reason says which).
 """
 
 from __future__ import annotations

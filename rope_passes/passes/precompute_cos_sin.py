@@ -26,10 +26,10 @@ genai_config.json; without either the chain is refused ("table size unknown: giv
 **Exact when** each output row is a function of its own position alone (no reduction over the positions of a
 call, no dependence on batch or sequence length beyond shape plumbing) and every position is in
 ``[0, max_positions)``. The pass proves the first condition before rewriting, by exact cone accounting
-(:class:`rope_passes.passes._cos_sin_cone.Cone`: an allow-list of per-token ops from the position input to the chain
+(:class:`rope_passes.proofs.cone.Cone`: an allow-list of per-token ops from the position input to the chain
 end; any op reading across tokens, and any value computed from the call's shape that reaches the arithmetic,
 refuses naming the node), then checks it numerically: the subgraph evaluated on calls differing in what callers
-vary (:func:`._cos_sin_positions.probes`: one token at the smallest and largest positions, two tokens, batch 1..3, the whole table
+vary (:func:`rope_passes.proofs.positions.probes`: one token at the smallest and largest positions, two tokens, batch 1..3, the whole table
 permuted, windows across every power of two; ``[3,B,S]`` inputs also with differing axes) must give exactly the
 table's rows at those positions. Then the rewrite is exact under
 ONNX semantics, and in float32 bit-identical on onnxruntime (the tables come from the same kernels on the same
@@ -42,18 +42,23 @@ around to the end of the table (Gather's negative indices) where the original co
 ``metadata_props["rope_passes.cos_sin_max_positions"]`` and to the report (a note).
 
 **Positions made in the graph** (optimum's Gemma exports: ``Range(past, past + length, 1)`` from tensor shapes, no
-``position_ids`` input): the Range output is the chain's position source (:mod:`._cos_sin_positions`: its values are
-never negative); the tables are gathered by it, exact while ``past + length <= max_positions``.
+``position_ids`` input): the Range output is the chain's position source (:mod:`rope_passes.proofs.positions`: its
+start proved never negative by value, refused otherwise); the tables are gathered by it, with ``max_positions + k``
+rows when the Range's limit exceeds the call's sizes by ``k``: exact while ``past + length <= max_positions``.
 
 **With a Hugging Face config** beside the model (or the ``hf_config`` option; :mod:`rope_passes.hf_config`): the
-table size defaults to ``max_position_embeddings``, each chain is compared with what the config computes, LongRoPE
-frozen at export is rebuilt as two tables and transformers' switch (:mod:`._cos_sin_config`), and a dynamic NTK
-config is refused.
+table size defaults to ``max_position_embeddings``, each chain is compared with what the config says (a mismatch is a
+note: the tables keep what the graph computes), and a dynamic NTK config is refused. A config whose rope cannot be
+computed is a ModelLoadError (one line, exit 2). **Repair, on request only**: with the config given explicitly
+(``hf_config`` / ``--hf-config``), LongRoPE frozen at export is rebuilt as two tables and transformers' switch
+(:mod:`rope_passes.proofs.config`), reported as ``repaired`` ("the input computed X, the output computes Y, because
+<config> says Z"), never as an ordinary rewrite.
 
 **Refuses** (graph unchanged at that chain, reason in the report): LongRoPE chosen per call
 (``Where(ReduceMax(position_ids)+1 > original_max, long_inv_freq, short_inv_freq)``, census ``longrope-where``);
 any other op mixing the positions of a call (dynamic NTK spelled out in the graph); rows that do not permute
-with the positions; an unknown table size. **Not matched**: Cos/Sin not computed from positions × inv_freq;
+with the positions; a Range position source whose start is not proved never negative; an unknown table size.
+**Not matched**: Cos/Sin not computed from positions × inv_freq;
 chains depending on another graph input, on no graph input, or on a position input that is not an integer
 ``[B,S]`` / ``[3,B,S]``; chains whose end is a graph output. Dynamic NTK and transformers-4 LongRoPE *exported by
 TorchScript* froze their frequencies at the sample input: they look like default RoPE, are rewritten, and stay
