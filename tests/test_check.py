@@ -17,6 +17,7 @@ from conftest import GENAI, UNLOADABLE, genai_models
 
 import rope_passes
 from rope_passes.analysis.graph import nodes_of
+from rope_passes.analysis.longrope import LongRoPESwitch
 from rope_passes.check.compare import TOLERANCES
 from rope_passes.check.core import COULD_NOT_RUN, EQUIVALENT, NOT_EQUIVALENT, check
 from rope_passes.check.decode import DecoderSpec, embedding_table, run_decode, token_ids
@@ -255,7 +256,7 @@ def test_wrong_longrope_switch_fails_past_it(tmp_path):
     src = "current/phi3_mini_128k/webgpu_fp32"
     bad = mutate(src, tmp_path / "m", set_switch(30))
     report = check(GENAI / src, bad, isolate=False)
-    assert report.original.longrope == {"kind": "if", "switch": 32}
+    assert report.original.longrope == LongRoPESwitch("if", 32)
     assert report.verdict == NOT_EQUIVALENT
     assert report.first_failure[1].step == 31 - report.prefill
 

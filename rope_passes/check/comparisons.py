@@ -5,7 +5,8 @@
 * ``schedule: rewritten@E vs <reference>`` per EP ``E`` the rewritten graph ran on: every schedule of that EP
   (:mod:`.schedules`), call by call, on what a caller reads. The reference is the original on the same EP (an exact
   rewrite is bit-identical there, and the EP's own error is not the rewrite's), else the original on the second
-  runtime's same EP, else (WebGPU only) the original on CPU; the comparison's ``reference`` names which.
+  runtime's same EP; the comparison's ``reference`` names which. Never across EPs: where the original has no run on
+  WebGPU, the CPU pair still compares both graphs on every schedule.
 
 With a concatenated LongRoPE table on either side (:class:`rope_passes.analysis.longrope.LongRoPESwitch`, kind
 ``concat``), CPU comparisons stop at the offset: the CPU EP has no ``multiRotaryCacheConcatOffset``.
@@ -33,15 +34,12 @@ def _concat_offset(ev: Evidence) -> int | None:
 
 
 def _reference(ev: Evidence, ep: str) -> tuple[RunResult | None, bool]:
-    """The original's run the rewritten graph on ``ep`` is compared with, and whether it is on another EP."""
+    """The original's run the rewritten graph on ``ep`` is compared with (same EP only: another EP's own error is
+    not the rewrite's; the CPU runs cover a WebGPU run the original lacks), and whether it is on another EP."""
     by = ev.by
     for label in (f"original@{ep}", f"original@{ep}{PLUGIN}"):
         if _ran(by.get(label)):
             return by[label], False
-    if ep == "webgpu":
-        for label in ("original@cpu", f"original@cpu{PLUGIN}"):
-            if _ran(by.get(label)):
-                return by[label], True
     return None, False
 
 

@@ -25,7 +25,7 @@ from rope_passes.check.compare import Comparison, OutputDiff, Tolerance
 from rope_passes.check.decode import DecoderSpec
 from rope_passes.check.models import ModelInfo
 from rope_passes.check.plan import CheckOptions, Plan
-from rope_passes.check.schedules import Schedule, differs, random_schedule, shrink
+from rope_passes.check.schedules import Schedule, differs, fits, random_schedule, shrink
 
 
 @dataclasses.dataclass
@@ -127,7 +127,7 @@ def explore(orig: ModelInfo, rew: ModelInfo, emb_orig: str | None, emb_rew: str 
 
     def usable(s: Schedule, name: str) -> bool:
         if name.startswith("rewritten@webgpu"):
-            return plan.max_call is None or s.longest_call <= plan.max_call
+            return fits(s, plan.max_call)
         return not offsets or s.width + sum(s.then) <= min(offsets)  # CPU: no concat offset
 
     rng = np.random.RandomState(opts.seed)

@@ -22,7 +22,7 @@ import numpy as np
 from rope_passes.check.compare import TOLERANCES, Tolerance
 from rope_passes.check.decode import TOKEN_HIGH
 from rope_passes.check.models import ModelInfo
-from rope_passes.check.schedules import GraphFacts, Schedule, default_schedules
+from rope_passes.check.schedules import GraphFacts, Schedule, default_schedules, fits
 from rope_passes.check.sweep import sweep_positions
 from rope_passes.check.table_diff import TableComparison, compare_tables
 from rope_passes.check.tables import GraphTables, graph_tables
@@ -98,8 +98,7 @@ class Plan:
 
     def for_ep(self, ep: str) -> list[Schedule]:
         """The schedules a run on ``ep`` makes: on WebGPU those whose calls fit its cap."""
-        return [s for s in self.schedules if ep != "webgpu" or self.max_call is None
-                or s.longest_call <= self.max_call]
+        return [s for s in self.schedules if ep != "webgpu" or fits(s, self.max_call)]
 
 
 def _graph_tables(info: ModelInfo, ep: str) -> GraphTables:
