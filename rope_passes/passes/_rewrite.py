@@ -6,7 +6,8 @@ One way each:
 * :class:`FreshNames`: names for new nodes and values that no node or value of the graph has (onnxruntime rejects
   two nodes with one name, and a value name declared twice; names derived from an empty node name all collide);
 * :class:`NodeTape`: new nodes recorded on an ``onnx_ir.tape.Tape`` (onnx_ir's own node recorder), each output
-  named and typed at creation, inserted into the graph in one step (before/after a node, or at the end);
+  named and typed at creation, inserted into the graph in one step (before/after a node, or at the end), names the
+  graph already has suffixed on insertion;
 * :func:`remove_dead`: nodes and initializers that became dead, walking up from what the rewrite replaced only;
 * :func:`drop_unused_input`: a graph input nothing reads any more, and its ``genai_config.json`` decoder entry.
 """
@@ -25,12 +26,39 @@ from rope_passes.config import GenaiConfig
 __all__ = ["FreshNames", "NodeTape", "add_initializer", "drop_unused_input", "remove_dead"]
 
 
-def add_initializer(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
-    """A new initializer named ``name`` (``_1``, ``_2``… appended when taken) holding ``array``."""
-    base, n = name, 1
-    while name in graph.initializers:
-        name = f"{base}_{n}"
+def _names(graph: ir.Graph, skip: Iterable[ir.Node] = ()) -> tuple[set[str], set[str]]:
+    """(value names, node names) of ``graph`` and its subgraphs, leaving out the nodes in ``skip``."""
+    skipped = {id(n) for n in skip}
+    values: set[str] = {v.name for v in graph.inputs if v.name} | set(graph.initializers)
+    nodes: set[str] = set()
+    for node in ir.traversal.RecursiveGraphIterator(graph):
+        if id(node) in skipped:
+            continue
+        values.update(v.name for v in node.outputs if v.name)
+        if node.name:
+            nodes.add(node.name)
+        for a in node.attributes.values():
+            subgraphs = [a.value] if a.type == ir.AttributeType.GRAPH else (
+                list(a.value) if a.type == ir.AttributeType.GRAPHS else [])
+            for sub in subgraphs:
+                values.update(v.name for v in sub.inputs if v.name)
+                values.update(sub.initializers)
+    return values, nodes
+
+
+def _unique(name: str, taken: set[str]) -> str:
+    candidate, n = name, 1
+    while candidate in taken:
+        candidate = f"{name}_{n}"
         n += 1
+    taken.add(candidate)
+    return candidate
+
+
+def add_initializer(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
+    """A new initializer named ``name`` (``_1``, ``_2``… appended when a value of the graph, an initializer or a
+    node's output, already has it: a name declared twice makes the model invalid) holding ``array``."""
+    name = _unique(name, _names(graph)[0])
     value = ir.val(name, const_value=ir.tensor(array, name=name))
     graph.register_initializer(value)
     return value
@@ -41,25 +69,11 @@ class FreshNames:
     graph and its subgraphs, and among the names this object handed out before."""
 
     def __init__(self, graph: ir.Graph):
-        self.taken: set[str] = {v.name for v in graph.inputs if v.name} | set(graph.initializers)
-        for node in ir.traversal.RecursiveGraphIterator(graph):
-            self.taken.update(v.name for v in node.outputs if v.name)
-            if node.name:
-                self.taken.add(node.name)
-            for a in node.attributes.values():
-                subgraphs = [a.value] if a.type == ir.AttributeType.GRAPH else (
-                    list(a.value) if a.type == ir.AttributeType.GRAPHS else [])
-                for sub in subgraphs:
-                    self.taken.update(v.name for v in sub.inputs if v.name)
-                    self.taken.update(sub.initializers)
+        values, nodes = _names(graph)
+        self.taken = values | nodes
 
     def __call__(self, name: str) -> str:
-        candidate, n = name, 1
-        while candidate in self.taken:
-            candidate = f"{name}_{n}"
-            n += 1
-        self.taken.add(candidate)
-        return candidate
+        return _unique(name, self.taken)
 
 
 class NodeTape:
@@ -99,13 +113,27 @@ class NodeTape:
             value.shape = shape if isinstance(shape, ir.Shape) else ir.Shape(shape)
         return value
 
+    def _unique_names(self, graph: ir.Graph) -> None:
+        """Rename the recorded nodes and outputs whose names the graph already has (``_1``, ``_2``… appended):
+        onnxruntime rejects two nodes with one name, and a value name declared twice makes the model invalid."""
+        values, nodes = _names(graph, skip=self.tape.nodes)
+        for node in self.tape.nodes:
+            if node.name:
+                node.name = _unique(node.name, nodes)
+            for out in node.outputs:
+                if out.name:
+                    out.name = _unique(out.name, values)
+
     def insert_before(self, graph: ir.Graph, node: ir.Node) -> None:
+        self._unique_names(graph)
         graph.insert_before(node, self.tape.nodes)
 
     def insert_after(self, graph: ir.Graph, node: ir.Node) -> None:
+        self._unique_names(graph)
         graph.insert_after(node, self.tape.nodes)
 
     def append(self, graph: ir.Graph) -> None:
+        self._unique_names(graph)
         graph.extend(self.tape.nodes)
 
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from . import EQUIVALENT, REFUSE, Mutant, Work
+from . import EQUIVALENT, LONGROPE_CALLS, REFUSE, Mutant, Work
 from .edit import Chain, graph_input, node_named, nodes_of, splice
-from .probes import as_graph_output, read_in_if
+from .probes import as_graph_output, read_in_if, set_attr
 
 NARROW = "narrow-int64"
 LEG_QWEN25 = "genai/legacy/qwen25_vl/cpu_fp32"
@@ -127,6 +127,80 @@ def cos_table_output(work: Work) -> list[str]:
     return _gqa_places(work)
 
 
+def _rotations(work: Work, which: str = "") -> list[ir.Node]:
+    return [n for n in work.graph if n.op_type == "MRotaryEmbedding" and which in n.name]
+
+
+def rotation_attrs(which: str = "", **values):
+    """Attributes of the MRotaryEmbedding nodes whose name contains ``which`` set (None removes one)."""
+    def edit(work: Work) -> list[str]:
+        for node in _rotations(work, which):
+            for name, value in values.items():
+                set_attr(node, name, value)
+        return _gqa_places(work)
+    return edit
+
+
+def q_four_d(work: Work) -> list[str]:
+    """The q rotations rotate ``[B, 4, S, 32]`` (Reshape + Transpose before, the inverse after), ``num_heads=7``
+    (MRotaryEmbedding takes N from a 4D input)."""
+    for node in _rotations(work, "q_rotary"):
+        x, y = node.inputs[0], node.outputs[0]
+        readers = list(y.uses())
+        chain = Chain(work.graph, "four_d")
+        x4 = chain.op("Transpose", chain.op("Reshape", x, chain.i64(0, 0, 4, 32)), perm=[0, 2, 1, 3],
+                      shape=ir.Shape(["batch_size", 4, "sequence_length", 32]))
+        chain.insert([node])
+        node.replace_input_with(0, x4)
+        y.shape = x4.shape
+        back = Chain(work.graph, "four_d_back")
+        y3 = back.op("Reshape", back.op("Transpose", y, perm=[0, 2, 1, 3]), back.i64(0, 0, 128), shape=x.shape)
+        back.insert([u for u, _ in readers])
+        for user, index in readers:
+            user.replace_input_with(index, y3)
+        set_attr(node, "num_heads", 7)
+    work.graph.sort()
+    return _gqa_places(work)
+
+
+def positions_int32_round_trip(work: Work) -> list[str]:
+    """The rotations read Cast<int64>(Cast<int32>(position_ids)): equal for positions below 2^31."""
+    pos = graph_input(work.graph, "position_ids")
+    splice(work.graph, pos, lambda c, v: c.op("Cast", c.op("Cast", v, dtype=ir.DataType.INT32, to=ir.DataType.INT32),
+                                              dtype=ir.DataType.INT64, to=ir.DataType.INT64, shape=v.shape),
+           "positions", keep=lambda u: u.op_type == "MRotaryEmbedding")
+    return _gqa_places(work)
+
+
+def positions_input_is_output(work: Work) -> list[str]:
+    """position_ids (which the fold removes when nothing reads it) is also a graph output."""
+    work.graph.outputs.append(graph_input(work.graph, "position_ids"))
+    return _gqa_places(work)
+
+
+def name_taken(name: str, places):
+    """A node output of the mutant is already named ``name`` (a name the pass gives what it adds): Identity of
+    input_ids read by nothing but a graph output."""
+    def edit(work: Work) -> list[str]:
+        chain = Chain(work.graph, "name")
+        out = chain.op("Identity", graph_input(work.graph, "input_ids"))
+        chain.insert([])
+        out.name = name
+        work.graph.outputs.append(out)
+        return places(work)
+    return edit
+
+
+def unnamed_nodes(op_types: tuple[str, ...], places):
+    """Every node of ``op_types`` unnamed (ONNX allows it)."""
+    def edit(work: Work) -> list[str]:
+        for node in work.graph:
+            if node.op_type in op_types:
+                node.name = ""
+        return places(work)
+    return edit
+
+
 # ------------------------------------------------------------------------------------------------------------
 # total-seq-on-gpu: the old chain, read elsewhere; its constants in other forms
 # ------------------------------------------------------------------------------------------------------------
@@ -183,8 +257,147 @@ def cast_of_constant(node: str, index: int, value: np.ndarray):
     return edit
 
 
+# ------------------------------------------------------------------------------------------------------------
+# longrope-concat: the switch's threshold and tables in other forms; the If's outputs read elsewhere
+# ------------------------------------------------------------------------------------------------------------
+LONGROPE = "longrope-concat"
+PHI3 = "genai/current/phi3_mini_128k/cpu_fp32"
+
+
+def _switch(work: Work) -> tuple[ir.Node, ir.Node]:
+    (if_node,) = nodes_of(work.graph, "If")
+    greater = if_node.inputs[0].producer()
+    assert greater is not None and greater.op_type == "Greater"
+    return if_node, greater
+
+
+def threshold_as(build):
+    """Greater(total, ``build(chain)``): the threshold in another form."""
+    def edit(work: Work) -> list[str]:
+        if_node, greater = _switch(work)
+        chain = Chain(work.graph, "threshold")
+        value = build(chain)
+        chain.insert([greater])
+        greater.replace_input_with(1, value)
+        work.graph.sort()
+        return [if_node.name]
+    return edit
+
+
+def _value_int(k: int):
+    return lambda c: c.op("Constant", dtype=ir.DataType.INT64, shape=ir.Shape([]), value_int=k)
+
+
+def _cast_float(k: int):
+    return lambda c: c.op("Cast", c.scalar(float(k), np.float32), dtype=ir.DataType.INT64, to=ir.DataType.INT64)
+
+
+def _gather_concat(k: int):
+    def build(c: Chain) -> ir.Value:
+        both = c.op("Concat", c.i64(7), c.op("Constant", dtype=ir.DataType.INT64, value_ints=[k]), axis=0)
+        return c.op("Gather", both, c.scalar(1), dtype=ir.DataType.INT64, axis=0)
+    return build
+
+
+def _identity_chain(k: int):
+    def build(c: Chain) -> ir.Value:
+        v = c.i64(k)
+        for _ in range(3):
+            v = c.op("Identity", v)
+        return v
+    return build
+
+
+def _overridable(k: int):
+    def build(c: Chain) -> ir.Value:
+        value = c.i64(k)
+        c.graph.inputs.append(value)
+        return value
+    return build
+
+
+def branch_tables_outer(overridable: bool):
+    """Each branch returns ``Identity`` of an initializer of the main graph (outer-scope references) instead of its
+    own Constant nodes; ``overridable``: those initializers are also graph inputs (a caller may feed other tables)."""
+    def edit(work: Work) -> list[str]:
+        if_node, _ = _switch(work)
+        for key in ("then_branch", "else_branch"):
+            branch = if_node.attributes[key].value
+            for k, out in enumerate(list(branch.outputs)):
+                producer = out.producer()
+                array = np.array(producer.attributes["value"].value.numpy())
+                outer = Chain(work.graph, f"tables_{key}").const(array)
+                if overridable:
+                    work.graph.inputs.append(outer)
+                ident = ir.node("Identity", [outer], name=f"/mutant/{key}/Identity_{k}")
+                ident.outputs[0].name = f"/mutant/{key}/table_{k}"
+                ident.outputs[0].dtype, ident.outputs[0].shape = out.dtype, out.shape
+                branch.insert_before(producer, ident)
+                branch.outputs[k] = ident.outputs[0]
+                branch.remove(producer, safe=True)
+        return [if_node.name]
+    return edit
+
+
+def if_output_is_graph_output(direct: bool):
+    """The If's cos output (the table chosen for this call) is also a graph output: through an Identity, or
+    ``direct``ly under its own name ``cos_cache`` (the name the rewrite gives its concatenated table)."""
+    def edit(work: Work) -> list[str]:
+        if_node, _ = _switch(work)
+        as_graph_output(work.graph, if_node.outputs[0], None if direct else "mutant_cos_chosen")
+        return [if_node.name]
+    return edit
+
+
+def if_output_read_in_if(work: Work) -> list[str]:
+    """The If's cos output is also read inside another If's body (summed to a graph output)."""
+    if_node, _ = _switch(work)
+    read_in_if(work.graph, if_node.outputs[0], "mutant_cos_chosen_sum")
+    return [if_node.name]
+
+
+def _gather_concat_input(work: Work, node: str, index: int, k: int) -> list[str]:
+    n = node_named(work.graph, f"{SUB}/{node}")
+    chain = Chain(work.graph, "gather_concat")
+    n.replace_input_with(index, _gather_concat(k)(chain))
+    chain.insert([n])
+    work.graph.sort()
+    return _total_places(work)
+
+
 def mutants() -> list[Mutant]:
     out = []
+
+    def longrope(name, cls, expect, edit, why):
+        out.append(Mutant(f"longrope-adv-{name}", cls, LONGROPE, PHI3, expect, edit, why, target="webgpu-graph",
+                          reference="offset", calls=LONGROPE_CALLS))
+
+    longrope("threshold-40-value-int", "constant-form", REFUSE, threshold_as(_value_int(40)),
+             "Greater(total, Constant(value_int=40)): totals 33..40 would read past the 32-row short table")
+    longrope("threshold-40-cast", "constant-form", REFUSE, threshold_as(_cast_float(40)),
+             "Greater(total, Cast<int64>(40.0))")
+    longrope("threshold-40-gather-concat", "constant-form", REFUSE, threshold_as(_gather_concat(40)),
+             "Greater(total, Gather(Concat([7], Constant(value_ints=[40])), 1))")
+    longrope("threshold-40-identity-chain", "constant-form", REFUSE, threshold_as(_identity_chain(40)),
+             "Greater(total, Identity(Identity(Identity([40]))))")
+    longrope("threshold-16-value-int", "constant-form", EQUIVALENT, threshold_as(_value_int(16)),
+             "Greater(total, Constant(value_int=16)): offset 16 is exact")
+    longrope("threshold-16-gather-concat", "constant-form", EQUIVALENT, threshold_as(_gather_concat(16)),
+             "Greater(total, Gather(Concat(...), 1)) = 16: offset 16 is exact")
+    longrope("threshold-overridable", "constant-form", REFUSE, threshold_as(_overridable(32)),
+             "Greater(total, t), t an initializer that is also a graph input (default 32): a caller may move the "
+             "switch, a fixed offset cannot follow")
+    longrope("branch-tables-outer", "subgraph", EQUIVALENT, branch_tables_outer(False),
+             "the branches return Identity of main-graph initializers (outer-scope references)")
+    longrope("branch-tables-overridable", "constant-form", REFUSE, branch_tables_outer(True),
+             "the branches return main-graph initializers that are also graph inputs: a caller may feed other tables, "
+             "a concatenated copy would freeze the defaults")
+    longrope("if-output-is-graph-output", "graph-output", EQUIVALENT, if_output_is_graph_output(False),
+             "the If's chosen cos table is also a graph output (its value per call must stay)")
+    longrope("if-output-is-graph-output-direct", "graph-output", EQUIVALENT, if_output_is_graph_output(True),
+             "the If's output 'cos_cache' is itself a graph output")
+    longrope("if-output-read-in-if", "subgraph", EQUIVALENT, if_output_read_in_if,
+             "the If's chosen cos table is also read inside another If's body")
 
     def narrow(name, cls, expect, edit, why):
         out.append(Mutant(f"narrow-legqwen25-{name}", cls, NARROW, LEG_QWEN25, expect, edit, why,
@@ -207,6 +420,28 @@ def mutants() -> list[Mutant]:
         out.append(Mutant(f"fold-{short}-{name}", cls, FOLD, base, expect, edit, why, target="webgpu",
                           options={"text_only": True} if options is None else options, reference=reference))
 
+    fold("interleaved-2", "attribute", EQUIVALENT, rotation_attrs(interleaved=2),
+         "MRotaryEmbedding interleaved=2: onnxruntime reads rotate-half (== 1 test)")
+    fold("interleaved-1", "attribute", EQUIVALENT, rotation_attrs(interleaved=1), "adjacent pairs")
+    fold("scale-half", "attribute", EQUIVALENT, rotation_attrs(scale=0.5), "scale 0.5 on the caches")
+    fold("scale-zero", "attribute", EQUIVALENT, rotation_attrs(scale=0.0), "scale 0.0, as onnxruntime reads it")
+    fold("q-scale-half-only", "attribute", REFUSE, rotation_attrs("q_rotary", scale=0.5),
+         "q's rotation scaled 0.5, k's not: GQA rotates both with one table")
+    fold("q-two-heads-rotary-32", "attribute", REFUSE, rotation_attrs("q_rotary", num_heads=2,
+                                                                      rotary_embedding_dim=32),
+         "q read as 2 heads of 64, the first 32 of each rotated: not GQA's 4 heads of 32 rotated alike")
+    fold("rotary-dim-explicit", "attribute", EQUIVALENT, rotation_attrs(rotary_embedding_dim=32),
+         "rotary_embedding_dim=32 spelled out (the head size)")
+    fold("q-four-d", "dtype-shape", EQUIVALENT, q_four_d, "q rotated as [B, 4, S, 32] with num_heads=7")
+    fold("positions-int32-round-trip", "constant-form", EQUIVALENT, positions_int32_round_trip,
+         "the rotations read Cast<int64>(Cast<int32>(position_ids))")
+    fold("positions-input-is-output", "graph-output", EQUIVALENT, positions_input_is_output,
+         "position_ids is also a graph output: the input must stay")
+    fold("cache-name-taken", "naming", EQUIVALENT, name_taken("rope_passes.text_mrope.cos_cache", _gqa_places),
+         "a value of the graph is already named 'rope_passes.text_mrope.cos_cache' (the fold's table name)")
+    fold("unnamed-nodes", "naming", EQUIVALENT,
+         unnamed_nodes(("MRotaryEmbedding", "GroupQueryAttention"), lambda w: ["GroupQueryAttention", ""]),
+         "the rotations and the GQA nodes are unnamed")
     fold("rotated-q-is-output", "graph-output", EQUIVALENT, rotated_q_output,
          "layer 0's rotated q is also a graph output: the fold must keep computing it")
     fold("positions-read-in-if", "subgraph", EQUIVALENT, positions_read_in_if,
@@ -223,6 +458,12 @@ def mutants() -> list[Mutant]:
         out.append(Mutant(f"totalseq-llama-{name}", cls, TOTAL, LLAMA, expect, edit, why, target="webgpu-graph",
                           reference="ort"))
 
+    total("name-taken", "naming", EQUIVALENT, name_taken("/rope_passes/total_seq_on_gpu/mask_int32", _total_places),
+          "a value of the graph is already named '/rope_passes/total_seq_on_gpu/mask_int32'")
+    total("index-gather-concat", "constant-form", EQUIVALENT,
+          lambda w: _gather_concat_input(w, "Gather", 1, 1), "Shape(mask)[Gather(Concat([7], [1]), 1)]: dimension 1")
+    total("index-gather-concat-0", "constant-form", REFUSE,
+          lambda w: _gather_concat_input(w, "Gather", 1, 0), "Shape(mask)[Gather(Concat([7], [0]), 1)]: the batch")
     total("old-total-is-output", "graph-output", EQUIVALENT, old_total_output,
           "the old total_sequence_length is also a graph output")
     total("old-seqlens-read-in-if", "subgraph", EQUIVALENT, old_seqlens_in_if,

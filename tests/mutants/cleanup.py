@@ -132,6 +132,22 @@ def split_one_output_used(work: Work) -> list[str]:
     return PLACES
 
 
+def value_read_in_nested_if(work: Work) -> list[str]:
+    """A main-graph node's output read only two levels down: inside an If body that sits inside an If body."""
+    _dead_code(work.graph)
+    kept = _mask_float(work.graph)
+    outer = read_in_if(work.graph, kept, "mutant_nested_sum")
+    body = outer.attributes["then_branch"].value
+    inner_total = body.outputs[0]
+    inner = read_in_if(body, kept, "/mutant/nested/inner_sum", cond=outer.inputs[0], add_output=False)
+    add = ir.node("Add", [inner_total, inner.outputs[0]], name="/mutant/nested/Add")
+    both = add.outputs[0]
+    both.name, both.dtype, both.shape = "/mutant/nested/both", ir.DataType.FLOAT, ir.Shape([])
+    body.append(add)
+    body.outputs[0] = both
+    return PLACES
+
+
 def dead_inside_if(work: Work) -> list[str]:
     """Dead code inside an If body (and in the main graph): removable in both, the If's output kept."""
     _dead_code(work.graph)
@@ -154,6 +170,8 @@ def mutants() -> list[Mutant]:
         m("value-read-in-if", "subgraph", value_read_in_if, "a node's output read only inside an If body"),
         m("initializer-read-in-if", "subgraph", initializer_read_in_if, "an initializer read only inside an If body"),
         m("value-read-in-loop", "subgraph", value_read_in_loop, "a node's output read only inside a Loop body"),
+        m("value-read-in-nested-if", "subgraph", value_read_in_nested_if,
+          "a node's output read only inside an If body inside an If body"),
         m("dead-inside-if", "subgraph", dead_inside_if, "dead code inside an If body"),
         m("unused-overridable-initializer", "constant-form", unused_overridable_initializer,
           "an unused initializer that is also a graph input"),

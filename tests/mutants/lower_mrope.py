@@ -21,6 +21,7 @@ from .probes import as_constant_node, as_graph_output, overridable, read_in_if, 
 PASS = "lower-mrope"
 QWEN25 = "genai/current/qwen25_vl/cpu_fp32"  # sections [4, 6, 6], layout 0, head 32, cache [256, 16]
 QWEN35 = "genai/current/qwen35/webgpu_fp32"  # sections [4, 2, 2], layout 1, rotary 16 of head 32, cache [256, 8]
+QWEN25_FP16 = "genai/current/qwen25_vl/webgpu_fp16"  # fp16 model, the rotation in float between two Casts
 
 
 def _rotations(work: Work, which: Callable[[ir.Node], bool] | None = None) -> list[ir.Node]:
@@ -164,11 +165,13 @@ def unnamed(scales: tuple[float, ...] | None = None):
 def mutants() -> list[Mutant]:
     def m(name, cls, expect, edit, why, base=QWEN25, short="qwen25"):
         return Mutant(f"lower-{short}-{name}", cls, PASS, base, expect, edit, why, target="webgpu",
-                      reference="plugin", vision=True)
+                      reference="plugin", vision=True, fp16=base == QWEN25_FP16)
 
     return [
         m("as-built", "harmless", EQUIVALENT, as_built, "the builder's graph, image positions: the lowering's baseline"),
         m("as-built", "harmless", EQUIVALENT, as_built, "partial rotary, interleaved section layout", QWEN35, "qwen35"),
+        m("as-built", "dtype-shape", EQUIVALENT, as_built, "fp16 model: the rotation runs in float between Casts",
+          QWEN25_FP16, "qwen25fp16"),
         m("interleaved-2", "attribute", EQUIVALENT, attrs(interleaved=2),
           "interleaved=2: onnxruntime's kernels test == 1, so rotate-half"),
         m("interleaved-1", "attribute", EQUIVALENT, attrs(interleaved=1), "adjacent pairs"),

@@ -47,12 +47,14 @@ def _true_condition(graph: ir.Graph, chain: Chain) -> ir.Value:
     return chain.op("Greater", batch, chain.scalar(0), dtype=ir.DataType.BOOL, shape=ir.Shape([]))
 
 
-def read_in_if(graph: ir.Graph, value: ir.Value, output: str) -> ir.Node:
+def read_in_if(graph: ir.Graph, value: ir.Value, output: str, cond: ir.Value | None = None,
+               add_output: bool = True) -> ir.Node:
     """A graph output ``output`` = ``If(true, then: ReduceSum(value), else: -ReduceSum(value))``: ``value`` read only
-    inside the If's bodies (outer-scope references). Returns the If node."""
+    inside the If's bodies (outer-scope references). ``cond``: the condition (default: computed from input_ids, true);
+    ``add_output=False``: the If is only added (a body's caller wires it). Returns the If node."""
     k = next(_COUNT)
     chain = Chain(graph, "subgraph")
-    cond = _true_condition(graph, chain)
+    cond = cond if cond is not None else _true_condition(graph, chain)
 
     def branch(tag: str, negate: bool) -> ir.Graph:
         total = ir.node("ReduceSum", [value], attributes={"keepdims": 0}, name=f"/mutant/if{k}/{tag}/ReduceSum")
@@ -78,7 +80,8 @@ def read_in_if(graph: ir.Graph, value: ir.Value, output: str) -> ir.Node:
     chain.nodes.append(node)
     chain.insert([])
     graph.sort()
-    graph.outputs.append(node.outputs[0])
+    if add_output:
+        graph.outputs.append(node.outputs[0])
     return node
 
 
