@@ -23,7 +23,7 @@ from rope_passes.analysis.bf16 import BF16_GQA_NOTE, bf16_gqa
 from rope_passes.analysis.longrope import ConcatCache, concat_cache
 from rope_passes.config import CONCAT_OFFSET_OPTION as OFFSET_KEY
 from rope_passes.lint.core import LintContext, Severity, rule
-from rope_passes.proofs.concat_offset import consumer_name, offset_consumers, session_concat
+from rope_passes.proofs.concat_offset import consumer_name, no_layer_honours, offset_consumers, session_concat
 from rope_passes.report import MatchFailure
 
 Found = Iterator[tuple[str, str]]
@@ -79,8 +79,7 @@ def _session_verdict(ctx: LintContext) -> tuple[int, MatchFailure | None, int | 
             out = (offset, None, found.offset)
         except MatchFailure as failure:
             real = None
-            plain = not failure.refused or failure.details.get("plain")
-            if context is not None and plain:  # nothing split at the offset: split anywhere?
+            if context is not None and no_layer_honours(failure):  # nothing split at the offset: anywhere?
                 try:
                     real = session_concat(ctx.model, context_length=context).offset
                 except MatchFailure:
@@ -103,7 +102,7 @@ def concat_offset_without_cache(ctx: LintContext) -> Found:
     if verdict is None:
         return
     offset, failure, real = verdict
-    if failure is None or (failure.refused and not failure.details.get("plain")):
+    if failure is None or not no_layer_honours(failure):
         return
     if real is not None and real != offset:
         yield "<model>", (f"{OFFSET_KEY}={offset}, but the concatenated cos/sin cache splits at {real}: every "

@@ -57,6 +57,7 @@ from rope_passes.proofs.concat_offset import (
     SessionConcat,
     consumer_name,
     fit_frequencies,
+    no_layer_honours,
     packable,
     rotary_gqas,
     session_concat,
@@ -76,8 +77,7 @@ class AnnotateCacheOffsetPass(RopePass):
         try:
             found = self._match(model)
         except MatchFailure as failure:
-            plain = not failure.refused or failure.details.get("plain")  # no layer reads a concatenation
-            if plain and self._remove_stale(model, report, failure):
+            if no_layer_honours(failure) and self._remove_stale(model, report, failure):
                 return
             report.record(failure)
             return

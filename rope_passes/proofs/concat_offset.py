@@ -10,7 +10,8 @@ cos/sin cache. The separate-Q/K/V rotary path (``FusedQKRotaryEmbedding``) and `
 * :func:`offset_consumers`: those nodes, in every graph of the model (subgraphs run in the same session);
 * :func:`fit_frequencies` / :func:`fit_pair`: is a table two RoPE tables split at a row (or one plain RoPE table)?
 * :func:`session_concat`: one offset proved for every consumer of a graph that carries concatenated tables, or a
-  ``MatchFailure`` naming the consumer that breaks it (``annotate-cache-offset`` and lint RP208/RP209 read it);
+  ``MatchFailure`` naming the consumer that breaks it; :func:`no_layer_honours` reads its failure as "plain RoPE
+  everywhere: a configured offset is stale" (``annotate-cache-offset`` and lint RP208/RP209 read it);
   ``longrope-concat`` proves its ``If`` switches with :func:`rope_passes.analysis.longrope.switch_offset` and the
   session with :func:`offset_consumers`;
 * :func:`packable`: can a GQA's separate Q/K/V be packed exactly (the offset acts on packed QKV only)?
@@ -210,6 +211,9 @@ def _pair_cache(model: ir.Model, gqas: list[ir.Node], *, context_length: int | N
     gqa = gqas[0]
     cos, sin = gqa.inputs[7], gqa.inputs[8]
     name = (cos.name if cos is not None else None) or "cos_cache"
+    fed = [v.name for v in (cos, sin) if v is not None and v.is_graph_input()]
+    if fed:  # the caller may feed a concatenation: whether an offset is honoured is the caller's to say
+        raise MatchFailure.absent(f"{fed[0]!r} is a graph input: the caller chooses the table", name, caller_table=True)
     cos_t = const_tensor(cos)
     if not table_like(cos_t) or not isinstance(cos_t.shape[0], int):
         raise MatchFailure.absent(f"cos_cache {name!r} is not a constant table", name)
@@ -264,8 +268,8 @@ def session_concat(model: ir.Model, *, context_length: int | None, offset: int |
             if not_concat.refused and not not_concat.details.get("plain"):
                 raise
             plain.append((gqas, not_concat))
-    if not concat:
-        raise plain[0][1]
+    if not concat:  # a caller-fed table first: it says "unknown", not "plain"
+        raise next((f for _, f in plain if f.details.get("caller_table")), plain[0][1])
     first = concat[0]
     for gqas, why in plain:
         for gqa in gqas:
@@ -285,3 +289,12 @@ def session_concat(model: ir.Model, *, context_length: int | None, offset: int |
                 breaks_session=True)
     consumers = [g for found in concat for g in found.readers]
     return SessionConcat(first.offset, concat, fits, consumers)
+
+
+def no_layer_honours(failure: MatchFailure) -> bool:
+    """Whether :func:`session_concat`'s ``failure`` means no GroupQueryAttention reads a concatenated cache (plain
+    tables, If outputs, no rotary GQA), so that a configured offset can only be wrong: absent (but not for a table the
+    caller feeds), or a table with a concatenation's rows that is one RoPE table from row 0."""
+    if failure.details.get("caller_table"):
+        return False
+    return not failure.refused or bool(failure.details.get("plain"))

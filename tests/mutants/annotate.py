@@ -165,6 +165,13 @@ def if_not_a_switch_with_offset(work: Work) -> list[str]:
     return [if_node.name]
 
 
+def caches_are_inputs(work: Work) -> list[str]:
+    """cos/sin_cache also graph inputs (an exporter's keep_initializers_as_inputs): the caller may feed any table."""
+    for name in ("cos_cache", "sin_cache"):
+        work.graph.inputs.append(work.graph.initializers[name])
+    return ["cos_cache"]
+
+
 def mutants() -> list[Mutant]:
     def m(name, expect, edit, why, truth):
         return Mutant(f"annotate-{name}", "cache-offset", PASS, BASE, expect, edit, why, target="webgpu-graph",
@@ -216,6 +223,9 @@ def session_mutants() -> list[Mutant]:
         m("same-factors-offset-kept", REFUSE, tables(short_everywhere, offset="32"),
           "[short[:32]; short RoPE restarted at 0]: the halves share factors (not LongRoPE) but the table needs offset "
           "32 as it is; it must not be removed as if plain", 32),
+        m("caches-are-inputs-offset-kept", REFUSE, caches_are_inputs,
+          "cos/sin_cache are initializers the caller may override (graph inputs) and offset 32 is configured: the "
+          "default is the builder's concatenation, so the offset must not be removed as stale", 32),
         m("offset-on-llama", EQUIVALENT, add_offset("32"),
           "plain RoPE (llama) with offset 32 in genai_config: it must go", 0, base=LLAMA),
         m("offset-on-if-switch", EQUIVALENT, if_not_a_switch_with_offset,
