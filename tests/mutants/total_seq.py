@@ -4,6 +4,12 @@ The rewrite (int32 ``ReduceSum`` of the mask; the total as the width: a row of o
 read the attention mask. The mutants feed them something else that has the mask's look (a rank-2 int64 graph input:
 ``input_ids``), or alter the chain around the mask (another dimension, another subtrahend, a sliced mask), or make
 harmless detours (Identity, a float round trip, + 0) that the pattern may not see through.
+
+``narrow-int64`` runs right after it in the ``webgpu-graph`` preset; its mutants here (issue 18: values the graph
+computes are not the caller's) start from builder 0.15 Qwen3.5 (``legacy/qwen35/cpu_fp32``), whose synthetic token
+index ``Reshape(Range(0, B*S, 1), [B, S])`` the pass narrows to int32. The Range is moved out of int32 by a start
+constant spelled in several forms (its end moves with it) and the start is subtracted again after the Reshape: the
+original computes the same token index, a narrowed Reshape would wrap.
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ import numpy as np
 import onnx_ir as ir
 
 from . import EQUIVALENT, REFUSE, Mutant, Work
-from .edit import Chain, graph_input, node_named, splice
+from .edit import Chain, graph_input, node_named, nodes_of, splice
 
 PASS = "total-seq-on-gpu"
 CPU = "genai/current/llama/cpu_fp32"
@@ -77,6 +83,50 @@ def total_plus_zero(work: Work) -> list[str]:
     return _places(work)
 
 
+NARROW = "narrow-int64"
+QWEN35 = "genai/legacy/qwen35/cpu_fp32"
+SYNTHETIC = "/model/attn/synthetic_pos_ids"
+
+
+def _start_forms():
+    def value_int(c: Chain, k: int) -> ir.Value:
+        return c.op("Constant", dtype=ir.DataType.INT64, value_int=k)
+
+    def cast_float(c: Chain, k: int) -> ir.Value:
+        return c.op("Cast", c.op("Constant", dtype=ir.DataType.FLOAT, value_float=float(k)), dtype=ir.DataType.INT64,
+                    to=ir.DataType.INT64)
+
+    def gather_concat(c: Chain, k: int) -> ir.Value:
+        both = c.op("Concat", c.i64(0), c.op("Constant", dtype=ir.DataType.INT64, value_ints=[k]), axis=0)
+        return c.op("Gather", both, c.scalar(1), dtype=ir.DataType.INT64, axis=0)
+
+    def initializer(c: Chain, k: int) -> ir.Value:
+        return c.scalar(k)
+
+    return {"value-int": value_int, "cast-float": cast_float, "gather-concat": gather_concat,
+            "initializer": initializer}
+
+
+START_FORMS = _start_forms()
+
+
+def synthetic_from(start: int, form):
+    """The token index Range starts at ``start`` (spelled by ``form``; its end moves with it) and ``start`` is
+    subtracted after the Reshape: the same token index, the Reshape in between holding ``start + i``."""
+    def edit(work: Work) -> list[str]:
+        (rng,) = [n for n in nodes_of(work.graph, "Range") if n.name.startswith(SYNTHETIC)]
+        reshape = node_named(work.graph, f"{SYNTHETIC}/Reshape")
+        chain = Chain(work.graph, "synthetic")
+        big = form(chain, start)
+        rng.replace_input_with(0, big)
+        rng.replace_input_with(1, chain.op("Add", rng.inputs[1], big, shape=ir.Shape([])))
+        chain.insert([rng])
+        splice(work.graph, reshape.outputs[0], lambda c, v: c.op("Sub", v, form(c, start), shape=v.shape), "back")
+        work.graph.sort()
+        return [reshape.name]
+    return edit
+
+
 def mutants() -> list[Mutant]:
     def m(base, short, name, expect, edit, why, cls="mask", fp16=False):
         return Mutant(f"totalseq-{short}-{name}", cls, PASS, base, expect, edit, why, target="webgpu-graph",
@@ -85,6 +135,15 @@ def mutants() -> list[Mutant]:
     roundtrip = lambda c, v: c.op("Cast", c.op("Cast", v, dtype=ir.DataType.FLOAT, to=ir.DataType.FLOAT),  # noqa: E731
                                   dtype=ir.DataType.INT64, to=ir.DataType.INT64)
     out = []
+    for form_name, form in START_FORMS.items():
+        out.append(Mutant(f"narrow-qwen35-synthetic-from-2p32-{form_name}", "constant-form", NARROW, QWEN35, EQUIVALENT,
+                          synthetic_from(1 << 32, form), f"token index Range(2^32, 2^32 + B*S) (2^32 as {form_name}), "
+                          "- 2^32 after the Reshape: a narrowed Reshape wraps 2^32 + i to i", target="webgpu-graph",
+                          reference="ort", calls=((0, 8, 1), (0, 3, 2), (5, 1, 2))))
+    out.append(Mutant("narrow-qwen35-synthetic-from-0-gather-concat", "constant-form", NARROW, QWEN35, EQUIVALENT,
+                      synthetic_from(0, START_FORMS["gather-concat"]), "token index Range(0, B*S) with its 0 written "
+                      "as Gather(Concat(...)): proved to fit int32 by value, narrowed as before", target="webgpu-graph",
+                      reference="ort", calls=((0, 8, 1), (0, 3, 2), (5, 1, 2))))
     for base, short, full in ((CPU, "cpu", True), (FP16, "fp16", False)):
         f16 = base == FP16
         out += [
