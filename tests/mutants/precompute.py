@@ -17,9 +17,14 @@ table must be sized from what the graph proves (``max_positions + k``), or refus
 
 from __future__ import annotations
 
+import dataclasses
+import json
+from collections.abc import Callable
+from pathlib import Path
+
 import onnx_ir as ir
 
-from . import EQUIVALENT, REFUSE, Mutant, Work
+from . import EQUIVALENT, REFUSE, Built, Mutant, Work
 from . import transforms as t
 from .edit import Chain, graph_input, splice
 
@@ -120,6 +125,30 @@ def range_positions(offset: int, form=_initializer, delta_form=None):
     return edit
 
 
+# -- semantics changed to match a config: a repair, never an ordinary rewrite ---------------------------------------
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+
+
+@dataclasses.dataclass(frozen=True)
+class WithConfig(Mutant):
+    """A mutant written with a Hugging Face ``config.json`` beside it (``config``: the fixture's, edited)."""
+
+    config: str = ""
+    config_edit: Callable[[dict], None] | None = None
+
+    def build(self, dest: Path) -> Built:
+        built = super().build(dest)
+        data = json.loads((FIXTURES / "hf_rope" / self.config / "config.json").read_text())
+        if self.config_edit is not None:
+            self.config_edit(data)
+        (built.model_file.parent / "config.json").write_text(json.dumps(data, indent=2))
+        return built
+
+
+def _unchanged(work: Work) -> list[str]:
+    return _trig(work.graph)
+
+
 def mutants() -> list[Mutant]:
     def m(base, short, name, cls, expect, edit, why):
         return Mutant(f"precompute-{short}-{name}", cls, PASS, base, expect, edit, why, target="exporter",
@@ -181,4 +210,17 @@ def mutants() -> list[Mutant]:
               "positions + 1: per-token, absorbed by the table"),
             m(base, short, "cast-same", "harmless", EQUIVALENT, positions(t.cast_same), "Cast int64 -> int64"),
         ]
+    # LongRoPE frozen at export (TorchScript phi3_longrope: the short factors for every call) with its config.json
+    # beside it: the config says the long factors past position 63, the graph does not. Without --hf-config the
+    # output must compute what the input computes (the reference: onnxruntime CPU of the input), past the switch too
+    crossing = ((0, 8, 1), (60, 8, 1), (100, 4, 1), (37, 8, 1))
+    for name, edit_config, why in (
+            ("frozen-longrope-config-beside", None, "its own config.json"),
+            ("frozen-longrope-config-theta-differs", lambda c: c.update(rope_theta=20000.0),
+             "a config.json whose theta differs from the graph's")):
+        out.append(WithConfig(f"precompute-tf4-{name}", "switch", PASS, "torch/tf4/torchscript/phi3_longrope/decode.onnx",
+                              EQUIVALENT, _unchanged, f"LongRoPE frozen at export with {why} beside it: a config "
+                              "found beside the graph never changes what it computes (a repair needs --hf-config)",
+                              target="exporter", options={"max_positions": 256}, reference="ort", calls=crossing,
+                              config="tf4/phi3_longrope", config_edit=edit_config))
     return out
