@@ -42,6 +42,9 @@ WEBGPU_127 = "onnxruntime-webgpu"
 WEBGPU_PLUGIN = "onnxruntime-ep-webgpu"
 #: the runtimes with a probed table, in the order they are shown
 RUNTIMES = (WEBGPU_127, WEBGPU_PLUGIN)
+#: the browser runtime: onnxruntime-web in headless Chromium (``check --runtime web``; its table is written by
+#: tools/probe_web_runtime.py). Not installed beside rope-passes, so not one of :data:`RUNTIMES`
+WEB = "onnxruntime-web"
 #: the Python distributions that make up each runtime (what :func:`detect_installed` looks for)
 DISTRIBUTIONS: dict[str, tuple[str, ...]] = {WEBGPU_127: ("onnxruntime-webgpu",),
                                              WEBGPU_PLUGIN: ("onnxruntime", "onnxruntime-ep-webgpu")}
@@ -285,9 +288,9 @@ def from_table(table: Mapping[str, Any]) -> RuntimeTarget:
 
 @functools.cache
 def get_target(name: str) -> RuntimeTarget:
-    """The target of runtime ``name`` (one of :data:`RUNTIMES`); an unknown name is a UsageError."""
-    if name not in RUNTIMES:
-        raise UsageError(f"unknown runtime {name!r} (choose from: {', '.join(RUNTIMES)})")
+    """The target of runtime ``name`` (one of :data:`RUNTIMES`, or :data:`WEB`); an unknown name is a UsageError."""
+    if name not in (*RUNTIMES, WEB):
+        raise UsageError(f"unknown runtime {name!r} (choose from: {', '.join((*RUNTIMES, WEB))})")
     text = resources.files("rope_passes").joinpath("runtime_tables").joinpath(f"{name}.json").read_text(encoding="utf-8")
     return from_table(json.loads(text))
 
@@ -341,6 +344,6 @@ def default_runtime() -> str:
     return installed.runtime if installed is not None else DEFAULT_RUNTIME
 
 
-__all__ = ["DEFAULT_RUNTIME", "DOWNLEVEL", "RUNTIMES", "WEBGPU_127", "WEBGPU_PLUGIN", "Downlevel", "Installed",
+__all__ = ["DEFAULT_RUNTIME", "DOWNLEVEL", "RUNTIMES", "WEB", "WEBGPU_127", "WEBGPU_PLUGIN", "Downlevel", "Installed",
            "LoadProblem", "RuntimeTarget", "default_runtime", "detect_installed", "from_table", "get_target",
            "resolve_target"]

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rope_passes.errors import UsageError
-from rope_passes.targets import RUNTIMES, WEBGPU_PLUGIN, default_runtime, get_target
+from rope_passes.targets import RUNTIMES, WEB, WEBGPU_PLUGIN, default_runtime, get_target
 
 if TYPE_CHECKING:
     from rope_passes.check.report import EquivalenceReport
@@ -32,12 +32,13 @@ if TYPE_CHECKING:
 
 #: ``--runtime all``: every runtime, one verdict each
 ALL = "all"
-#: the browser runtime (``--runtime web``): onnxruntime-web in headless Chromium
-WEB, WEB_ALIAS = "onnxruntime-web", "web"
+#: ``--runtime web``: the browser runtime (:data:`rope_passes.targets.WEB`, onnxruntime-web in headless Chromium)
+WEB_ALIAS = "web"
 #: what ``check --runtime`` accepts
 CHOICES = (*RUNTIMES, WEB_ALIAS, WEB, ALL)
 #: verdicts from worst to best (the exit code of ``--runtime all`` is the worst one's)
-_ORDER = ("not equivalent", "could not run", "equivalent")
+_ORDER = ("not equivalent", "could not run", "equivalent (rotation tables only: the original runs nowhere here)",
+          "equivalent")
 
 
 def resolve(runtime: str | None) -> str:
@@ -101,5 +102,4 @@ def worst(reports: Sequence[EquivalenceReport]) -> str:
 
 
 __all__ = ["ALL", "CHOICES", "WEB", "WEB_ALIAS", "execute_elsewhere", "fallback_interpreter", "interpreter", "resolve",
-           "runtimes_for",
-           "worst"]
+           "runtimes_for", "worst"]

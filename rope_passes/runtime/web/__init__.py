@@ -317,6 +317,27 @@ class Browser:
         self.call("__reload", {})
         self.call("init", {"bundle": self.bundle})
 
+    def console_since(self, mark: int) -> list[str]:
+        """The page's console lines logged after ``len(self.events) == mark``, up to now (a marker line is logged
+        and waited for, so every line logged before this call is in)."""
+        token = f"rope-mark {next(self._ids)}"
+        self.call("mark", {"text": token})
+        deadline = time.monotonic() + 30
+        while not any(e.get("text") == token for e in self.events[mark:]) and time.monotonic() < deadline:
+            try:  # the marker's console event may come after the call's answer
+                msg = self._lines.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            if msg is not None and "event" in msg:
+                self.events.append(msg)
+        lines = []
+        for e in self.events[mark:]:
+            if e.get("event") == "console":
+                if e.get("text") == token:
+                    break
+                lines.append(str(e.get("text", "")))
+        return lines
+
     def crashed_since(self, mark: int) -> str | None:
         """The page's crash or error message logged after ``len(self.events) == mark``, if any."""
         for e in self.events[mark:]:

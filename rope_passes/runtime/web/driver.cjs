@@ -19,7 +19,7 @@ async function main() {
     if (page) await page.close().catch(() => {});
     page = await browser.newPage();
     page.setDefaultTimeout(0);
-    page.on('console', (m) => { if (m.type() === 'error' || m.type() === 'warning') say({ event: 'console', type: m.type(), text: m.text() }); });
+    page.on('console', (m) => { say({ event: 'console', type: m.type(), text: m.text() }); });
     page.on('pageerror', (e) => say({ event: 'pageerror', text: String(e && e.stack || e) }));
     page.on('crash', () => say({ event: 'crash', text: 'the page crashed' }));
     await page.goto(config.url, { timeout: config.timeout_ms });

@@ -238,4 +238,31 @@ async function gpuFree() {
   return {};
 }
 
-window.rope = { init, adapter, create, run, release: releaseSession, gpuAlloc, runBound, gpuFree, ready: true };
+// A session created with verbose logging and released at once (tools/probe_web_runtime.py reads the placement
+// lines from the console): its error, input/output names and output element types.
+async function probeCreate({ url, webgpuOptions, capture, optimize }) {
+  const ort = state.ort;
+  const options = { executionProviders: [{ name: 'webgpu' }], logSeverityLevel: 0, logVerbosityLevel: 0, extra: {} };
+  if (capture) options.enableGraphCapture = true;
+  if (optimize === false) options.graphOptimizationLevel = 'disabled';
+  if (webgpuOptions && Object.keys(webgpuOptions).length) {
+    options.extra.ep = { webgpuexecutionprovider: { ...webgpuOptions } };
+  }
+  let session;
+  try {
+    session = await ort.InferenceSession.create(url, options);
+  } catch (e) {
+    return { error: String(e && e.message || e) };
+  }
+  const outputs = {};
+  for (const m of session.outputMetadata || []) outputs[m.name] = m.isTensor ? m.type : null;
+  await session.release();
+  return { error: null, inputs: session.inputNames, outputs };
+}
+
+async function mark({ text }) {
+  console.log(text);
+  return {};
+}
+
+window.rope = { probeCreate, mark, init, adapter, create, run, release: releaseSession, gpuAlloc, runBound, gpuFree, ready: true };
