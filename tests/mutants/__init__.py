@@ -73,6 +73,7 @@ class Mutant:
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     #: "ort": the mutant itself on onnxruntime CPU; "plugin": the mutant itself on onnxruntime >= 1.31's CPU EP
     #: (``.venv-plugin``: fused q/k-norm GQA and MRotaryEmbedding as that runtime computes them, :mod:`.plugin`);
+    #: "qknorm-oracle": the fused q/k-norm of GroupQueryAttention written out by the test (:mod:`.qknorm`);
     #: "mrotary-oracle": the mutant with every MRotaryEmbedding replaced
     #: by the test's own ONNX lowering (checked against the NumPy oracle), on CPU; "offset": the mutant on CPU vs the
     #: output run with multiRotaryCacheConcatOffset emulated; "offset-truth": the mutant graph with the offset its

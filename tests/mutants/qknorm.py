@@ -1,7 +1,8 @@
 """The test's own definition of GroupQueryAttention's fused q/k RMSNorm (inputs 14/15), written independently of
 ``unfuse-gqa-qk-norm``: each head's ``head_size`` values ``x`` become ``x / sqrt(mean(x^2) + eps) * w`` in float32,
 then the input dtype, before GQA sees them (and rotates them). ``eps`` is ``qk_norm_epsilon``, read as onnxruntime
-reads it (``GetAttrOrDefault<float>("qk_norm_epsilon", 1e-6f)``); onnxruntime requires both weights together.
+reads it (``GetAttrOrDefault<float>("qk_norm_epsilon", 1e-6f)``); onnxruntime requires both weights together, and
+``do_rotary=1`` ("q_norm_weight / k_norm_weight require do_rotary=1"): the norm comes before GQA's own rotation.
 
 onnxruntime >= 1.31's CPU EP does not implement inputs 14/15 (only its WebGPU plugin EP does), so the mutants are
 judged against this lowering on onnxruntime 1.27 CPU, and ``tests/test_mutants.py`` checks the lowering against the
@@ -40,6 +41,8 @@ def _lower_one(graph: ir.Graph, node: ir.Node, op: _Ops) -> None:
     if q_w is None or k_w is None:
         raise ValueError(f"{node.name}: onnxruntime requires both q_norm_weight and k_norm_weight")
     attrs = {k: a.value for k, a in node.attributes.items()}
+    if int(attrs.get("do_rotary", 0)) != 1:
+        raise ValueError(f"{node.name}: onnxruntime requires do_rotary=1 with q/k-norm weights")
     heads, kv = int(attrs["num_heads"]), int(attrs["kv_num_heads"])
     eps = float(attrs.get("qk_norm_epsilon", DEFAULT_EPSILON))
     head = int(q_w.shape[-1])
