@@ -21,7 +21,7 @@ from conftest import GENAI
 from rope_passes.analysis.graph import MS_DOMAIN, nodes_of
 from rope_passes.io import load_bundle
 from rope_passes.passes import FoldTextMRoPEPass, PassContext
-from rope_passes.passes._mrope_cone import CHUNK
+from rope_passes.proofs.mrope_cone import CHUNK
 
 pytestmark = pytest.mark.corpus  # bench/realsize.py scales the corpus's tiny builder graphs
 CONTEXT = 4096
@@ -91,7 +91,7 @@ def test_table_is_built_in_chunks_and_equals_one_call():
     """The chunked table (memory bounded by CHUNK rows) equals the table of one call over all positions."""
     from mrope_graphs import attention_graph
 
-    from rope_passes.passes._mrope_cone import evaluate_tables, manual_cone
+    from rope_passes.proofs.mrope_cone import evaluate_tables, manual_cone
     from rope_passes.runtime.evaluate import subgraph_runner
 
     rows = CHUNK + 100

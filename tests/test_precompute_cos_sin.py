@@ -356,7 +356,7 @@ def test_small_token_mixing_refused_by_the_cone():
 
 def test_small_token_mixing_refused_by_evaluation_too(monkeypatch):
     """The numeric evidence stands on its own: with the cone accounting switched off, the probes still refuse."""
-    from rope_passes.passes import _cos_sin_cone
+    from rope_passes.proofs import cone as _cos_sin_cone
 
     monkeypatch.setattr(_cos_sin_cone.Cone, "prove", lambda self, end, trig, unit_axes=False: 0)
     monkeypatch.setattr(_cos_sin_cone.Cone, "unit_axes", [], raising=False)

@@ -16,8 +16,8 @@ from mrope_graphs import attention_graph
 
 from rope_passes.analysis.graph import MS_DOMAIN, nodes_of
 from rope_passes.io import load_bundle
-from rope_passes.passes import _mrope_cone
-from rope_passes.passes._mrope_cone import evaluate_tables, manual_cone
+from rope_passes.proofs import mrope_cone as _mrope_cone
+from rope_passes.proofs.mrope_cone import evaluate_tables, manual_cone
 from rope_passes.runtime.evaluate import subgraph_runner
 from rope_passes.runtime.rows import RowEvaluator, Unsupported
 

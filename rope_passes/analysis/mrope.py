@@ -16,7 +16,7 @@ plain 1D ``[max_pos, rotary_dim/2]`` table. :func:`trace_rotation` finds the rot
 GroupQueryAttention q/k input and proves the layout ops and casts around it harmless; :func:`mrotary_tables`
 reads the 1D tables of an ``MRotaryEmbedding`` from its caches once :func:`exact_positions` proved it reads the
 caller's positions unchanged. The manual (builder 0.15.2) form's tables are evaluated by the fold pass itself
-(``rope_passes.passes._mrope_cone``: analysis opens no runtime session).
+(``rope_passes.proofs.mrope_cone``: analysis opens no runtime session).
 """
 
 from __future__ import annotations

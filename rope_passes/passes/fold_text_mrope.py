@@ -20,7 +20,7 @@ old path needed, and the position input when nothing else reads it (``genai_conf
 positions exactly: the ``[3, B, S]`` graph input itself or the exact in-graph tile of a 2D input, with only
 Identity / Cast-to-the-same-integer-type between (:func:`rope_passes.analysis.positions.exact_positions`); q and k
 must read the same position input. The manual form's tables are proved one row per token by exact cone accounting
-from the position input (:mod:`rope_passes.passes._mrope_cone`: an allow-list of per-token ops; Shape/Size of a
+from the position input (:mod:`rope_passes.proofs.mrope_cone`: an allow-list of per-token ops; Shape/Size of a
 position-derived value, Reduce*, CumSum, any op reading across tokens or another graph input is refused naming
 the node). Refusals that need no numbers (``--text-only`` missing, GQA's rotary limits) come first.
 
@@ -29,7 +29,7 @@ run on onnxruntime CPU **once per distinct cone** (layers whose cones are struct
 evaluation and the table) on positions ``0..max_pos-1`` in chunks (``max_pos`` = rows of the cache it gathers
 from, else ``model.context_length``), then on probe calls differing in length, batch, past and minimum whose rows
 must be the table's rows (the table itself computed with onnxruntime's kernels on only the elements that reach it,
-:mod:`rope_passes.runtime.rows`; :mod:`rope_passes.passes._mrope_cone` says why that is the same table).
+:mod:`rope_passes.runtime.rows`; :mod:`rope_passes.proofs.mrope_cone` says why that is the same table).
 ``FoldTextMRoPEPass.evaluations`` counts the evaluations of the last run.
 
 **Exact when** the three position axes are equal (text) *and* contiguous: with equal axes every section reads
@@ -70,9 +70,9 @@ from rope_passes.analysis.mrope import (
     mrotary_tables,
     trace_rotation,
 )
-from rope_passes.passes._mrope_cone import ConeKeys, ManualCone, evaluate_tables, manual_cone
 from rope_passes.passes._rewrite import NodeTape, add_initializer, drop_unused_input, remove_dead
 from rope_passes.passes.base import RopePass, option
+from rope_passes.proofs.mrope_cone import ConeKeys, ManualCone, evaluate_tables, manual_cone
 from rope_passes.report import MatchFailure, PassReport
 from rope_passes.runtime.evaluate import subgraph_runner
 from rope_passes.runtime.rows import RowEvaluator, Unsupported

@@ -17,7 +17,7 @@ numbers* and less work:
 
 Anything it cannot do (an op reading a value it cannot provide, a NumPy error) raises :class:`Unsupported`; the
 caller then runs the whole cone on onnxruntime. The caller also compares the rows of probe calls run on the whole
-cone with onnxruntime against these rows, bit for bit (:func:`rope_passes.passes._mrope_cone.evaluate_tables`).
+cone with onnxruntime against these rows, bit for bit (:func:`rope_passes.proofs.mrope_cone.evaluate_tables`).
 """
 
 from __future__ import annotations

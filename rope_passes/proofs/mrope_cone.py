@@ -8,7 +8,7 @@ Gather per axis, Concat, Reshape; Qwen3.5: cache Gather per axis, ``Where`` over
 ``lower-mrope`` output: Gather/Transpose of the positions, Reshape, ``GatherElements`` of the caches).
 
 **Static proof** (no numbers): exact cone accounting with the allow-list of
-:class:`rope_passes.passes._cos_sin_cone.Cone` (elementwise ops with constant operands, Gather of a constant table
+:class:`rope_passes.proofs.cone.Cone` (elementwise ops with constant operands, Gather of a constant table
 by the positions, Slice / Split / Concat / Squeeze / Unsqueeze / Reshape / Transpose / Expand / Tile on feature
 axes, MatMul with constant ``inv_freq``, Cos/Sin, ``Where`` with per-token or constant conditions, plus
 ``GatherElements`` of a constant table here) from the position input to the flatten ``Reshape(…, [-1, half])``,
@@ -48,8 +48,8 @@ import onnx_ir as ir
 from rope_passes.analysis.graph import ancestors, attr, const_array, const_tensor, table_like
 from rope_passes.analysis.mrope import TextTables, is_token_index
 from rope_passes.analysis.positions import PositionSource, tiled_from_2d
-from rope_passes.passes._cos_sin_cone import Cone, Label, Token, refuse
-from rope_passes.passes._cos_sin_known import OPAQUE, SMALL, UNKNOWN_VARYING, Known, known_values
+from rope_passes.proofs.cone import Cone, Label, Token, refuse
+from rope_passes.proofs.known import OPAQUE, SMALL, UNKNOWN_VARYING, Known, known_values
 from rope_passes.report import MatchFailure
 
 #: positions per evaluation call while building a table (bounds the memory of an evaluation, not its result; 4096
