@@ -42,10 +42,7 @@ MUTANTS = all_mutants()
 #: Mutants a pass rewrites wrongly today (or crashes on), found by this suite and written up in
 #: /work/notes/findings.md for the pass's owner: name -> the finding. They run as strict expected failures, so the
 #: suite reports them (xfailed) and fails (XPASS strict) the day the pass is fixed: then delete the entry.
-KNOWN_WRONG: dict[str, str] = {
-    "longrope-adv-if-output-is-graph-output-direct": "longrope-concat crashes (onnx_ir ValueError: the If's output "
-                                                     "'cos_cache' is a graph output) instead of refusing",
-}
+KNOWN_WRONG: dict[str, str] = {}
 RESULTS: dict[str, dict] = {}
 OFFSET_KEY = "multiRotaryCacheConcatOffset"
 OFFSET_METADATA = "rope_passes.multi_rotary_cache_concat_offset"

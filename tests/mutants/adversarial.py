@@ -104,14 +104,17 @@ def rotated_q_output(work: Work) -> list[str]:
     return _gqa_places(work)
 
 
-def positions_read_in_if(work: Work) -> list[str]:
-    """position_ids (the input the fold removes when nothing reads it) is also read inside an If body."""
-    pos = graph_input(work.graph, "position_ids")
-    chain = Chain(work.graph, "pos_float")
-    as_float = chain.op("Cast", pos, dtype=ir.DataType.FLOAT, to=ir.DataType.FLOAT)
-    chain.insert([])
-    read_in_if(work.graph, as_float, "mutant_positions_sum")
-    return _gqa_places(work)
+def positions_read_in_if(places=_gqa_places):
+    """position_ids (the input the fold removes when nothing reads it) is also read (cast to float) inside an If
+    body."""
+    def edit(work: Work) -> list[str]:
+        pos = graph_input(work.graph, "position_ids")
+        chain = Chain(work.graph, "pos_float")
+        as_float = chain.op("Cast", pos, dtype=ir.DataType.FLOAT, to=ir.DataType.FLOAT)
+        chain.insert([])
+        read_in_if(work.graph, as_float, "mutant_positions_sum")
+        return places(work)
+    return edit
 
 
 def positions_read_directly_in_if(work: Work) -> list[str]:
@@ -356,6 +359,35 @@ def if_output_read_in_if(work: Work) -> list[str]:
     return [if_node.name]
 
 
+# ------------------------------------------------------------------------------------------------------------
+# precompute-cos-sin: values of the chain read elsewhere
+# ------------------------------------------------------------------------------------------------------------
+PRECOMPUTE = "precompute-cos-sin"
+TF5 = "torch/tf5/dynamo/llama/decode.onnx"
+
+
+def _trig(work: Work) -> list[ir.Node]:
+    return [n for n in work.graph if n.op_type in ("Cos", "Sin")]
+
+
+def _precompute_places(work: Work) -> list[str]:
+    return [n.name for n in _trig(work)]
+
+
+def freqs_is_output(work: Work) -> list[str]:
+    """The angles (what Cos/Sin read: positions x inv_freq) are also a graph output."""
+    cos = next(n for n in _trig(work) if n.op_type == "Cos")
+    as_graph_output(work.graph, cos.inputs[0], "mutant_angles")
+    return _precompute_places(work)
+
+
+def cos_read_in_if(work: Work) -> list[str]:
+    """The Cos output is also read inside an If body (summed to a graph output)."""
+    cos = next(n for n in _trig(work) if n.op_type == "Cos")
+    read_in_if(work.graph, cos.outputs[0], "mutant_cos_sum")
+    return _precompute_places(work)
+
+
 def _gather_concat_input(work: Work, node: str, index: int, k: int) -> list[str]:
     n = node_named(work.graph, f"{SUB}/{node}")
     chain = Chain(work.graph, "gather_concat")
@@ -444,7 +476,7 @@ def mutants() -> list[Mutant]:
          "the rotations and the GQA nodes are unnamed")
     fold("rotated-q-is-output", "graph-output", EQUIVALENT, rotated_q_output,
          "layer 0's rotated q is also a graph output: the fold must keep computing it")
-    fold("positions-read-in-if", "subgraph", EQUIVALENT, positions_read_in_if,
+    fold("positions-read-in-if", "subgraph", EQUIVALENT, positions_read_in_if(),
          "position_ids (cast to float) is also read inside an If body: the input must stay")
     fold("positions-input-read-in-if", "subgraph", EQUIVALENT, positions_read_directly_in_if,
          "position_ids itself is read inside an If body: the input must stay")
@@ -453,6 +485,17 @@ def mutants() -> list[Mutant]:
          options={})
     fold("positions-input-read-in-if", "subgraph", EQUIVALENT, positions_read_directly_in_if,
          "the 2D position input is also read inside an If body", base=LEG_QWEN35_TEXT, reference="ort", options={})
+
+    def precompute(name, cls, expect, edit, why):
+        out.append(Mutant(f"precompute-adv-tf5-{name}", cls, PRECOMPUTE, TF5, expect, edit, why, target="exporter",
+                          options={"max_positions": 256}, reference="ort"))
+
+    precompute("angles-is-output", "graph-output", EQUIVALENT, freqs_is_output,
+               "the angles Cos/Sin read are also a graph output: the chain feeding them must stay")
+    precompute("cos-read-in-if", "subgraph", EQUIVALENT, cos_read_in_if,
+               "the Cos output is also read inside an If body")
+    precompute("positions-read-in-if", "subgraph", EQUIVALENT, positions_read_in_if(_precompute_places),
+               "position_ids is also read inside an If body")
 
     def total(name, cls, expect, edit, why):
         out.append(Mutant(f"totalseq-llama-{name}", cls, TOTAL, LLAMA, expect, edit, why, target="webgpu-graph",
