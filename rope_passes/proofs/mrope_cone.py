@@ -45,10 +45,11 @@ from collections.abc import Callable
 import numpy as np
 import onnx_ir as ir
 
-from rope_passes.analysis.graph import ancestors, attr, const_array, const_tensor, table_like
+from rope_passes.analysis.graph import ancestors, attr, const_tensor, table_like
 from rope_passes.analysis.mrope import TextTables, is_token_index
 from rope_passes.analysis.positions import PositionSource, tiled_from_2d
 from rope_passes.proofs.cone import Cone, Label, Token, refuse
+from rope_passes.proofs.constants import constant
 from rope_passes.proofs.known import OPAQUE, SMALL, UNKNOWN_VARYING, Known, known_values
 from rope_passes.report import MatchFailure
 
@@ -223,8 +224,8 @@ def _flatten_points(nodes: list[ir.Node]) -> list[ir.Node]:
     for n in nodes:
         if n.op_type != "Reshape" or attr(n, "allowzero", 0):
             continue
-        target = const_array(n.inputs[1]) if len(n.inputs) > 1 else None
-        if target is not None and target.size == 2 and int(target.reshape(-1)[0]) == -1:
+        target = constant(n.inputs[1]) if len(n.inputs) > 1 else None  # its value, however it is spelled
+        if target is not None and target.size == 2 and target.dtype.kind == "i" and int(target.reshape(-1)[0]) == -1:
             out.append(n)
     return out
 
@@ -243,7 +244,7 @@ def _stage_one(pos: ir.Value, nodes: list[ir.Node], opset: int) -> dict[int, int
         val = cone.value(flat.inputs[0])
         if isinstance(val, Known):
             continue  # a constant reshaped: not a flatten of per-token rows
-        width = int(const_array(flat.inputs[1]).reshape(-1)[1])
+        width = int(constant(flat.inputs[1]).reshape(-1)[1])
         if not (isinstance(val, Token) and val.axes == (Label(0), Label(1), width)):
             raise MatchFailure.refuse(f"Reshape {flat.name!r} flattens {val} in the cone accounting, not one "
                                       f"[{width}] row per token (batch, seq)", flat.name or "<model>")
