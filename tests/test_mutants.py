@@ -166,10 +166,14 @@ def _runners(mutant: Mutant, built: Built, out_model: Path, out_folder: Path | N
 def _numeric(mutant: Mutant, built: Built, out_model: Path, out_folder: Path | None) -> oracle.Comparison:
     reference, candidate = _runners(mutant, built, out_model, out_folder)
     try:
-        lost = ({o.name for o in reference.session.get_outputs()}
-                - {o.name for o in candidate.session.get_outputs()})
+        want = {o.name: o.type for o in reference.session.get_outputs()}
+        got = {o.name: o.type for o in candidate.session.get_outputs()}
+        lost = sorted(set(want) - set(got))
         if lost:  # compare() compares the outputs both have: one the rewrite dropped is a wrong rewrite
-            return oracle.Comparison(False, float("inf"), f"the output lost graph outputs {sorted(lost)}", 0)
+            return oracle.Comparison(False, float("inf"), f"the output lost graph outputs {lost}", 0)
+        retyped = sorted(f"{n}: {want[n]} -> {got[n]}" for n in want if got[n] != want[n])
+        if retyped:  # compare() compares values as float64: a graph output's type must not change either
+            return oracle.Comparison(False, float("inf"), f"graph outputs changed type: {retyped}", 0)
         config = _config(built.path) if built.path.is_dir() else None
         head = config["model"]["decoder"].get("head_size") if config else None
         tol = 5e-2 if mutant.fp16 else 1e-5

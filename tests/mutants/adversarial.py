@@ -78,11 +78,14 @@ def positions_plus(offset: int):
     return edit
 
 
-def token_index_is_output(work: Work) -> list[str]:
-    """Layer 0's q token index (what the pass narrows) is also a graph output."""
-    places = _narrow_places(work)
-    as_graph_output(work.graph, node_named(work.graph, places[0]).outputs[0], "mutant_token_index")
-    return places
+def token_index_is_output(direct: bool):
+    """Layer 0's q token index (the output of a Reshape the pass narrows) is also a graph output: through an Identity,
+    or ``direct``ly (the graph output is the narrowed node's own output value)."""
+    def edit(work: Work) -> list[str]:
+        (reshape,) = [n for n in work.graph if n.name == "/model/layers.0/attn/q_mrope/PosIds/Reshape"]
+        as_graph_output(work.graph, reshape.outputs[0], None if direct else "mutant_token_index")
+        return _narrow_places(work)
+    return edit
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -97,11 +100,14 @@ def _gqa_places(work: Work) -> list[str]:
     return [n.name for n in nodes_of(work.graph, "GroupQueryAttention")]
 
 
-def rotated_q_output(work: Work) -> list[str]:
-    """Layer 0's rotated q (what GQA stops reading after the fold) is also a graph output."""
-    (rot,) = [n for n in work.graph if n.op_type == "MRotaryEmbedding" and "layers.0/attn/q_rotary" in n.name]
-    as_graph_output(work.graph, rot.outputs[0], "mutant_rotated_q")
-    return _gqa_places(work)
+def rotated_q_output(direct: bool):
+    """Layer 0's rotated q (what GQA stops reading after the fold) is also a graph output (``direct``: the rotation's
+    own output value, else through an Identity)."""
+    def edit(work: Work) -> list[str]:
+        (rot,) = [n for n in work.graph if n.op_type == "MRotaryEmbedding" and "layers.0/attn/q_rotary" in n.name]
+        as_graph_output(work.graph, rot.outputs[0], None if direct else "mutant_rotated_q")
+        return _gqa_places(work)
+    return edit
 
 
 def positions_read_in_if(places=_gqa_places):
@@ -217,11 +223,14 @@ def _total_places(work: Work) -> list[str]:
     return [n.name for n in gqas] + sorted({n.inputs[6].name for n in gqas})
 
 
-def old_total_output(work: Work) -> list[str]:
-    """The old total_sequence_length (int32 Cast of Gather(Shape(mask), 1)) is also a graph output."""
-    gqa = nodes_of(work.graph, "GroupQueryAttention")[0]
-    as_graph_output(work.graph, gqa.inputs[6], "mutant_total")
-    return _total_places(work)
+def old_total_output(direct: bool):
+    """The old total_sequence_length (int32 Cast of Gather(Shape(mask), 1)) is also a graph output (``direct``: that
+    value itself, else through an Identity)."""
+    def edit(work: Work) -> list[str]:
+        gqa = nodes_of(work.graph, "GroupQueryAttention")[0]
+        as_graph_output(work.graph, gqa.inputs[6], None if direct else "mutant_total")
+        return _total_places(work)
+    return edit
 
 
 def old_seqlens_in_if(work: Work) -> list[str]:
@@ -444,8 +453,10 @@ def mutants() -> list[Mutant]:
            "token index + 2^32 before the Reshape, - 2^32 after it")
     narrow("positions-out-and-back", "position-arithmetic", EQUIVALENT, positions_plus(TWO_32),
            "(position_ids + 2^32) - 2^32: the same positions, a computed detour outside int32")
-    narrow("token-index-is-output", "graph-output", EQUIVALENT, token_index_is_output,
+    narrow("token-index-is-output", "graph-output", EQUIVALENT, token_index_is_output(False),
            "the narrowed Reshape's output is also a graph output (its int64 values must stay)")
+    narrow("token-index-is-output-direct", "graph-output", EQUIVALENT, token_index_is_output(True),
+           "the narrowed Reshape's output value is itself a graph output (name, int64 type and values must stay)")
 
     def fold(name, cls, expect, edit, why, base=CUR_QWEN25, reference="plugin", options=None):
         short = "curqwen25" if base == CUR_QWEN25 else "legqwen35text"
@@ -474,8 +485,10 @@ def mutants() -> list[Mutant]:
     fold("unnamed-nodes", "naming", EQUIVALENT,
          unnamed_nodes(("MRotaryEmbedding", "GroupQueryAttention"), lambda w: ["GroupQueryAttention", ""]),
          "the rotations and the GQA nodes are unnamed")
-    fold("rotated-q-is-output", "graph-output", EQUIVALENT, rotated_q_output,
+    fold("rotated-q-is-output", "graph-output", EQUIVALENT, rotated_q_output(False),
          "layer 0's rotated q is also a graph output: the fold must keep computing it")
+    fold("rotated-q-is-output-direct", "graph-output", EQUIVALENT, rotated_q_output(True),
+         "layer 0's rotation output value is itself a graph output")
     fold("positions-read-in-if", "subgraph", EQUIVALENT, positions_read_in_if(),
          "position_ids (cast to float) is also read inside an If body: the input must stay")
     fold("positions-input-read-in-if", "subgraph", EQUIVALENT, positions_read_directly_in_if,
@@ -507,8 +520,10 @@ def mutants() -> list[Mutant]:
           lambda w: _gather_concat_input(w, "Gather", 1, 1), "Shape(mask)[Gather(Concat([7], [1]), 1)]: dimension 1")
     total("index-gather-concat-0", "constant-form", REFUSE,
           lambda w: _gather_concat_input(w, "Gather", 1, 0), "Shape(mask)[Gather(Concat([7], [0]), 1)]: the batch")
-    total("old-total-is-output", "graph-output", EQUIVALENT, old_total_output,
+    total("old-total-is-output", "graph-output", EQUIVALENT, old_total_output(False),
           "the old total_sequence_length is also a graph output")
+    total("old-total-is-output-direct", "graph-output", EQUIVALENT, old_total_output(True),
+          "the old total_sequence_length value is itself a graph output")
     total("old-seqlens-read-in-if", "subgraph", EQUIVALENT, old_seqlens_in_if,
           "the old seqlens_k is also read inside an If body")
     total("sub-two-value-ints", "constant-form", REFUSE,
