@@ -18,12 +18,12 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from rope_passes.io import check_output, check_output_given, load_bundle, plan_outputs, write_bundle
+from rope_passes.io import ModelBundle, check_output, check_output_given, load_bundle, plan_outputs, write_bundle
 from rope_passes.io.weights import check_weights_mode
 from rope_passes.lint import remaining_problems
 from rope_passes.pipeline import run_pipeline
 from rope_passes.report import PipelineReport
-from rope_passes.targets import resolve_target
+from rope_passes.targets import RuntimeTarget, resolve_target
 
 __all__ = ["RUNTIME_METADATA_KEY", "optimize", "plan_outputs"]
 
@@ -61,6 +61,8 @@ def optimize(
     report = run_pipeline(bundle, target=target, passes=passes, options=options, progress=progress,
                           runtime=target_runtime)
     report.dry_run = dry_run
+    if report.target == "webgpu-graph":
+        report.capture = capture_config(bundle, target_runtime)
     report.remaining = remaining_problems(bundle, target_runtime.name)
     if report.modified:
         bundle.model.metadata_props[RUNTIME_METADATA_KEY] = target_runtime.name
@@ -70,3 +72,34 @@ def optimize(
         report.output_path = str(saved.path)
         report.weights = saved.weights
     return report
+
+
+def capture_config(bundle: ModelBundle, runtime: RuntimeTarget) -> dict[str, Any]:
+    """``webgpu-graph``'s last step: the output's graph-capture verdict (the one home,
+    :func:`rope_passes.analysis.placement.capture_verdict`) and ``genai_config.json`` made to agree with it.
+
+    Capture-ready: ``enableGraphCapture`` = "1" in the decoder's WebGPU provider options (the entry added as
+    onnxruntime-genai's builder writes it where there is none), so onnxruntime-genai captures the folder as it is.
+    Blocked: left off (set to "0" where the input had "1": onnxruntime-genai would fail at session creation), each
+    blocker named with its node. Unknown or not loadable: the config is left as it is. Returns the report's
+    ``capture`` entry: ``state``, ``verdict`` (one line), ``blockers`` ([{node, why}]), ``config`` (the change line,
+    or why nothing was written)."""
+    from rope_passes.analysis.placement import capture_verdict
+
+    verdict = capture_verdict(bundle.model, runtime)
+    config = bundle.genai_config
+    line: str | None = None
+    if not config.present:
+        why = "no genai_config.json: nothing to turn on"
+    elif verdict.state == "ready":
+        line = config.set_graph_capture(True)
+        why = "enableGraphCapture was already '1'" if line is None else ""
+    elif verdict.state == "blocked":
+        line = config.set_graph_capture(False)
+        why = "left off: capture is blocked"
+    else:
+        why = f"left as it is: capture is {verdict.state}"
+    return {"state": verdict.state, "runtime": runtime.name, "verdict": verdict.verdict(),
+            "blockers": [{"node": node, "why": why_} for node, why_ in verdict.blockers()],
+            "unknown": dict(list(verdict.unknown.items())[:20]),
+            "config": line or f"genai_config.json unchanged ({why})"}

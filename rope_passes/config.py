@@ -29,6 +29,13 @@ from rope_passes.errors import ModelLoadError
 GENAI_CONFIG = "genai_config.json"
 #: the WebGPU provider option onnxruntime reads the LongRoPE concatenated-cache offset from
 CONCAT_OFFSET_OPTION = "multiRotaryCacheConcatOffset"
+#: the WebGPU provider option that turns graph capture on ("1") or off ("0"; absent: off)
+GRAPH_CAPTURE_OPTION = "enableGraphCapture"
+#: the provider name onnxruntime-genai's config uses for the WebGPU EP
+WEBGPU_PROVIDER = "webgpu"
+#: what onnxruntime-genai's builder (0.18) writes for a WebGPU build with ``enable_webgpu_graph=true``
+#: (``{"webgpu": {"enableGraphCapture": "1", "validationMode": "disabled"}}``, the corpus's ``*_graph`` folders)
+BUILDER_GRAPH_ENTRY = {GRAPH_CAPTURE_OPTION: "1", "validationMode": "disabled"}
 
 
 def _int(value: Any) -> int | None:
@@ -180,6 +187,14 @@ class GenaiConfig:
                 return _int(options[CONCAT_OFFSET_OPTION])
         return None
 
+    @property
+    def graph_capture(self) -> bool | None:
+        """Whether the WebGPU provider options turn graph capture on (``enableGraphCapture`` "1"); False: a WebGPU
+        entry without it or with "0"; None: no WebGPU provider entry (onnxruntime-genai does not use WebGPU)."""
+        if not any(name == WEBGPU_PROVIDER for name, _ in self._provider_entries()):
+            return None
+        return self.provider_options(WEBGPU_PROVIDER).get(GRAPH_CAPTURE_OPTION, "0").strip() == "1"
+
     def session_option(self, key: str) -> Any:
         session = self.decoder.get("session_options")
         return session.get(key) if isinstance(session, dict) else None
@@ -208,6 +223,22 @@ class GenaiConfig:
         options[key] = value
         return (f"model.decoder.session_options.provider_options.{provider}.{key} = '{value}'"
                 + (f" (was {old!r})" if old is not None else ""))
+
+    def set_graph_capture(self, on: bool) -> str | None:
+        """Turn WebGPU graph capture on ("1") or off ("0") in the decoder's WebGPU provider options; the report line,
+        or None when nothing changed (or there is no config). Turning it on where there is no WebGPU entry adds one
+        as onnxruntime-genai's builder writes it for a graph-capture build (:data:`BUILDER_GRAPH_ENTRY`); turning it
+        off where there is none changes nothing (absent is off)."""
+        if self._writable_decoder() is None:
+            return None
+        if not on:
+            if self.graph_capture is None:
+                return None
+            return self.set_provider_option(WEBGPU_PROVIDER, GRAPH_CAPTURE_OPTION, "0")
+        if self.graph_capture is None:
+            lines = [self.set_provider_option(WEBGPU_PROVIDER, k, v) for k, v in BUILDER_GRAPH_ENTRY.items()]
+            return "; ".join(line for line in lines if line) + " (new WebGPU provider entry, as the builder writes it)"
+        return self.set_provider_option(WEBGPU_PROVIDER, GRAPH_CAPTURE_OPTION, "1")
 
     def set_session_option(self, key: str, value: str, why: str = "") -> str | None:
         """Set ``model.decoder.session_options[key]`` (our ``rope_passes.*`` markers: onnxruntime ignores them)."""

@@ -15,14 +15,18 @@ This module runs passes on a loaded bundle; loading, linting the result and savi
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import onnx_ir as ir
+
 from rope_passes.errors import UsageError
 from rope_passes.io import ModelBundle
 from rope_passes.passes import ALL_PASSES, PassContext, RopePass, RopePassResult
-from rope_passes.report import PipelineReport
+from rope_passes.report import PassReport, PipelineReport
 from rope_passes.targets import RUNTIMES, RuntimeTarget, resolve_target
 
 #: Target presets, every pass they may run. Later entries may rely on what earlier ones established (documented per
@@ -116,13 +120,99 @@ def run_pipeline(
         report.skipped = skipped_for(target or "webgpu", rt)
     context = PassContext(bundle.genai_config, model_path=bundle.model_path, runtime=rt.name)
     pass_objects = build_passes(names, context, options)
+    before = placement_count(bundle.model, rt)
     for index, pass_ in enumerate(pass_objects):
         if progress is not None:
             progress(pass_.name, index, len(pass_objects))
         start = time.perf_counter()
+        snapshot = _Snapshot(bundle.model, bundle.genai_config.data)
         result = pass_(bundle.model)
         bundle.model = result.model
         assert isinstance(result, RopePassResult) and result.report is not None
-        result.report.duration_s = time.perf_counter() - start
-        report.passes.append(result.report)
+        pass_report = result.report
+        if pass_report.modified:
+            after = placement_count(bundle.model, rt)
+            worse = after.worse_than(before)
+            if worse:
+                bundle.model = snapshot.restore(bundle.genai_config.data)
+                pass_report = _refused_for_placement(pass_report, worse)
+            else:
+                before = after
+        pass_report.duration_s = time.perf_counter() - start
+        report.passes.append(pass_report)
     return report
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# No pass makes placement worse
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class PlacementCount:
+    """What placement a graph has on one runtime with graph capture on (the static prediction,
+    :func:`rope_passes.analysis.placement.capture_verdict`): Memcpy nodes, CPU nodes, nodes it cannot place."""
+
+    loads: bool
+    memcpy: tuple[str, ...]
+    cpu_nodes: tuple[str, ...]
+    unknown: frozenset[str]
+
+    def worse_than(self, before: PlacementCount) -> str | None:
+        """Why this placement is worse than ``before`` (more Memcpy or more CPU nodes), or None. Counts are compared
+        only when they mean the same thing: both graphs load, and this one has no node the static rules cannot place
+        that ``before`` could (a node that became placeable is not a new CPU node)."""
+        if not (self.loads and before.loads) or not self.unknown <= before.unknown:
+            return None
+        parts = []
+        if len(self.memcpy) > len(before.memcpy):
+            new = sorted(set(self.memcpy) - set(before.memcpy))
+            parts.append(f"Memcpy {len(before.memcpy)}→{len(self.memcpy)}" + (f" (new: {', '.join(new[:3])})"
+                                                                            if new else ""))
+        if len(self.cpu_nodes) > len(before.cpu_nodes):
+            new = sorted(set(self.cpu_nodes) - set(before.cpu_nodes))
+            parts.append(f"CPU nodes {len(before.cpu_nodes)}→{len(self.cpu_nodes)}"
+                         + (f" (new: {', '.join(new[:3])})" if new else ""))
+        return "; ".join(parts) or None
+
+
+def placement_count(model: ir.Model, runtime: RuntimeTarget) -> PlacementCount:
+    """The :class:`PlacementCount` of ``model`` on ``runtime`` (capture on: the setting ``webgpu-graph`` is for)."""
+    from rope_passes.analysis.placement import capture_verdict
+
+    p = capture_verdict(model, runtime)
+    return PlacementCount(p.loads, tuple(f"{m.kind} on {m.tensor!r}" for m in p.memcpy), tuple(p.cpu_nodes),
+                          frozenset(p.unknown))
+
+
+class _Snapshot:
+    """The graph (weights by reference, not copied) and genai_config before a pass, to roll the pass back."""
+
+    def __init__(self, model: ir.Model, config: dict[str, Any] | None) -> None:
+        self.proto = ir.serde.serialize_model(model)
+        self.base_dirs = {name: v.const_value.base_dir for name, v in model.graph.initializers.items()
+                          if isinstance(v.const_value, ir.ExternalTensor)}
+        self.config = copy.deepcopy(config)
+
+    def restore(self, config: dict[str, Any] | None) -> ir.Model:
+        """The model as it was (a new object); ``config`` (the shared genai_config dict) is put back in place."""
+        model = ir.serde.deserialize_model(self.proto)
+        dirs = set(self.base_dirs.values())
+        if len(dirs) == 1:  # every tensor, subgraphs and attributes included
+            ir.external_data.set_base_dir(model.graph, dirs.pop())
+        for name, v in model.graph.initializers.items():
+            if isinstance(v.const_value, ir.ExternalTensor) and name in self.base_dirs:
+                v.const_value.base_dir = self.base_dirs[name]
+        if config is not None and self.config is not None:
+            config.clear()
+            config.update(copy.deepcopy(self.config))
+        return model
+
+
+def _refused_for_placement(done: PassReport, why: str) -> PassReport:
+    """The report of a pass rolled back because it made placement worse: one refusal with the reason."""
+    out = PassReport(done.pass_name)
+    out.refused("<model>", f"refused for this model: its rewrite makes WebGPU placement worse ({why}); its changes "
+                "were rolled back", rolled_back=[f"{f.outcome} {f.target}" for f in done.findings
+                                                 if str(f.outcome) in ("rewritten", "repaired")][:10])
+    return out

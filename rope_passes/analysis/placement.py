@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable
 from typing import Any
 
 import onnx_ir as ir
@@ -89,6 +90,11 @@ class Placement:
     capture_error: str | None = None
     merged_nodes: list[str] = dataclasses.field(default_factory=list)  # duplicates onnxruntime's CSE removes
     runtime: str = ""  # the runtime target predicted for ("static"), or probed ("probe", when known)
+    #: nodes the static rules cannot place (an element type or an (op, type) they do not know): node -> why. With
+    #: any of these and no certain blocker, the capture verdict is unknown (``capture_ok`` None)
+    unknown: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: nodes onnxruntime may constant-fold before placing (:func:`maybe_folded`): node -> why
+    maybe_folded: dict[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def memcpy_set(self) -> set[tuple[str, str]]:
@@ -111,28 +117,63 @@ class Placement:
         d["memcpy"] = [dataclasses.asdict(m) for m in self.memcpy]
         return d
 
+    @property
+    def state(self) -> str:
+        """``"does-not-load"``, ``"blocked"`` (capture refused), ``"ready"`` (capture works), ``"unknown"`` (the
+        static rules cannot tell: run the runtime, ``check --graph-capture``), or ``"loads"`` (capture not asked)."""
+        if not self.loads:
+            return "does-not-load"
+        if not self.graph_capture:
+            return "loads"
+        if self.capture_ok is None:
+            return "unknown"
+        return "ready" if self.capture_ok else "blocked"
+
+    def blockers(self) -> list[tuple[str, str]]:
+        """What stops capture, each with its node: (node, why) for each control-flow node, then for each Memcpy the
+        node on the CPU side of it (the producer of a ``MemcpyFromHost``, the reader of a ``MemcpyToHost``)."""
+        out = [(name, "control flow: onnxruntime refuses graph capture with If/Loop/Scan") for name in self.control_flow]
+        for m in self.memcpy:
+            cpu_side = m.producer if m.kind == "MemcpyFromHost" else (m.consumers[0] if m.consumers else "")
+            out.append((cpu_side or m.tensor, str(m)))
+        return out
+
     def verdict(self) -> str:
         """One line for ``inspect``: ``does not load: ...`` / ``loads; capture-ready`` / ``loads; capture blocked
-        by ...`` (with capture on), or ``loads`` (capture not asked)."""
-        if not self.loads:
+        by ...`` / ``loads; capture unknown: ...`` (with capture on), or ``loads; N Memcpy`` (capture not asked)."""
+        state = self.state
+        if state == "does-not-load":
             return f"does not load: {self.load_error}"
-        if not self.graph_capture:
+        if state == "loads":
             return f"loads; {len(self.memcpy)} Memcpy"
-        if self.capture_ok:
+        if state == "ready":
             return "loads; capture-ready (0 Memcpy)"
+        if state == "unknown":
+            return f"loads; capture {self.unknown_line()}"
         if self.control_flow:
             return f"loads; capture blocked by control flow ({', '.join(self.control_flow[:2])})"
         first = self.memcpy[0] if self.memcpy else None
         where = f", e.g. {first.kind} on {first.tensor!r}" if first else ""
         return f"loads; capture blocked by {len(self.memcpy)} Memcpy{where}"
 
+    def unknown_line(self) -> str:
+        """``unknown: run `rope-passes check --graph-capture` (...)``: why the static rules cannot decide."""
+        name, why = next(iter(self.unknown.items()), ("?", "?"))
+        more = f" and {len(self.unknown) - 1} more" if len(self.unknown) > 1 else ""
+        return (f"unknown: run `rope-passes check --graph-capture` (the static rules cannot place {len(self.unknown)} "
+                f"node(s), e.g. {name}: {why}{more})")
+
     def summary(self) -> str:
         if not self.loads:
             return f"does not load: {self.load_error}"
         capture = ""
         if self.graph_capture:
-            capture = "; capture: OK" if self.capture_ok else f"; capture refused: {self.capture_error}"
-        return f"{len(self.cpu_nodes)} node(s) on CPU, {len(self.memcpy)} Memcpy{capture}"
+            if self.capture_ok is None:
+                capture = f"; capture {self.unknown_line()}"
+            else:
+                capture = "; capture: OK" if self.capture_ok else f"; capture refused: {self.capture_error}"
+        unknown = f", {len(self.unknown)} unknown" if self.unknown else ""
+        return f"{len(self.cpu_nodes)} node(s) on CPU{unknown}, {len(self.memcpy)} Memcpy{capture}"
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -168,10 +209,130 @@ def value_dtype(value: ir.Value | None) -> str | None:
     return None
 
 
-def _kernel_modes(node: ir.Node, kernels: KernelTable, opset: int | None) -> tuple[frozenset[str] | None, str]:
+# ----------------------------------------------------------------------------------------------------------------
+# Element types: what onnxruntime's type inference gives every value, where our rules know the op
+# ----------------------------------------------------------------------------------------------------------------
+
+#: ONNX ops whose every output has input 0's element type (the type constraint ``T`` ties them)
+_SAME_AS_INPUT0 = frozenset({
+    "Abs", "Acos", "Acosh", "Add", "Asin", "Asinh", "Atan", "Atanh", "AveragePool", "BatchNormalization", "Ceil",
+    "Celu", "Clip", "Concat", "Conv", "ConvTranspose", "Cos", "Cosh", "CumSum", "DepthToSpace", "Div", "Elu", "Erf",
+    "Exp", "Expand", "Flatten", "Floor", "Gather", "GatherElements", "GatherND", "Gelu", "Gemm", "GlobalAveragePool",
+    "GlobalMaxPool", "HardSigmoid", "HardSwish", "Identity", "InstanceNormalization", "LeakyRelu", "Log",
+    "LogSoftmax", "LpNormalization", "MatMul", "Max", "Mean", "Min", "Mish", "Mod", "Mul", "Neg", "Pad", "Pow",
+    "Range", "Reciprocal", "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceMax", "ReduceMean",
+    "ReduceMin", "ReduceProd", "ReduceSum", "ReduceSumSquare", "Relu", "Reshape", "Resize", "Round", "ScatterElements",
+    "ScatterND", "Selu", "Sigmoid", "Sign", "Sin", "Sinh", "Slice", "Softmax", "Softplus", "Softsign", "SpaceToDepth",
+    "Split", "Sqrt", "Squeeze", "Sub", "Sum", "Tan", "Tanh", "ThresholdedRelu", "Tile", "Transpose", "Trilu",
+    "Unsqueeze", "SimplifiedLayerNormalization", "RMSNormalization", "RotaryEmbedding"})
+#: ONNX ops whose output 0 has input 0's type and whose other outputs are named here
+_FIRST_SAME: dict[str, tuple[str | None, ...]] = {"TopK": ("INT64",), "Dropout": ("BOOL",), "MaxPool": ("INT64",),
+                                                    "LayerNormalization": (None, None)}
+_BOOL_OUT = frozenset({"Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "Not", "And", "Or", "Xor",
+                       "IsNaN", "IsInf"})
+_INT64_OUT = frozenset({"Shape", "Size", "NonZero", "ArgMax", "ArgMin"})
+#: com.microsoft ops: output index -> the input index whose type it has (every output not listed: unknown)
+_MS_OUTPUT_FROM_INPUT: dict[str, dict[int, int]] = {
+    "GroupQueryAttention": {0: 0, 1: 0, 2: 0}, "MultiHeadAttention": {0: 0, 1: 0, 2: 0},
+    "Attention": {0: 0, 1: 0}, "RotaryEmbedding": {0: 0}, "MRotaryEmbedding": {0: 0},
+    "SkipSimplifiedLayerNormalization": {0: 0, 3: 0}, "SkipLayerNormalization": {0: 0, 3: 0},
+    "SimplifiedLayerNormalization": {0: 0}, "MatMulNBits": {0: 0}, "FastGelu": {0: 0}, "Gelu": {0: 0},
+    "BiasGelu": {0: 0}, "QuickGelu": {0: 0}, "BiasAdd": {0: 0}, "BiasSplitGelu": {0: 0},
+    "GatherBlockQuantized": {0: 2}, "MatMulNBitsMlp": {0: 0}, "MatMulNBitsQkv": {0: 0, 1: 0, 2: 0},
+}
+_MS_FIXED = {"SkipSimplifiedLayerNormalization": {1: "FLOAT", 2: "FLOAT"},
+             "SkipLayerNormalization": {1: "FLOAT", 2: "FLOAT"}}
+
+
+def _attr_dtype(node: ir.Node, name: str) -> str | None:
+    a = node.attributes.get(name)
+    if a is None:
+        return None
+    if a.type == ir.AttributeType.TENSOR:
+        return a.value.dtype.name
+    try:
+        return ir.DataType(a.value).name
+    except (ValueError, TypeError):
+        return None
+
+
+def _node_output_dtypes(node: ir.Node, dtype: Callable[[ir.Value | None], str | None]) -> list[str | None]:
+    """The element types onnxruntime infers for ``node``'s outputs, from its inputs' (None: our rules do not know)."""
     domain = "" if node.domain in ("", "ai.onnx") else node.domain
-    ins = [value_dtype(v) for v in node.inputs]
-    outs = [value_dtype(v) for v in node.outputs]
+    n = len(node.outputs)
+    op = node.op_type
+    first = dtype(node.inputs[0]) if node.inputs else None
+    if domain == "":
+        if op in _SAME_AS_INPUT0:
+            return [first] * n
+        if op in _FIRST_SAME:
+            return [first, *_FIRST_SAME[op]][:n]
+        if op in _BOOL_OUT:
+            return ["BOOL"] * n
+        if op in _INT64_OUT:
+            return ["INT64"] * n
+        if op == "Cast":
+            return [_attr_dtype(node, "to")]
+        if op == "CastLike":
+            return [dtype(node.inputs[1]) if len(node.inputs) > 1 else None]
+        if op == "Where":
+            return [dtype(node.inputs[1]) if len(node.inputs) > 1 else None]
+        if op == "Constant":
+            return [_attr_dtype(node, "value")]
+        if op == "ConstantOfShape":
+            return [_attr_dtype(node, "value") or "FLOAT"]
+        if op == "EyeLike":
+            return [_attr_dtype(node, "dtype") or first]
+        return [None] * n
+    if domain == "com.microsoft":
+        from_input = _MS_OUTPUT_FROM_INPUT.get(op, {})
+        fixed = _MS_FIXED.get(op, {})
+        out: list[str | None] = []
+        for i in range(n):
+            if i in fixed:
+                out.append(fixed[i])
+            elif i in from_input and from_input[i] < len(node.inputs):
+                out.append(dtype(node.inputs[from_input[i]]))
+            else:
+                out.append(None)
+        return out
+    return [None] * n
+
+
+class Dtypes:
+    """Element type of every value of a graph (and its subgraphs): the value's own type where the graph records it
+    (value_info, initializers, graph inputs), else inferred from its producer's inputs (:func:`_node_output_dtypes`),
+    in graph order. ``dtypes(value)`` -> ``"FLOAT"``, ``"INT64"``... or None (unknown to our rules)."""
+
+    def __init__(self, graph: ir.Graph, outer: Dtypes | None = None) -> None:
+        self.known: dict[int, str | None] = dict(outer.known) if outer is not None else {}
+        for _ in range(3):  # graphs are topologically sorted; a few rounds cover one that is not
+            changed = False
+            for node in ir.traversal.RecursiveGraphIterator(graph):
+                inferred = _node_output_dtypes(node, self)
+                for value, dt in zip(node.outputs, inferred):
+                    if value.dtype is None and value.const_value is None and dt is not None \
+                            and self.known.get(id(value)) != dt:
+                        self.known[id(value)] = dt
+                        changed = True
+            if not changed:
+                break
+
+    def __call__(self, value: ir.Value | None) -> str | None:
+        if value is None:
+            return None
+        if value.dtype is not None:
+            return value.dtype.name
+        if value.const_value is not None:
+            return value.const_value.dtype.name
+        return self.known.get(id(value))
+
+
+def _kernel_modes(node: ir.Node, kernels: KernelTable, opset: int | None,
+                  dtype: Callable[[ir.Value | None], str | None] = value_dtype) -> tuple[frozenset[str] | None, str]:
+    domain = "" if node.domain in ("", "ai.onnx") else node.domain
+    ins = [dtype(v) for v in node.inputs]
+    outs = [dtype(v) for v in node.outputs]
     if (domain, node.op_type) == ("", "Cast"):
         to = node.attributes.get("to")
         if to is not None:
@@ -180,10 +341,14 @@ def _kernel_modes(node: ir.Node, kernels: KernelTable, opset: int | None) -> tup
     return kernels.modes(domain, node.op_type, key, opset), key
 
 
-def _has_kernel(node: ir.Node, capture: bool, kernels: KernelTable, opset: int | None) -> tuple[bool, str]:
-    modes, key = _kernel_modes(node, kernels, opset)
+def _has_kernel(node: ir.Node, capture: bool, kernels: KernelTable, opset: int | None,
+                dtype: Callable[[ir.Value | None], str | None] = value_dtype) -> tuple[bool | None, str]:
+    """(True: a WebGPU kernel, False: none, so CPU, None: the static rules cannot tell; why)."""
+    modes, key = _kernel_modes(node, kernels, opset, dtype)
+    if "None" in key.split("->"):
+        return None, f"element type of {node.op_type}'s type-selecting value unknown to the static rules"
     if modes is None:
-        return False, f"no WebGPU kernel known for {node.op_type}({key}) (not in the probed table)"
+        return None, f"{node.op_type}({key}) is not in the probed kernel table"
     mode = "on" if capture else "off"
     if mode in modes:
         return True, ""
@@ -250,6 +415,16 @@ def predict_placement(model: ir.Model | str | os.PathLike, *, graph_capture: boo
         result.capture_error = error if graph_capture else None
         return result
     _predict_graph(model.graph, graph_capture, result, set(), runtime.kernels, _opset(model))
+    if result.maybe_folded:
+        # onnxruntime may fold these to constants before placing (ConstantFolding): where folding them all and
+        # folding none give the same Memcpy, the answer does not depend on it; else the Memcpy both give are
+        # certain and the folded nodes' placement is unknown
+        folded = Placement(name, graph_capture, "static", runtime=runtime.name)
+        _predict_graph(model.graph, graph_capture, folded, set(), runtime.kernels, _opset(model), fold=True)
+        if not result.same_memcpy(folded):
+            result.memcpy = [m for m in result.memcpy
+                             if any(f.kind == m.kind and f.names & m.names for f in folded.memcpy)]
+            result.unknown.update(result.maybe_folded)
     if graph_capture:
         if result.control_flow:
             result.capture_ok = False
@@ -260,10 +435,23 @@ def predict_placement(model: ir.Model | str | os.PathLike, *, graph_capture: boo
             result.capture_ok = False
             result.capture_error = ("This session cannot use the graph capture feature as requested by the user  as "
                                     "all compute graph nodes have not been partitioned to the WebGpuExecutionProvider")
+        elif result.unknown:
+            result.capture_ok = None  # the static rules cannot tell: the runtime decides
         else:
             result.capture_ok = True
     result.memcpy.sort()
     return result
+
+
+def capture_verdict(model: ir.Model | str | os.PathLike, runtime: RuntimeTarget | str | None = None) -> Placement:
+    """**The one answer** to "does WebGPU graph capture work for this model on this runtime": ``optimize``'s summary
+    and its ``enableGraphCapture`` config write, ``inspect``, ``lint`` (RP205, RP220-RP222) and the pipeline's
+    placement guard all read it. The static prediction with capture on (:func:`predict_placement`), whose
+    :attr:`Placement.state` is ``"does-not-load"``, ``"blocked"`` (with :meth:`Placement.blockers`, each with its
+    node), ``"ready"``, or ``"unknown"`` where the static rules cannot place some node (then only the runtime can
+    tell: ``rope-passes check --graph-capture``). Agreement with a real capture session on every graph the project
+    can build is tests/test_one_truth.py."""
+    return predict_placement(model, graph_capture=True, target=runtime)
 
 
 def _const_key(value: ir.Value) -> Any:
@@ -333,9 +521,58 @@ def shape_bypass(nodes: list[ir.Node]) -> tuple[dict[int, ir.Value], set[int]]:
     return redirect, dropped
 
 
+def _shape_known(node: ir.Node, value: ir.Value) -> bool | None:
+    """Whether ``Shape`` reads only concrete dims of ``value`` (True), some symbolic one (False), or the graph does
+    not record its shape (None: onnxruntime's own shape inference may know it)."""
+    shape = value.shape
+    if shape is None:
+        return None
+    rank = len(shape)
+    start = node.attributes.get("start")
+    end = node.attributes.get("end")
+    lo = start.value if start is not None else 0
+    hi = end.value if end is not None else rank
+    lo, hi = (lo + rank if lo < 0 else lo), (hi + rank if hi < 0 else hi)
+    return all(isinstance(shape[i], int) for i in range(max(lo, 0), min(hi, rank)))
+
+
+def maybe_folded(nodes: list[ir.Node], redirect: dict[int, ir.Value] | None = None) -> dict[int, str]:
+    """Nodes onnxruntime's level-1 optimizers may replace by a constant before partitioning (``ConstantFolding``),
+    which the static rules do not replay: every input a constant (initializer, ``Constant``) or the output of such a
+    node, or a ``Shape`` whose input's dims it reads are concrete or not recorded in the graph (onnxruntime's shape
+    inference may know them). id(node) -> why; their placement is unknown to the static rules."""
+    redirect = redirect or {}
+    out: dict[int, str] = {}
+    folded_values: set[int] = set()
+    for node in nodes:
+        domain = "" if node.domain in ("", "ai.onnx") else node.domain
+        if (domain == "" and node.op_type == "Constant") or node.op_type.startswith("Random") \
+                or any(a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS) for a in node.attributes.values()):
+            continue
+        why = None
+        if domain == "" and node.op_type == "Shape" and node.inputs and node.inputs[0] is not None:
+            known = _shape_known(node, redirect.get(id(node), node.inputs[0]))
+            if known is None:
+                why = "Shape of a tensor whose shape the graph does not record: onnxruntime may fold it to a constant"
+            elif known:
+                why = "Shape of concrete dims: onnxruntime folds it to a constant"
+        inputs = [v for v in node.inputs if v is not None]
+        if why is None and inputs and all(_is_constant(v) or id(v) in folded_values for v in inputs):
+            why = "every input is constant: onnxruntime may fold it to a constant"
+        if why is not None:
+            out[id(node)] = why
+            folded_values.update(id(v) for v in node.outputs)
+    return out
+
+
 def _predict_graph(graph: ir.Graph, capture: bool, result: Placement, outer_cpu: set[int], kernels: KernelTable,
-                   opset: int | None) -> None:
+                   opset: int | None, dtypes: Dtypes | None = None, outer_unknown: set[int] | None = None,
+                   fold: bool = False) -> None:
+    """Place ``graph``'s nodes into ``result``; ``fold``: as if onnxruntime folded every :func:`maybe_folded` node
+    to a constant (else as if it folded none)."""
     nodes = list(graph)
+    dtypes = Dtypes(graph, dtypes)
+    outer_unknown = outer_unknown or set()
     rep = common_subexpressions(nodes)
     redirect, dropped = shape_bypass(nodes)
     merged = {id(n) for n in nodes if n.outputs and all(id(o) in rep for o in n.outputs)} | dropped
@@ -346,37 +583,54 @@ def _predict_graph(graph: ir.Graph, capture: bool, result: Placement, outer_cpu:
                 aliases.setdefault(id(rep[id(out)]), []).append(out.name or "")
     live = [n for n in nodes if id(n) not in merged]
     on_cpu: dict[int, str] = {}  # id(node) -> reason
+    unknown: dict[int, str] = {}  # id(node) -> why the static rules cannot place it
+    foldable = maybe_folded(live, redirect)
+    for node in live:
+        if id(node) in foldable:
+            result.maybe_folded[node.name or node.op_type] = foldable[id(node)]
+    folded_values = {id(v) for n in live if id(n) in foldable for v in n.outputs} if fold else set()
+    if fold:
+        live = [n for n in live if id(n) not in foldable]
     for node in live:
         if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
             continue  # folded into an initializer by onnxruntime at load
         if node.op_type in CONTROL_FLOW:
             result.control_flow.append(node.name or node.op_type)
+        ok: bool | None
         if id(node) in redirect:  # Shape of what onnxruntime really reads
-            dtype = value_dtype(redirect[id(node)])
-            ok = ("on" if capture else "off") in (kernels.modes("", "Shape", str(dtype), opset) or frozenset())
-            why = "" if ok else f"no WebGPU kernel for Shape({dtype}) (onnxruntime reads Shape(Cast(x)) as Shape(x))"
+            dtype = dtypes(redirect[id(node)])
+            modes = kernels.modes("", "Shape", str(dtype), opset)
+            ok = None if dtype is None or modes is None else ("on" if capture else "off") in modes
+            why = "" if ok else (f"no WebGPU kernel for Shape({dtype}) (onnxruntime reads Shape(Cast(x)) as Shape(x))"
+                                 if ok is False else f"Shape({dtype}) unknown to the static rules")
         else:
-            ok, why = _has_kernel(node, capture, kernels, opset)
-        if not ok:
+            ok, why = _has_kernel(node, capture, kernels, opset, dtypes)
+        if ok is None:
+            unknown[id(node)] = why
+        elif not ok:
             on_cpu[id(node)] = why
 
     graph_inputs = {id(v) for v in graph.inputs}
 
     def location(value: ir.Value) -> str:
-        """'cpu', 'gpu', 'input' (graph input), 'const' or 'outer' for one value."""
-        if _is_constant(value):
+        """'cpu', 'gpu', 'input' (graph input), 'const', 'outer', 'outer-cpu' or 'unknown' for one value."""
+        if _is_constant(value) or id(value) in folded_values:
             return "const"
         if id(value) in graph_inputs:
             return "input"
         producer = value.producer()
         if producer is None:
+            if id(value) in outer_unknown:
+                return "unknown"
             return "outer-cpu" if id(value) in outer_cpu else "outer"
+        if id(producer) in unknown:
+            return "unknown"
         return "cpu" if id(producer) in on_cpu or _cpu_output(value) else "gpu"
 
     def consumer_wants(node: ir.Node, index: int) -> str:
-        if id(node) in on_cpu:
-            return "cpu"
-        return "cpu" if index in _cpu_inputs(node, capture) else "gpu"
+        if id(node) in on_cpu or index in _cpu_inputs(node, capture):
+            return "cpu"  # a CPU-memory input is read on CPU wherever the node runs
+        return "unknown" if id(node) in unknown else "gpu"
 
     # which values are read in which memory
     reads: dict[int, tuple[ir.Value, dict[str, list[str]]]] = {}
@@ -389,13 +643,14 @@ def _predict_graph(graph: ir.Graph, capture: bool, result: Placement, outer_cpu:
             if index == 0 and id(node) in redirect:
                 value = redirect[id(node)]
             value = rep.get(id(value), value)
-            entry = reads.setdefault(id(value), (value, {"cpu": [], "gpu": []}))
+            entry = reads.setdefault(id(value), (value, {"cpu": [], "gpu": [], "unknown": []}))
             entry[1][consumer_wants(node, index)].append(node.name or node.op_type)
         for attr in node.attributes.values():  # subgraph reads of outer values: implicit inputs of this node
             if attr.type == ir.AttributeType.GRAPH:
                 for sub_value in _outer_reads(attr.value):
-                    entry = reads.setdefault(id(sub_value), (sub_value, {"cpu": [], "gpu": []}))
-                    entry[1]["cpu" if id(node) in on_cpu else "gpu"].append(node.name or node.op_type)
+                    entry = reads.setdefault(id(sub_value), (sub_value, {"cpu": [], "gpu": [], "unknown": []}))
+                    want = "cpu" if id(node) in on_cpu else "unknown" if id(node) in unknown else "gpu"
+                    entry[1][want].append(node.name or node.op_type)
 
     for value, wants in reads.values():
         where = location(value)
@@ -410,10 +665,14 @@ def _predict_graph(graph: ir.Graph, capture: bool, result: Placement, outer_cpu:
     for node in live:
         if id(node) in on_cpu:
             result.cpu_nodes[node.name or node.op_type] = on_cpu[id(node)]
+        if id(node) in unknown:
+            result.unknown[node.name or node.op_type] = unknown[id(node)]
         for attr in node.attributes.values():
             if attr.type == ir.AttributeType.GRAPH:
                 cpu_values = {id(v) for n in live if id(n) in on_cpu for v in n.outputs}
-                _predict_graph(attr.value, capture, result, outer_cpu | cpu_values, kernels, opset)
+                unknown_values = {id(v) for n in live if id(n) in unknown for v in n.outputs}
+                _predict_graph(attr.value, capture, result, outer_cpu | cpu_values, kernels, opset, dtypes,
+                               outer_unknown | unknown_values, fold)
     result.merged_nodes.extend(n.name or n.op_type for n in nodes if id(n) in merged)
 
 

@@ -2,10 +2,11 @@
 folder), and what each WebGPU runtime does with it.
 
 The census itself is :func:`rope_passes.analysis.census.census`; the per-runtime verdict ("loads; capture-ready",
-"does not load: ...", "loads; capture blocked by ...") is the static placement prediction with graph capture on
-(:func:`rope_passes.analysis.placement.predict_placement`, :meth:`~rope_passes.analysis.placement.Placement.verdict`)
-for every runtime target (:mod:`rope_passes.targets`), or the one ``--runtime`` names. This module parses the
-arguments and prints it: JSON, or :func:`render` (one compact rich table per model).
+"does not load: ...", "loads; capture blocked by ...", "loads; capture unknown: run `check --graph-capture`") is the
+one home every command reads (:func:`rope_passes.analysis.placement.capture_verdict`,
+:meth:`~rope_passes.analysis.placement.Placement.verdict`) for every runtime target (:mod:`rope_passes.targets`),
+or the one ``--runtime`` names. This module parses the arguments and prints it: JSON, or :func:`render` (one compact
+rich table per model).
 """
 
 from __future__ import annotations
@@ -40,17 +41,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def runtime_verdicts(model, runtimes: list[str]) -> list[dict[str, Any]]:
     """Per runtime: loads / capture-ready / blocked by what (static prediction, capture on)."""
-    from rope_passes.analysis.placement import predict_placement
+    from rope_passes.analysis.placement import capture_verdict
     from rope_passes.targets import default_runtime, get_target
 
     installed = default_runtime()
     out = []
     for name in runtimes:
         target = get_target(name)
-        placement = predict_placement(model, graph_capture=True, target=target)
+        placement = capture_verdict(model, target)  # the one home of the capture verdict (lint, optimize read it)
         out.append({"runtime": name, "label": target.label, "installed": name == installed,
-                    "loads": placement.loads, "capture_ready": bool(placement.capture_ok),
-                    "memcpy": len(placement.memcpy), "verdict": placement.verdict(),
+                    "loads": placement.loads, "capture_ready": placement.state == "ready",
+                    "capture": placement.state, "memcpy": len(placement.memcpy), "verdict": placement.verdict(),
+                    "blockers": [{"node": n, "why": w} for n, w in placement.blockers()],
                     "downlevel": list(target.downlevel_for(model))})
     return out
 

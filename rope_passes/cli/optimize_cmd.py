@@ -179,6 +179,17 @@ def runtime_line(runtime: str, explicit: bool, skipped: Mapping[str, str]) -> st
     return "\n".join(lines)
 
 
+def capture_lines(report: PipelineReport) -> list[str]:
+    """``webgpu-graph``: the output's capture verdict, each blocker with its node, and what genai_config.json got."""
+    capture = report.capture
+    if not capture:
+        return []
+    lines = [f"graph capture: {capture['verdict']}"]
+    lines += [f"  blocker at {b['node']}: {b['why']}" for b in capture["blockers"]]
+    lines.append(f"  {capture['config']}")
+    return lines
+
+
 def explain(report: PipelineReport, console: Console, indent: str = "") -> None:
     """Every finding of every pass, in pipeline order: what was tried where, and what came of it."""
     for p in report.passes:
@@ -219,6 +230,8 @@ def render(report: PipelineReport, console: Console, explicit_runtime: bool = Fa
         where = r["target"] if r["count"] == 1 else f"{r['count']} places ({r['target']}, ...)"
         console.print(escape(f"  output still has {r['code']} {r['severity']} at {where}: {r['message']}"),
                       highlight=False)
+    for line in capture_lines(report):
+        console.print(escape(line), highlight=False, soft_wrap=True)
     if report.dry_run:
         console.print("dry run: nothing written")
     elif report.output_path:

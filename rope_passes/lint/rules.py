@@ -10,6 +10,7 @@ onnxruntime-webgpu 1.27 and clean with the WebGPU plugin EP.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import onnx_ir as ir
 
@@ -18,6 +19,9 @@ from rope_passes.analysis.longrope import ConcatCache, concat_cache
 from rope_passes.lint.core import LintContext, Severity, rule
 from rope_passes.report import MatchFailure
 from rope_passes.targets import LoadProblem
+
+if TYPE_CHECKING:
+    from rope_passes.analysis.placement import Placement
 
 Found = Iterator[tuple[str, str]]
 
@@ -147,22 +151,71 @@ def control_flow(ctx: LintContext) -> Found:
             yield node.name or node.op_type, f"{node.op_type} node: graph capture will be refused"
 
 
+def _capture(ctx: LintContext) -> Placement:
+    """The capture verdict of the linted graph on the target runtime: the one home every command reads
+    (:func:`rope_passes.analysis.placement.capture_verdict`), computed once per lint context."""
+    from rope_passes.analysis.placement import capture_verdict
+
+    cached = ctx.__dict__.get("_capture_verdict")
+    if cached is None:
+        cached = ctx.__dict__["_capture_verdict"] = capture_verdict(ctx.model, ctx.target)
+    return cached
+
+
 @rule("RP205", "memcpy-blocks-capture", Severity.WARNING,
       "onnxruntime will insert Memcpy nodes: WebGPU graph capture refused",
-      """Static placement prediction for the target runtime (rope_passes.analysis.placement, from its probed kernel
-      table; checked against onnxruntime's own placement log on the corpus, both runtimes) with enableGraphCapture=1: tensors computed on the CPU (Shape math, int64 ops without
-      WebGPU kernels) feed GPU nodes, so onnxruntime inserts Memcpy and refuses capture. `narrow-int64` moves
-      int64 position movement to the GPU in int32 (`total-seq-on-gpu`, RP201's fix, the attention-mask math);
-      `fold-text-mrope` removes manual mRoPE shape paths.""",
+      """Static placement prediction for the target runtime (rope_passes.analysis.placement.capture_verdict, from
+      its probed kernel table; checked against real capture sessions on every graph the project builds, both
+      runtimes) with enableGraphCapture=1: tensors computed on the CPU (Shape math, int64 ops without WebGPU
+      kernels) feed GPU nodes, so onnxruntime inserts Memcpy and refuses capture. Reported only where the static
+      rules are sure; where they cannot place a node, RP220 says so instead. `narrow-int64` moves int64 position
+      movement to the GPU in int32 (`total-seq-on-gpu`, RP201's fix, the attention-mask math); `fold-text-mrope`
+      removes manual mRoPE shape paths.""",
       fix="narrow-int64")
 def memcpy(ctx: LintContext) -> Found:
-    from rope_passes.analysis.placement import predict_placement
-
-    placement = predict_placement(ctx.model, graph_capture=True, target=ctx.target)
+    placement = _capture(ctx)
     if placement.loads and placement.memcpy:
         first = placement.memcpy[0]
         yield "<model>", (f"{len(placement.memcpy)} Memcpy predicted with graph capture on, e.g. {first.kind} on "
                           f"{first.tensor!r}: capture will be refused")
+
+
+@rule("RP220", "capture-unknown", Severity.NOTE,
+      "whether WebGPU graph capture works cannot be told without the runtime",
+      """The static placement rules cannot place some node (an element type or an (op, type) pair they do not know,
+      or shape math onnxruntime may fold to a constant before placing), and no certain blocker was found: only a
+      real session can tell whether capture works. Run `rope-passes check ORIGINAL REWRITTEN --graph-capture`, or
+      `python -m rope_passes.runtime.placement_probe model.onnx --probe` to see onnxruntime's own placement.""")
+def capture_unknown(ctx: LintContext) -> Found:
+    placement = _capture(ctx)
+    if placement.state == "unknown":
+        yield "<model>", f"graph capture {placement.unknown_line()}"
+
+
+def _capture_in_config(ctx: LintContext) -> bool | None:
+    return ctx.genai_config.graph_capture if ctx.genai_config.present else None
+
+
+@rule("RP221", "capture-on-not-ready", Severity.ERROR,
+      "genai_config.json turns WebGPU graph capture on, but the graph is not capture-ready",
+      """enableGraphCapture is "1" in the decoder's WebGPU provider options, and the graph has control flow or needs
+      Memcpy nodes on the target runtime: onnxruntime refuses to create the session, so onnxruntime-genai fails to
+      load the model. Remove the blockers (`rope-passes optimize --target webgpu-graph`, which also sets the option
+      to match), or set enableGraphCapture to "0".""")
+def capture_on_not_ready(ctx: LintContext) -> Found:
+    if _capture_in_config(ctx) and _capture(ctx).state == "blocked":
+        for node, why in _capture(ctx).blockers()[:5]:
+            yield node, f"enableGraphCapture='1' in genai_config.json, but capture is refused: {why}"
+
+
+@rule("RP222", "capture-ready-but-off", Severity.NOTE,
+      "the graph is WebGPU capture-ready, but genai_config.json leaves capture off",
+      """The graph creates a WebGPU session with enableGraphCapture=1 (no control flow, no Memcpy), but the decoder's
+      WebGPU provider options do not turn it on, so onnxruntime-genai runs every decode step without capture. Set
+      "enableGraphCapture": "1" there (`rope-passes optimize --target webgpu-graph` does).""")
+def capture_ready_but_off(ctx: LintContext) -> Found:
+    if _capture_in_config(ctx) is False and _capture(ctx).state == "ready":
+        yield "<model>", "capture-ready, but genai_config.json's WebGPU provider options have enableGraphCapture off"
 
 
 def _concat_cache(ctx: LintContext) -> ConcatCache | None:
