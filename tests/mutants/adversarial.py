@@ -15,7 +15,7 @@ import onnx_ir as ir
 
 from . import EQUIVALENT, LONGROPE_CALLS, REFUSE, Mutant, Work
 from .edit import Chain, graph_input, node_named, nodes_of, splice
-from .probes import as_graph_output, read_in_if, set_attr
+from .probes import as_graph_output, gqa_copy_in_if, read_in_if, set_attr
 
 NARROW = "narrow-int64"
 LEG_QWEN25 = "genai/legacy/qwen25_vl/cpu_fp32"
@@ -397,6 +397,16 @@ def cos_read_in_if(work: Work) -> list[str]:
     return _precompute_places(work)
 
 
+def gqa_in_if(places):
+    """A copy of layer 0's GroupQueryAttention inside an If body, reading the outer graph's q/k/v, caches and
+    lengths: what a pass rewires or removes for the main-graph GQA, the copy still reads."""
+    def edit(work: Work) -> list[str]:
+        gqa = nodes_of(work.graph, "GroupQueryAttention")[0]
+        gqa_copy_in_if(work.graph, gqa, "mutant_attention_in_if")
+        return places(work)
+    return edit
+
+
 def _gather_concat_input(work: Work, node: str, index: int, k: int) -> list[str]:
     n = node_named(work.graph, f"{SUB}/{node}")
     chain = Chain(work.graph, "gather_concat")
@@ -542,4 +552,15 @@ def mutants() -> list[Mutant]:
           "seqlens_k = ReduceSum(mask) - Cast<int64>(2.0)")
     total("gather-dim0-cast", "constant-form", REFUSE, cast_of_constant("Gather", 1, np.array(0.0)),
           "total_sequence_length = Shape(mask)[Cast<int64>(0.0)]: the batch")
+    fold("gqa-copy-in-if", "subgraph", EQUIVALENT, gqa_in_if(_gqa_places),
+         "a copy of layer 0's GQA inside an If body reads the rotated q/k and the positions' GQA inputs")
+    total("gqa-copy-in-if", "subgraph", EQUIVALENT, gqa_in_if(_total_places),
+          "a copy of layer 0's GQA inside an If body reads the old seqlens_k / total_sequence_length")
+    longrope("gqa-copy-in-if", "subgraph", EQUIVALENT,
+             gqa_in_if(lambda w: [n.name for n in w.graph if n.op_type == "If" and "rope_caches" in n.name]),
+             "a copy of layer 0's GQA inside an If body reads the LongRoPE If's cos/sin")
+    out.append(Mutant("lower-qwen25-gqa-copy-in-if", "subgraph", "lower-mrope", CUR_QWEN25, EQUIVALENT,
+                      gqa_in_if(lambda w: [n.name for n in w.graph if n.op_type == "MRotaryEmbedding"]),
+                      "a copy of layer 0's GQA inside an If body reads the rotated q/k", target="webgpu",
+                      reference="plugin", vision=True))
     return out

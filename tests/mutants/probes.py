@@ -116,3 +116,31 @@ def as_constant_node(graph: ir.Graph, value: ir.Value, form: str = "value") -> i
     for user, index in readers:
         user.replace_input_with(index, out)
     return out
+
+
+def gqa_copy_in_if(graph: ir.Graph, gqa: ir.Node, output: str) -> ir.Node:
+    """A copy of ``gqa`` inside both bodies of an ``If`` (condition true), reading every input from the outer graph
+    (outer-scope references), its attention output a new graph output ``output``. Returns the If node."""
+    k = next(_COUNT)
+    chain = Chain(graph, "gqa_in_if")
+    cond = _true_condition(graph, chain)
+
+    def branch(tag: str) -> ir.Graph:
+        attrs = {name: ir.Attr(name, a.type, a.value) for name, a in gqa.attributes.items()}
+        copy = ir.node(gqa.op_type, list(gqa.inputs), attributes=attrs, domain=gqa.domain,
+                       num_outputs=len(gqa.outputs), name=f"/mutant/gqa_if{k}/{tag}/GroupQueryAttention")
+        for j, (new, old) in enumerate(zip(copy.outputs, gqa.outputs, strict=True)):
+            new.name, new.dtype, new.shape = f"/mutant/gqa_if{k}/{tag}/output_{j}", old.dtype, old.shape
+        return ir.Graph([], [copy.outputs[0]], nodes=[copy], name=f"mutant_gqa_if{k}_{tag}")
+
+    node = ir.node("If", [cond], attributes={"then_branch": ir.AttrGraph("then_branch", branch("then")),
+                                             "else_branch": ir.AttrGraph("else_branch", branch("else"))},
+                   name=f"/mutant/gqa_if{k}/If")
+    node.outputs[0].name = output
+    node.outputs[0].dtype = gqa.outputs[0].dtype
+    node.outputs[0].shape = gqa.outputs[0].shape
+    chain.nodes.append(node)
+    chain.insert([])
+    graph.sort()
+    graph.outputs.append(node.outputs[0])
+    return node
