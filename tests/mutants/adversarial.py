@@ -407,6 +407,18 @@ def gqa_in_if(places):
     return edit
 
 
+def shape_slice(start: int | None, end: int | None, index: int):
+    """The chain's Shape(mask) gets ``start``/``end`` attributes and its Gather reads element ``index`` of that."""
+    def edit(work: Work) -> list[str]:
+        shape = node_named(work.graph, f"{SUB}/Shape")
+        set_attr(shape, "start", start)
+        set_attr(shape, "end", end)
+        gather = node_named(work.graph, f"{SUB}/Gather")
+        gather.replace_input_with(1, Chain(work.graph, "index").scalar(index))
+        return _total_places(work)
+    return edit
+
+
 def _gather_concat_input(work: Work, node: str, index: int, k: int) -> list[str]:
     n = node_named(work.graph, f"{SUB}/{node}")
     chain = Chain(work.graph, "gather_concat")
@@ -530,6 +542,12 @@ def mutants() -> list[Mutant]:
           lambda w: _gather_concat_input(w, "Gather", 1, 1), "Shape(mask)[Gather(Concat([7], [1]), 1)]: dimension 1")
     total("index-gather-concat-0", "constant-form", REFUSE,
           lambda w: _gather_concat_input(w, "Gather", 1, 0), "Shape(mask)[Gather(Concat([7], [0]), 1)]: the batch")
+    total("shape-start-1-index-0", "attribute", EQUIVALENT, shape_slice(1, None, 0),
+          "total_sequence_length = Shape(mask, start=1)[0]: the width, spelled with Shape's start attribute")
+    total("shape-end-1-index-0", "attribute", REFUSE, shape_slice(None, 1, 0),
+          "total_sequence_length = Shape(mask, end=1)[0]: the batch")
+    total("shape-start-neg1-index-0", "attribute", EQUIVALENT, shape_slice(-1, None, 0),
+          "total_sequence_length = Shape(mask, start=-1)[0]: the width")
     total("old-total-is-output", "graph-output", EQUIVALENT, old_total_output(False),
           "the old total_sequence_length is also a graph output")
     total("old-total-is-output-direct", "graph-output", EQUIVALENT, old_total_output(True),
