@@ -481,7 +481,7 @@ def mutants() -> list[Mutant]:
            "the narrowed Reshape's output value is itself a graph output (name, int64 type and values must stay)")
 
     def fold(name, cls, expect, edit, why, base=CUR_QWEN25, reference="plugin", options=None):
-        short = "curqwen25" if base == CUR_QWEN25 else "legqwen35text"
+        short = {CUR_QWEN25: "curqwen25", LEG_QWEN35_TEXT: "legqwen35text", LEG_QWEN25: "legqwen25"}[base]
         out.append(Mutant(f"fold-{short}-{name}", cls, FOLD, base, expect, edit, why, target="webgpu",
                           options={"text_only": True} if options is None else options, reference=reference))
 
@@ -581,4 +581,13 @@ def mutants() -> list[Mutant]:
                       gqa_in_if(lambda w: [n.name for n in w.graph if n.op_type == "MRotaryEmbedding"]),
                       "a copy of layer 0's GQA inside an If body reads the rotated q/k", target="webgpu",
                       reference="plugin", vision=True))
+    fold("gqa-copy-in-if", "subgraph", EQUIVALENT, gqa_in_if(_gqa_places),
+         "builder 0.15 manual mRoPE: a copy of layer 0's GQA inside an If body reads the rotated q/k",
+         base=LEG_QWEN25, reference="ort")
+    fold("positions-input-read-in-if", "subgraph", EQUIVALENT, positions_read_directly_in_if,
+         "builder 0.15 manual mRoPE: the [3, B, S] position input is also read inside an If body", base=LEG_QWEN25,
+         reference="ort")
+    fold("gqa-copy-in-if", "subgraph", EQUIVALENT, gqa_in_if(_gqa_places),
+         "the proven-text form: a copy of layer 0's GQA inside an If body reads the rotated q/k", base=LEG_QWEN35_TEXT,
+         reference="ort", options={})
     return out

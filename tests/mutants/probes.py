@@ -40,8 +40,8 @@ def as_graph_output(graph: ir.Graph, value: ir.Value, name: str | None = None) -
 
 
 def _true_condition(graph: ir.Graph, chain: Chain) -> ir.Value:
-    """``Shape(input_ids)[0] > 0``: true on every call, computed (not a constant a runtime could fold away)."""
-    ids = graph_input(graph, "input_ids")
+    """``Shape(attention_mask)[0] > 0``: true on every call, computed (not a constant a runtime could fold away)."""
+    ids = graph_input(graph, "attention_mask")
     batch = chain.op("Gather", chain.op("Shape", ids, dtype=ir.DataType.INT64), chain.scalar(0),
                      dtype=ir.DataType.INT64, axis=0)
     return chain.op("Greater", batch, chain.scalar(0), dtype=ir.DataType.BOOL, shape=ir.Shape([]))
@@ -50,7 +50,7 @@ def _true_condition(graph: ir.Graph, chain: Chain) -> ir.Value:
 def read_in_if(graph: ir.Graph, value: ir.Value, output: str, cond: ir.Value | None = None,
                add_output: bool = True) -> ir.Node:
     """A graph output ``output`` = ``If(true, then: ReduceSum(value), else: -ReduceSum(value))``: ``value`` read only
-    inside the If's bodies (outer-scope references). ``cond``: the condition (default: computed from input_ids, true);
+    inside the If's bodies (outer-scope references). ``cond``: the condition (default: computed from the mask, true);
     ``add_output=False``: the If is only added (a body's caller wires it). Returns the If node."""
     k = next(_COUNT)
     chain = Chain(graph, "subgraph")
