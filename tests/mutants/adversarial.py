@@ -94,6 +94,8 @@ def token_index_is_output(direct: bool):
 FOLD = "fold-text-mrope"
 CUR_QWEN25 = "genai/current/qwen25_vl/cpu_fp32"
 LEG_QWEN35_TEXT = "genai/legacy/qwen35/cpu_fp32_text"
+CUR_QWEN35 = "genai/current/qwen35/webgpu_fp32"
+CUR_QWEN25_FP16 = "genai/current/qwen25_vl/webgpu_fp16"
 
 
 def _gqa_places(work: Work) -> list[str]:
@@ -146,6 +148,16 @@ def rotation_attrs(which: str = "", **values):
         for node in _rotations(work, which):
             for name, value in values.items():
                 set_attr(node, name, value)
+        return _gqa_places(work)
+    return edit
+
+
+def gqa_attrs(**values):
+    """Attributes of every GroupQueryAttention set (None removes one)."""
+    def edit(work: Work) -> list[str]:
+        for gqa in nodes_of(work.graph, "GroupQueryAttention"):
+            for name, value in values.items():
+                set_attr(gqa, name, value)
         return _gqa_places(work)
     return edit
 
@@ -481,9 +493,11 @@ def mutants() -> list[Mutant]:
            "the narrowed Reshape's output value is itself a graph output (name, int64 type and values must stay)")
 
     def fold(name, cls, expect, edit, why, base=CUR_QWEN25, reference="plugin", options=None):
-        short = {CUR_QWEN25: "curqwen25", LEG_QWEN35_TEXT: "legqwen35text", LEG_QWEN25: "legqwen25"}[base]
+        short = {CUR_QWEN25: "curqwen25", LEG_QWEN35_TEXT: "legqwen35text", LEG_QWEN25: "legqwen25",
+                 CUR_QWEN35: "curqwen35", CUR_QWEN25_FP16: "curqwen25fp16"}[base]
         out.append(Mutant(f"fold-{short}-{name}", cls, FOLD, base, expect, edit, why, target="webgpu",
-                          options={"text_only": True} if options is None else options, reference=reference))
+                          options={"text_only": True} if options is None else options, reference=reference,
+                          fp16=base == CUR_QWEN25_FP16))
 
     fold("interleaved-2", "attribute", EQUIVALENT, rotation_attrs(interleaved=2),
          "MRotaryEmbedding interleaved=2: onnxruntime reads rotate-half (== 1 test)")
@@ -590,4 +604,16 @@ def mutants() -> list[Mutant]:
     fold("gqa-copy-in-if", "subgraph", EQUIVALENT, gqa_in_if(_gqa_places),
          "the proven-text form: a copy of layer 0's GQA inside an If body reads the rotated q/k", base=LEG_QWEN35_TEXT,
          reference="ort", options={})
+    fold("interleaved-1", "attribute", EQUIVALENT, rotation_attrs(interleaved=1),
+         "partial rotary (16 of 32) with adjacent pairs and the interleaved section layout", base=CUR_QWEN35)
+    fold("scale-half", "attribute", EQUIVALENT, rotation_attrs(scale=0.5), "partial rotary, scale 0.5",
+         base=CUR_QWEN35)
+    fold("as-built", "dtype-shape", EQUIVALENT, lambda w: _gqa_places(w),
+         "fp16 model: the float rotation between two Casts, folded into an fp16 GQA", base=CUR_QWEN25_FP16)
+    fold("scale-half", "dtype-shape", EQUIVALENT, rotation_attrs(scale=0.5),
+         "fp16 model, scale 0.5 on the float caches", base=CUR_QWEN25_FP16)
+    fold("gqa-rotary-interleaved-preset", "attribute", EQUIVALENT, gqa_attrs(rotary_interleaved=1),
+         "the GQA (do_rotary=0) already says rotary_interleaved=1, the rotation is rotate-half: the fold must set 0")
+    fold("gqa-do-rotary-2", "attribute", EQUIVALENT, gqa_attrs(do_rotary=2),
+         "the GQA says do_rotary=2, which onnxruntime reads as no rotation (== 1 test)")
     return out
