@@ -92,6 +92,8 @@ def _config_offset(config: dict | None) -> int:
 
 def _rewritten_here(mutant: Mutant, report, places: tuple[str, ...]) -> list:
     found = [f for f in report.findings if f.outcome is Outcome.REWRITTEN and f.target in places]
+    if mutant.pass_name == "narrow-int64":  # placement is the whole graph's: a node narrowed anywhere is judged,
+        found = [f for f in report.findings if f.outcome is Outcome.REWRITTEN]  # nodes earlier passes made too
     if mutant.pass_name == "annotate-cache-offset" and report.genai_config_changes:
         found = found or [f for f in report.findings if f.outcome is Outcome.REWRITTEN] or ["config changed"]
     return found

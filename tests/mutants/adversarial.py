@@ -616,4 +616,11 @@ def mutants() -> list[Mutant]:
          "the GQA (do_rotary=0) already says rotary_interleaved=1, the rotation is rotate-half: the fold must set 0")
     fold("gqa-do-rotary-2", "attribute", EQUIVALENT, gqa_attrs(do_rotary=2),
          "the GQA says do_rotary=2, which onnxruntime reads as no rotation (== 1 test)")
+    out.append(Mutant("narrow-curqwen25-after-lower", "harmless", NARROW, CUR_QWEN25, EQUIVALENT, _narrow_places,
+                      "webgpu-graph without --text-only: lower-mrope's position plumbing (Gather/Transpose/Reshape of "
+                      "position_ids, the token index) is what narrow-int64 narrows; image positions",
+                      target="webgpu-graph", reference="plugin", vision=True))
+    out.append(Mutant("narrow-curqwen35-after-lower", "harmless", NARROW, CUR_QWEN35, EQUIVALENT, _narrow_places,
+                      "the same on Qwen3.5 (partial rotary, interleaved section layout)", target="webgpu-graph",
+                      reference="plugin", vision=True))
     return out
