@@ -106,8 +106,9 @@ def test_run_all_prints_every_row(tmp_path):
     env = dict(os.environ, ROPE_PASSES_CORPUS=str(GENAI))
     done = subprocess.run([sys.executable, str(REPO / "bench" / "run_all"), "--quick", "--quick-layers", "1",
                            "--only", "qwen25vl-3b-legacy", "--no-slope", "--no-decode", "--dense-limit", "0",
+                           "--startup-repeat", "1",
                            "--work", str(tmp_path / "work"), "--json", str(tmp_path / "out.json")],
-                          capture_output=True, text=True, timeout=120, env=env)
+                          capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads((tmp_path / "out.json").read_text())
     status = {r["command"]: r["status"] for r in result["rows"] if r["model"] == "qwen25vl-3b-legacy"}
@@ -118,6 +119,11 @@ def test_run_all_prints_every_row(tmp_path):
     assert "targets (issue 14" in done.stdout and "opt-link" in done.stdout
     startup = {r["command"]: r["status"] for r in result["rows"] if r["model"] == "startup"}
     assert startup == {"startup-floor": "ok", "startup-rope": "ok"} and "opt-link past start-up" in done.stdout
+    cli = {r["command"]: r for r in result["rows"] if r["model"] == "cli-startup"}  # CPU seconds of start-up
+    assert {c: r["status"] for c, r in cli.items()} == dict.fromkeys(
+        ["python", "import-sympy", "import-onnx_ir", "help", "usage-error", "lint-small", "inspect-small"], "ok")
+    assert cli["lint-small"]["cpu_s"] > cli["help"]["cpu_s"] >= 0  # read from /usr/bin/time, not left at 0
+    assert "start-up targets (issue 17" in done.stdout and "floor: import onnx_ir" in done.stdout
     dense = {r["command"]: r["status"] for r in result["rows"] if r["model"] == "qwen25vl-3b-legacy(dense)"}
     assert dense == dict.fromkeys(["cp", "floor", "opt-reflink", "opt-copy", "opt-link", "opt-rewrite"], "ok")
     assert result["models"]["qwen25vl-3b-legacy(dense)"]["disk_bytes"] >= result["models"][
