@@ -137,14 +137,11 @@ def execute_run(spec: RunSpec, on_step: Callable[[int], None] | None = None, cap
         result.status, result.reason = RUN_FAILED, _one_line(exc)
         result.failed_step = len(result.steps)
     if spec.schedules and dspec is not None and dspec.is_decoder and not spec.graph_capture:
-        from rope_passes.check.schedules import from_spec, run_reference, run_schedule
+        from rope_passes.check.schedules import from_spec, run_reference
 
         for k, data in enumerate(spec.schedules):
             try:
-                if spec.schedules_twice:
-                    run_reference(sess, dspec, from_spec(data), spec.schedules_twice, result.schedules)
-                else:
-                    run_schedule(sess, dspec, from_spec(data), result.schedules.setdefault(data["name"], []))
+                run_reference(sess, dspec, from_spec(data), spec.schedules_twice or None, result.schedules)
             except Exception as exc:  # noqa: BLE001 - a call that raises is a result; the calls before it are kept
                 result.schedule_errors[data["name"]] = _one_line(exc)
             if on_schedule is not None:

@@ -420,15 +420,19 @@ def row_alone(schedule: Schedule, b: int) -> Schedule:
                                ids=(schedule.ids[b],), padding=LEFT)
 
 
-def run_reference(session: Any, spec: DecoderSpec, schedule: Schedule, vocab: int,
+def run_reference(session: Any, spec: DecoderSpec, schedule: Schedule, vocab: int | None,
                   results: dict[str, list[dict[str, np.ndarray]]]) -> None:
-    """What a reference run makes of ``schedule``: :func:`run_twice` (``results[name]``, ``results[name + AGAIN]``)
-    and, for a padded batch, every row alone (``results[name + ROW + b]``; :func:`padded_rows_kept` compares the two).
-    A call that raises ends that part; what ran before is kept, the first error is raised after the rest ran."""
+    """What a run makes of ``schedule``: the schedule (``results[name]``; with a ``vocab``, a reference's, twice:
+    :func:`run_twice`, the second pass in ``results[name + AGAIN]``) and, for a padded batch, every row alone
+    (``results[name + ROW + b]``; :func:`padded_rows_kept` compares the two). A call that raises ends that part; what
+    ran before is kept, the first error is raised after the rest ran."""
     error: Exception | None = None
     try:
-        run_twice(session, spec, schedule, vocab, results.setdefault(schedule.name, []),
-                  results.setdefault(schedule.name + AGAIN, []))
+        if vocab:
+            run_twice(session, spec, schedule, vocab, results.setdefault(schedule.name, []),
+                      results.setdefault(schedule.name + AGAIN, []))
+        else:
+            run_schedule(session, spec, schedule, results.setdefault(schedule.name, []))
     except Exception as exc:  # noqa: BLE001 - reported by the caller once the rows ran
         error = exc
     if schedule.batch > 1 and len(set(schedule.lengths)) > 1:
