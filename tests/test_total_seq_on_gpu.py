@@ -369,8 +369,13 @@ def _edit_sub_by_two(model):
     _mask_node(model, "Sub").replace_input_with(1, two)
 
 
-def _edit_keepdims(model):
-    _mask_node(model, "ReduceSum").attributes["keepdims"] = ir.AttrInt64("keepdims", 1)
+def _edit_keepdims_axis0(model):
+    """keepdims=1 alone is mobius's form (accepted, tests/test_mobius.py); over axis 0 it sums columns."""
+    reduce = _mask_node(model, "ReduceSum")
+    reduce.attributes["keepdims"] = ir.AttrInt64("keepdims", 1)
+    zero = ir.Value(name="axes_zero", const_value=ir.tensor(np.array([0], dtype=np.int64)))
+    model.graph.register_initializer(zero)
+    reduce.replace_input_with(1, zero)
 
 
 def _edit_shape_start(model):
@@ -380,7 +385,7 @@ def _edit_shape_start(model):
 @pytest.mark.corpus
 @pytest.mark.parametrize("edit,reason", [
     (_edit_sub_by_two, "subtracts something other than the constant 1"),
-    (_edit_keepdims, "with keepdims=1, expected axes [1], keepdims 0"),
+    (_edit_keepdims_axis0, "reduces axes [0] with keepdims=1, expected axes [1]"),
     (_edit_shape_start, "has start/end attributes"),
 ], ids=["sub-2", "keepdims", "shape-start"])
 def test_refusals(genai_corpus, edit, reason):

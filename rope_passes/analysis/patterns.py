@@ -123,7 +123,16 @@ class TotalSeqFromMaskShape(MaskPattern):
 
 
 class SeqlensFromMaskSum(MaskPattern):
-    """``Cast<int32>(Sub(ReduceSum(mask, axes=[1], keepdims=0), 1))``: onnxruntime-genai's seqlens_k (int64 on CPU)."""
+    """``Cast<int32>(Sub(ReduceSum(mask, axes=[1]), 1))``: seqlens_k, the mask's row sums minus one (int64 on CPU).
+
+    Two forms, one value: onnxruntime-genai's builder reduces with ``keepdims=0`` (``[batch]``); mobius-onnx 0.1.0
+    keeps the dimension (``keepdims`` 1, its default) and subtracts a ``[1]`` constant (``[batch, 1]``).
+    GroupQueryAttention reads seqlens_k as ``batch`` int32 values by flat index (its check asks ``dims[0] ==
+    batch`` only), and ``[batch, 1]`` holds row ``b``'s length at flat index ``b`` as ``[batch]`` does: the
+    rewrite's ``[batch]`` seqlens_k gives GQA the same numbers for every mask. Sound only while the Sub keeps that
+    shape (``1`` of rank <= 1 with keepdims 0, <= 2 with keepdims 1): a wider constant moves the batch off
+    dimension 0 and is refused.
+    """
 
     expected = "Cast<int32>(Sub(ReduceSum(mask), 1))"
 
@@ -133,16 +142,20 @@ class SeqlensFromMaskSum(MaskPattern):
 
     def check(self, context, mask, one, row_sum, minus_one, **_) -> orp.MatchResult:  # type: ignore[override]
         result = orp.MatchResult()
+        sub = minus_one.producer()
         if _single_int(one) != 1:
-            sub = minus_one.producer()
             return result.fail(f"Sub {sub.name!r} subtracts something other than the constant 1", sub)
         reduce = row_sum.producer()
         axes = const_array(reduce.inputs[1]) if len(reduce.inputs) > 1 and reduce.inputs[1] is not None else None
         axes_list = [int(a) for a in (axes.reshape(-1) if axes is not None else (attr(reduce, "axes") or []))]
         keepdims = attr(reduce, "keepdims", 1)
-        if axes_list not in ([1], [-1]) or keepdims != 0:
+        if axes_list not in ([1], [-1]) or keepdims not in (0, 1):
             return result.fail(f"ReduceSum {reduce.name!r} reduces axes {axes_list} with keepdims={keepdims}, "
-                               "expected axes [1], keepdims 0", reduce)
+                               "expected axes [1] (keepdims 0 or 1)", reduce)
+        one_rank = const_array(one).ndim  # a constant: _single_int read it
+        if one_rank > 1 + keepdims:
+            return result.fail(f"Sub {sub.name!r} broadcasts the row sums (rank {1 + keepdims}) with a rank-{one_rank} "
+                               "constant: the batch leaves dimension 0 of seqlens_k", sub)
         problem = _mask_problem(mask, self.mask_names)
         return result.fail(problem, mask) if problem else result
 

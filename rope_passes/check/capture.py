@@ -34,7 +34,7 @@ from rope_passes.runtime.sessions import create_session, session_options
 
 _ONNX_TYPES = {np.dtype(np.float16): TensorProto.FLOAT16, np.dtype(np.float32): TensorProto.FLOAT,
                np.dtype(np.int64): TensorProto.INT64, np.dtype(np.int32): TensorProto.INT32}
-_SEQ_DIMS = {"sequence_length", "seq_len", "sequence"}
+_SEQ_DIMS = {"sequence_length", "seq_len", "sequence", "sequence_len"}  # sequence_len: mobius-onnx
 
 
 class WebGPUBuffers:

@@ -41,7 +41,7 @@ from rope_passes.check.decode import (
 from rope_passes.check.runner import LOAD_FAILED, OK, RUN_FAILED, RunResult, RunSpec
 from rope_passes.errors import UsageError
 
-_SEQ_DIMS = {"sequence_length", "seq_len", "sequence"}
+_SEQ_DIMS = {"sequence_length", "seq_len", "sequence", "sequence_len"}  # sequence_len: mobius-onnx
 
 
 def _one_line(exc: BaseException) -> str:

@@ -44,9 +44,11 @@ a graph input can be overridden by the caller and is not one (:func:`rope_passes
 
 **Refuses** (graph unchanged there, reason in the report): a mask that is not the attention mask graph input
 (rank 2, integer);
-``Shape`` with ``start``/``end``; ``Gather`` of another dimension than 1; a ``ReduceSum`` over other axes or with
-``keepdims``; a Sub of something other than 1; the two chains reading different masks. GQA length inputs computed
-otherwise are "not matched" with what was found.
+``Shape`` with ``start``/``end``; ``Gather`` of another dimension than 1; a ``ReduceSum`` over other axes; a Sub of
+something other than 1, or by a constant that moves the batch off seqlens_k's dimension 0; the two chains reading
+different masks. ``keepdims=1`` (mobius-onnx's form, seqlens_k ``[batch, 1]``) is accepted: GroupQueryAttention
+reads the same ``batch`` values by flat index (:class:`rope_passes.analysis.patterns.SeqlensFromMaskSum`).
+GQA length inputs computed otherwise are "not matched" with what was found.
 """
 
 from __future__ import annotations
@@ -81,7 +83,7 @@ def match_total_seq(model: ir.Model, value: ir.Value, mask: str = MASK_INPUT) ->
 
 
 def match_seqlens_k(model: ir.Model, value: ir.Value, mask: str = MASK_INPUT) -> tuple[ir.Value, list[ir.Node]]:
-    """``Cast<int32>(Sub(ReduceSum(M, axes=[1], keepdims=0), 1))`` → (M, nodes), M the graph input ``mask``.
+    """``Cast<int32>(Sub(ReduceSum(M, axes=[1], keepdims=0|1), 1))`` → (M, nodes), M the graph input ``mask``.
     Raises MatchFailure."""
     return _match(SeqlensFromMaskSum((mask,)), model, value, "seqlens_k")
 
