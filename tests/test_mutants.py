@@ -161,7 +161,9 @@ def _runners(mutant: Mutant, built: Built, out_model: Path, out_folder: Path | N
         else:
             raise AssertionError(f"unknown reference {kind!r}")
     if mutant.vision:
-        return plugin_runtime.VisionPositions(pair[0]), plugin_runtime.VisionPositions(pair[1])
+        pair = plugin_runtime.VisionPositions(pair[0]), plugin_runtime.VisionPositions(pair[1])
+    if mutant.padded:
+        pair = plugin_runtime.LeftPaddedMask(pair[0]), plugin_runtime.LeftPaddedMask(pair[1])
     return pair
 
 
@@ -182,7 +184,9 @@ def _numeric(mutant: Mutant, built: Built, out_model: Path, out_folder: Path | N
         return oracle.compare(reference, candidate, mutant.calls, head_size=head, atol=tol, rtol=tol)
     finally:
         for runner in (reference, candidate):
-            close = getattr(getattr(runner, "inner", runner), "close", None)
+            while hasattr(runner, "inner"):
+                runner = runner.inner
+            close = getattr(runner, "close", None)
             if close is not None:
                 close()
 

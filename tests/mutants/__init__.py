@@ -84,6 +84,9 @@ class Mutant:
     fp16: bool = False
     #: feed ``[3, B, S]`` positions with three different axes (image/video positions, :class:`.plugin.VisionPositions`)
     vision: bool = False
+    #: feed a left-padded ``attention_mask`` (every row starts with a zero) in calls after a past
+    #: (:class:`.plugin.LeftPaddedMask`)
+    padded: bool = False
 
     @property
     def id(self) -> str:

@@ -431,6 +431,13 @@ def shape_slice(start: int | None, end: int | None, index: int):
     return edit
 
 
+def _mask_roundtrip(work: Work) -> list[str]:
+    mask = graph_input(work.graph, "attention_mask")
+    splice(work.graph, mask, lambda c, v: c.op("Cast", c.op("Cast", v, dtype=ir.DataType.FLOAT, to=ir.DataType.FLOAT),
+                                               dtype=ir.DataType.INT64, to=ir.DataType.INT64), "mask")
+    return _total_places(work)
+
+
 def _gather_concat_input(work: Work, node: str, index: int, k: int) -> list[str]:
     n = node_named(work.graph, f"{SUB}/{node}")
     chain = Chain(work.graph, "gather_concat")
@@ -546,9 +553,16 @@ def mutants() -> list[Mutant]:
     precompute("positions-read-in-if", "subgraph", EQUIVALENT, positions_read_in_if(_precompute_places),
                "position_ids is also read inside an If body")
 
-    def total(name, cls, expect, edit, why):
+    def total(name, cls, expect, edit, why, padded=False):
         out.append(Mutant(f"totalseq-llama-{name}", cls, TOTAL, LLAMA, expect, edit, why, target="webgpu-graph",
-                          reference="ort"))
+                          reference="ort", padded=padded))
+
+    total("padded-as-built", "mask", EQUIVALENT, _total_places,
+          "the builder's chains, called with left-padded masks (no row all ones: the width is not the largest row sum)", padded=True)
+    total("padded-mask-float-roundtrip", "mask", EQUIVALENT,
+          _mask_roundtrip, "the mask through float and back, left-padded masks", padded=True)
+    total("padded-old-seqlens-read-in-if", "subgraph", EQUIVALENT, old_seqlens_in_if,
+          "the old seqlens_k also read inside an If body, left-padded masks", padded=True)
 
     total("name-taken", "naming", EQUIVALENT, name_taken("/rope_passes/total_seq_on_gpu/mask_int32", _total_places),
           "a value of the graph is already named '/rope_passes/total_seq_on_gpu/mask_int32'")

@@ -148,3 +148,26 @@ def _serve(model: str, ep: str) -> None:
 
 if __name__ == "__main__":
     _serve(sys.argv[1], sys.argv[2])
+
+
+class LeftPaddedMask:
+    """``inner`` fed an ``attention_mask`` whose rows all start with a zero in calls after a past (left padding: no
+    row is all ones, so the mask's width is not its largest row sum), the same for reference and candidate: lengths
+    computed from the mask must be the original's for every mask. Not in a prefill: onnxruntime 1.27's CPU
+    GroupQueryAttention is not deterministic there for a padded row (two runs of the same graph on the same feeds
+    differ by up to 1.8 in the logits: it reads memory the padding leaves unwritten)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.session = inner.session
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        mask = feeds.get("attention_mask")
+        ids = feeds.get("input_ids")
+        embeds = feeds.get("inputs_embeds")
+        length = ids.shape[1] if ids is not None else (embeds.shape[1] if embeds is not None else None)
+        if mask is not None and length is not None and mask.shape[1] > length:
+            mask = mask.copy()
+            mask[:, 0] = 0
+            feeds = {**feeds, "attention_mask": mask}
+        return self.inner.run(feeds)
