@@ -499,12 +499,12 @@ def mutants() -> list[Mutant]:
     narrow("token-index-is-output-direct", "graph-output", EQUIVALENT, token_index_is_output(True),
            "the narrowed Reshape's output value is itself a graph output (name, int64 type and values must stay)")
 
-    def fold(name, cls, expect, edit, why, base=CUR_QWEN25, reference="plugin", options=None):
+    def fold(name, cls, expect, edit, why, base=CUR_QWEN25, reference="plugin", options=None, padded=False):
         short = {CUR_QWEN25: "curqwen25", LEG_QWEN35_TEXT: "legqwen35text", LEG_QWEN25: "legqwen25",
                  CUR_QWEN35: "curqwen35", CUR_QWEN25_FP16: "curqwen25fp16"}[base]
         out.append(Mutant(f"fold-{short}-{name}", cls, FOLD, base, expect, edit, why, target="webgpu",
                           options={"text_only": True} if options is None else options, reference=reference,
-                          fp16=base == CUR_QWEN25_FP16))
+                          fp16=base == CUR_QWEN25_FP16, padded=padded))
 
     fold("interleaved-2", "attribute", EQUIVALENT, rotation_attrs(interleaved=2),
          "MRotaryEmbedding interleaved=2: onnxruntime reads rotate-half (== 1 test)")
@@ -637,4 +637,9 @@ def mutants() -> list[Mutant]:
     out.append(Mutant("narrow-curqwen35-after-lower", "harmless", NARROW, CUR_QWEN35, EQUIVALENT, _narrow_places,
                       "the same on Qwen3.5 (partial rotary, interleaved section layout)", target="webgpu-graph",
                       reference="plugin", vision=True))
+    fold("padded-as-built", "mask", EQUIVALENT, _gqa_places,
+         "left-padded masks after a past, positions numbered per row as genai does: GQA derives each token's position "
+         "from seqlens_k, the rotation read position_ids", padded=True)
+    fold("padded-as-built", "mask", EQUIVALENT, _gqa_places, "the same on the proven-text manual form",
+         base=LEG_QWEN35_TEXT, reference="ort", options={}, padded=True)
     return out

@@ -153,7 +153,8 @@ if __name__ == "__main__":
 class LeftPaddedMask:
     """``inner`` fed an ``attention_mask`` whose rows all start with a zero in calls after a past (left padding: no
     row is all ones, so the mask's width is not its largest row sum), the same for reference and candidate: lengths
-    computed from the mask must be the original's for every mask. Not in a prefill: onnxruntime 1.27's CPU
+    computed from the mask must be the original's for every mask; ``position_ids`` (when the graph takes them) number
+    each row's real tokens from 0, as Hugging Face and onnxruntime-genai do for a padded row. Not in a prefill: onnxruntime 1.27's CPU
     GroupQueryAttention is not deterministic there for a padded row (two runs of the same graph on the same feeds
     differ by up to 1.8 in the logits: it reads memory the padding leaves unwritten)."""
 
@@ -170,4 +171,8 @@ class LeftPaddedMask:
             mask = mask.copy()
             mask[:, 0] = 0
             feeds = {**feeds, "attention_mask": mask}
+            pos = feeds.get("position_ids")
+            if pos is not None:  # as Hugging Face / genai number a padded row: its real tokens from 0
+                real = (np.cumsum(mask, axis=1) - 1)[:, -length:].astype(pos.dtype)
+                feeds["position_ids"] = np.ascontiguousarray(np.broadcast_to(real, pos.shape))
         return self.inner.run(feeds)
