@@ -1,11 +1,20 @@
 """Cross-cutting attacks (issue 18): values the graph computes trusted as if the caller gave them, constants in forms
-a proof may not read, session-wide effects, values a pass removes that something else still reads.
+a proof may not read, attributes read otherwise than onnxruntime reads them, values a pass removes or rewires that
+something else still reads (a graph output, an ``If`` / ``Loop`` body, a copy of a GQA inside an ``If``), names a pass
+derives that are already taken, left-padded masks.
 
-* ``narrow-int64`` (``legacy/qwen25_vl/cpu_fp32``, 3D positions, ``webgpu-graph``): the token index
-  ``Reshape(Range(0, B*S), [B, S])`` it narrows to int32, built by the graph from a large constant, or taken out of
-  int32 and back, so that the narrowed copy wraps where the original does not.
-* ``fold-text-mrope``, ``total-seq-on-gpu``: a value the rewrite removes or rewires is also a graph output or read
-  inside an ``If`` body; constants the chains compare with written as ``Constant value_int(s)`` / ``Cast``.
+* ``narrow-int64``: the token index ``Reshape(Range(0, B*S), [B, S])`` of ``legacy/qwen25_vl/cpu_fp32``, built by
+  the graph from a large constant or taken out of int32 and back, so that a narrowed copy would wrap; the builder
+  0.18 VL graphs after ``lower-mrope`` with image positions (``webgpu-graph`` without ``--text-only``). Judged on
+  whatever the pass narrows, anywhere (placement is the whole graph's).
+* ``fold-text-mrope``: MRotaryEmbedding / GQA attributes (``interleaved`` 1 and 2, ``scale``, ``num_heads``,
+  ``do_rotary=2``, a preset ``rotary_interleaved``), partial rotary and fp16 models, the rotated q or the position
+  input read elsewhere, a taken table name, unnamed nodes, left-padded masks with per-row positions; judged on
+  onnxruntime 1.31's MRotaryEmbedding (``reference="plugin"``) or, for the manual forms, the mutant on CPU.
+* ``total-seq-on-gpu``: the chains' constants as ``Constant value_int(s)``, ``Cast``, ``Gather(Concat)``; ``Shape``
+  start/end; the old lengths read elsewhere; a taken name; left-padded masks.
+* ``longrope-concat``: the threshold and the branch tables in other forms (incl. graph inputs), the If's output read
+  elsewhere. ``precompute-cos-sin``: the chain's values read elsewhere.
 """
 
 from __future__ import annotations
