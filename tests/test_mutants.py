@@ -12,7 +12,16 @@ For every mutant the pass's preset runs (``rope_passes.optimize``) and the outco
 * ``REWRITTEN-AND-WRONG``: rewritten, and the reference disagrees (or the output fails where the mutant runs).
 
 A ``refuse`` mutant must be ``refused``; an ``equivalent`` one ``refused`` or ``rewritten-equivalent``. Wrong
-rewrites are bugs in the passes' proofs: their tests fail until the proofs are fixed.
+rewrites are bugs in the passes' proofs: their tests fail until the proofs are fixed (a known one may be listed in
+``KNOWN_WRONG``: a strict expected failure, reported as such, that fails again the day it is fixed). The output must
+also keep every graph output of the mutant, with its type (values are compared as float64), and load: an output
+that cannot be loaded is a wrong rewrite.
+
+References (``Mutant.reference``): the mutant on onnxruntime CPU; the mutant on onnxruntime >= 1.31's CPU EP for
+``MRotaryEmbedding`` (``.venv-plugin``, :mod:`mutants.plugin`: 1.27 has no such kernel); the test's own lowerings of
+``MRotaryEmbedding`` and of GQA's fused q/k-norm (:mod:`mutants.qknorm`, checked against the plugin's WebGPU kernel:
+1.31's CPU EP does not implement it); WebGPU's cache offset emulated. Feeds may carry image positions (three
+different axes) or left-padded masks (``Mutant.vision`` / ``Mutant.padded``).
 
 Tolerances: float32 1e-5 (absolute and relative: the fold moves the rotation into GQA's kernel, a few ulps); float16
 5e-2 (an fp16 ulp at |x| ~ 30 is 0.016; the rewrites under test here move no float math, only tables and offsets).
