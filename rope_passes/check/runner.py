@@ -31,9 +31,13 @@ from typing import Any
 import numpy as np
 
 from rope_passes.check.decode import PRESENT_PREFIX, DecoderSpec, random_feeds, run_decode, token_ids
+from rope_passes.errors import UsageError
 
 #: status values of a run
 OK, LOAD_FAILED, RUN_FAILED, CRASHED, TIMED_OUT = "ok", "load-failed", "run-failed", "crashed", "timed-out"
+#: the checker could not drive the graph (a dimension it cannot size, not a decoder): no run happened, nothing about
+#: the graph was learnt (the verdict is "could not run", exit 2, never "not equivalent")
+NOT_RUN = "could-not-run"
 #: how the reason of a load-failed run starts when its interpreter could not even be started
 NOT_STARTED = "cannot start"
 
@@ -115,6 +119,10 @@ def execute_run(spec: RunSpec, on_step: Callable[[int], None] | None = None, cap
         else:
             sess = create_session(spec.model, spec.ep, webgpu_options=spec.webgpu_options)
             result.providers = list(sess.get_providers())
+    except UsageError as exc:  # the checker cannot drive this graph: not a property of the graph
+        result.status, result.reason = NOT_RUN, _one_line(exc)
+        result.wall_s = time.perf_counter() - start
+        return result
     except Exception as exc:  # noqa: BLE001 - a model that does not load is a result
         result.status, result.reason = LOAD_FAILED, _one_line(exc)
         result.wall_s = time.perf_counter() - start
@@ -133,6 +141,8 @@ def execute_run(spec: RunSpec, on_step: Callable[[int], None] | None = None, cap
                 result.steps = [dict(zip(dspec.outputs, sess.run(dspec.outputs, feeds)))]
                 if on_step:
                     on_step(0)
+    except UsageError as exc:  # e.g. a capture output dimension the checker cannot size: no run happened
+        result.status, result.reason = NOT_RUN, _one_line(exc)
     except Exception as exc:  # noqa: BLE001
         result.status, result.reason = RUN_FAILED, _one_line(exc)
         result.failed_step = len(result.steps)

@@ -25,8 +25,8 @@ from rope_passes.check.compare import (
     compare_steps,
 )
 from rope_passes.check.models import ModelInfo
-from rope_passes.check.report import COULD_NOT_RUN, EQUIVALENT, NOT_EQUIVALENT
-from rope_passes.check.runner import NOT_STARTED, RunResult
+from rope_passes.check.report import COULD_NOT_RUN, EQUIVALENT, EQUIVALENT_TABLES_ONLY, NOT_EQUIVALENT
+from rope_passes.check.runner import NOT_RUN, NOT_STARTED, RunResult
 from rope_passes.check.sweep import compare_sweep
 from rope_passes.check.table_diff import TableComparison
 
@@ -222,9 +222,16 @@ def decide(ev: Evidence, comparisons: list[Comparison]) -> tuple[str, str, str]:
     counted = [c for c in comparisons if c.counts and c.status == "compared"]
     originals = [r for r in ev.runs if r.label.startswith("original@")]
     tables = ev.tables if ev.tables is not None and ev.tables.status == "compared" else None
+    capture = by.get("rewritten@webgpu+capture") if ev.graph_capture else None
     reason = ""
     if any(not c.ok for c in counted) or (tables is not None and not tables.ok):
         verdict = NOT_EQUIVALENT
+    elif rew.status == NOT_RUN or (capture is not None and capture.status == NOT_RUN):
+        # the checker could not drive a run it needed (exit 2): nothing about the graph was learnt there
+        run = rew if rew.status == NOT_RUN else capture
+        assert run is not None
+        verdict = COULD_NOT_RUN
+        reason = f"{run.label} could not run: {_short(run.reason)}"
     elif not rew.ok and any(by[lab].ok for lab in ("original@webgpu", "original@cpu") if lab in by
                             and lab.endswith(ep)):
         verdict = NOT_EQUIVALENT
@@ -244,6 +251,9 @@ def decide(ev: Evidence, comparisons: list[Comparison]) -> tuple[str, str, str]:
             why_tables = ev.tables.reason if ev.tables is not None else "not compared (tables=False)"
             reason = (f"no reference: the original runs nowhere here and its rotation tables are not comparable "
                       f"({why_tables})")
+    elif not any(not c.reference.startswith("rewritten@") for c in counted):
+        # only the tables (and the rewritten graph against itself) were compared: say so in the verdict itself
+        verdict = EQUIVALENT_TABLES_ONLY
     else:
         verdict = EQUIVALENT
     return verdict, reason, _reference(ev)

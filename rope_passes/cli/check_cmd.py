@@ -182,7 +182,7 @@ def render(report, console: Console) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    colour = {"equivalent": "green", "not equivalent": "red", "could not run": "yellow"}[report.verdict]
+    colour = {"not equivalent": "red", "could not run": "yellow"}.get(report.verdict, "green")
     console.print(f"original:  {report.original.path} ({report.original.precision})")
     console.print(f"rewritten: {report.rewritten.path} ({report.rewritten.precision})")
     console.print(f"decode: prefill {report.prefill} + {report.steps} single-token steps "
