@@ -22,6 +22,18 @@ and differ from the correctly rounded ones by at most one float32 ulp in ~6% of 
 
 **Dynamic rope types** (``dynamic``: NTK scaling chosen from the call's largest position) are refused with the
 reason: no table is right for every call.
+
+**Conformance** (what each layer must rotate by, the per-layer lint RP404): :meth:`HFConfig.layer_rope` is layer
+``i``'s rope or None for a layer without RoPE (SmolLM3's ``no_rope_layers``), its layer type's own table and theta
+(Gemma 3 sliding/full, from ``layer_types`` or transformers 4's ``sliding_window_pattern``); :attr:`Rope.interleaved`
+says whether transformers rotates pairs ``(2i, 2i+1)`` (Cohere, ERNIE 4.5, GPT-J, CodeGen, GLM, Helium) or halves
+``(i, i + d/2)``, and :attr:`Rope.table_interleaved` whether its cos/sin module already repeats each frequency twice
+(Cohere; GPT-J's sincos buffer and the others repeat later). GPT-J's names (``n_positions``, ``n_embd``,
+``n_head``, ``rotary_dim``) and GPT-NeoX's ``rotary_pct`` are read. :meth:`Rope.tolerance` bounds what a correct
+producer can differ by, from float32 rounding: torch's float32 ``pow`` (Sleef, 1 ulp) is not correctly rounded (it
+differs from the correctly rounded power in ~1 of 30 dimensions, e.g. dims 6 and 10 of GPT-OSS's YaRN), so each
+inverse frequency may be a few ulps off, which grows with the position (``p × ulp(inv_freq)``), plus the angle's and
+cos/sin's own rounding.
 """
 
 from __future__ import annotations
@@ -45,6 +57,16 @@ from rope_passes.report import MatchFailure
 CONFIG_NAMES = ("config.json", "model_config.json")
 #: rope types with one fixed table (LongRoPE: two, switched by the call's largest position)
 STATIC_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
+#: model types whose transformers code rotates interleaved pairs (2i, 2i+1) (rotate_every_two, or rotate_half on
+#: x[..., 0::2] / x[..., 1::2]); every other family rotates halves (i, i + d/2)
+INTERLEAVED_TYPES = frozenset({"cohere", "cohere2", "cohere2_moe", "ernie4_5", "ernie4_5_moe", "gptj", "codegen",
+                               "glm", "glm4", "helium"})
+#: of those, the families whose rotary module returns cos/sin already repeated per pair (repeat_interleave, not cat)
+TABLE_INTERLEAVED_TYPES = frozenset({"cohere", "cohere2", "cohere2_moe"})
+#: inverse-frequency ulps a correct producer may differ by (float32 pow is ~1 ulp in torch/Sleef, then 1/x, scaling)
+INV_FREQ_ULPS = 3
+#: value ulps for cos/sin evaluation and the attention-scaling product (each side ~1 ulp)
+VALUE_ULPS = 4
 
 _F = np.float32
 _OVERRIDE: contextvars.ContextVar[str | None] = contextvars.ContextVar("rope_passes_hf_config", default=None)
@@ -76,6 +98,8 @@ class Rope:
     max_position_embeddings: int
     params: Mapping[str, Any]
     layer_type: str | None = None
+    interleaved: bool = False  # transformers rotates pairs (2i, 2i+1), not halves
+    table_interleaved: bool = False  # its rotary module repeats each frequency twice (Cohere) instead of cat(f, f)
 
     @property
     def rotary_dim(self) -> int:
@@ -175,15 +199,37 @@ class Rope:
         """float32 ``positions × inv_freq`` (``[..., rotary_dim / 2]``), as transformers' one-term matmul."""
         return (np.asarray(positions, dtype=_F)[..., None] * self.inv_freq(long)).astype(_F)
 
-    def tables(self, rows: int, long: bool = False) -> tuple[np.ndarray, np.ndarray]:
-        """(cos, sin) float32 ``[rows, rotary_dim]`` for positions ``0..rows-1``, attention scaling included."""
+    def tables(self, rows: int, long: bool = False, layout: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(cos, sin) float32 ``[rows, rotary_dim]`` for positions ``0..rows-1``, attention scaling included.
+
+        ``layout``: ``"half"`` (``cat(f, f)``), ``"interleaved"`` (``repeat_interleave(f, 2)``) or ``"cache"``
+        (``[rows, rotary_dim / 2]``, one column per frequency: GroupQueryAttention's and RotaryEmbedding's caches);
+        None: what transformers' rotary module returns (:attr:`table_interleaved`)."""
+        layout = layout or ("interleaved" if self.table_interleaved else "half")
         freqs = self.angles(np.arange(rows), long).astype(np.float64)
-        emb = np.concatenate([freqs, freqs], axis=-1)
+        emb = {"half": lambda: np.concatenate([freqs, freqs], axis=-1), "cache": lambda: freqs,
+               "interleaved": lambda: np.repeat(freqs, 2, axis=-1)}[layout]()
         scale = _F(self.attention_scaling)
         cos, sin = (np.asarray(f(emb), dtype=_F) for f in (np.cos, np.sin))
         if scale != 1:
             cos, sin = (cos * scale).astype(_F), (sin * scale).astype(_F)
         return cos, sin
+
+    def tolerance(self, rows: int, long: bool = False, dtype: Any = np.float32) -> np.ndarray:
+        """float64 ``[rows, rotary_dim / 2]``: how far a correct producer's cos/sin cache entry (position ``p``,
+        frequency ``j``) may be from :meth:`tables`, from float32 rounding alone: ``INV_FREQ_ULPS`` ulps of the
+        inverse frequency times the position, one ulp of the angle, ``VALUE_ULPS`` ulps of the value (× attention
+        scaling); a float16 cache adds one float16 ulp of the value."""
+        inv = self.inv_freq(long)
+        angles = self.angles(np.arange(rows), long)
+        scale = abs(float(self.attention_scaling))
+        angle_err = np.arange(rows, dtype=np.float64)[:, None] * INV_FREQ_ULPS * np.spacing(inv).astype(np.float64) \
+            + np.spacing(np.abs(angles)).astype(np.float64)
+        tol = max(scale, 1.0) * (angle_err + VALUE_ULPS * float(np.spacing(_F(1))))
+        if np.dtype(dtype) == np.float16:
+            cos, _ = self.tables(rows, long, "cache")
+            tol = tol + np.spacing(np.maximum(np.abs(cos), 1.0).astype(np.float16)).astype(np.float64)
+        return tol
 
     def describe(self) -> str:
         parts = [f"{self.kind} rope, theta {self.theta:g}"]
@@ -195,6 +241,8 @@ class Rope:
             parts.append(f"partial_rotary_factor {self.partial_rotary_factor:g} (rotary dim {self.rotary_dim})")
         if self.attention_scaling != 1:
             parts.append(f"attention scaling {self.attention_scaling:.6g}")
+        if self.interleaved:
+            parts.append("interleaved pairs")
         return (f"{self.layer_type}: " if self.layer_type else "") + ", ".join(parts)
 
 
@@ -258,9 +306,17 @@ class HFConfig:
             value = self.data["text_config"].get(key)
         return value
 
+    def _first(self, *keys: str) -> Any:
+        """The first of ``keys`` the config sets (GPT-J/GPT-2 names after the usual ones)."""
+        return next((v for v in (self._get(k) for k in keys) if v is not None), None)
+
+    @property
+    def model_type(self) -> str:
+        return str(self.data.get("model_type") or "")
+
     @property
     def max_position_embeddings(self) -> int | None:
-        value = self._get("max_position_embeddings")
+        value = self._first("max_position_embeddings", "n_positions")
         return int(value) if isinstance(value, int) and value > 0 else None
 
     @property
@@ -268,8 +324,39 @@ class HFConfig:
         value = self._get("head_dim")
         if isinstance(value, int) and value > 0:
             return value
-        hidden, heads = self._get("hidden_size"), self._get("num_attention_heads")
+        hidden, heads = self._first("hidden_size", "n_embd"), self._first("num_attention_heads", "n_head")
         return hidden // heads if isinstance(hidden, int) and isinstance(heads, int) and heads else None
+
+    @property
+    def num_layers(self) -> int | None:
+        value = self._first("num_hidden_layers", "n_layer")
+        return int(value) if isinstance(value, int) and value > 0 else None
+
+    def layer_type_of(self, layer: int) -> str | None:
+        """Layer ``layer``'s type where types have their own rope (Gemma 3), else None."""
+        types = self.layer_types()
+        if types == [None]:
+            return None
+        listed = self._get("layer_types")
+        if isinstance(listed, list) and layer < len(listed) and listed[layer] in types:
+            return str(listed[layer])
+        pattern = self._first("sliding_window_pattern", "_sliding_window_pattern")
+        if isinstance(pattern, int) and pattern > 0:  # transformers 4 Gemma 3: every pattern-th layer is global
+            return "full_attention" if (layer + 1) % pattern == 0 else "sliding_attention"
+        return None
+
+    def uses_rope(self, layer: int) -> bool:
+        """False for a layer transformers runs without RoPE (SmolLM3's ``no_rope_layers[i] == 0``)."""
+        flags = self._get("no_rope_layers")
+        if isinstance(flags, list) and layer < len(flags):
+            return bool(flags[layer])
+        return True
+
+    def layer_rope(self, layer: int) -> Rope | None:
+        """What layer ``layer`` rotates by (None: no RoPE); MatchFailure.refuse as :meth:`rope`."""
+        if not self.uses_rope(layer):
+            return None
+        return self.rope(self.layer_type_of(layer))
 
     def layer_types(self) -> list[str | None]:
         """Layer types with their own rope (transformers 5 per-layer ``rope_parameters``, Gemma3), else [None]."""
@@ -299,9 +386,15 @@ class HFConfig:
         if theta is None or head_dim is None or max_pos is None:
             raise MatchFailure.refuse(f"{where}: rope_theta, head_dim (or hidden_size/num_attention_heads) and "
                                       "max_position_embeddings are needed", "<model>")
-        partial = params.get("partial_rotary_factor", self._get("partial_rotary_factor"))
+        partial = params.get("partial_rotary_factor", self._first("partial_rotary_factor", "rotary_pct"))
+        rotary_dim = self._get("rotary_dim")  # GPT-J / CodeGen: the rotated width itself
+        if partial is None and isinstance(rotary_dim, int) and 0 < rotary_dim <= head_dim:
+            partial = rotary_dim / head_dim
+        if kind == "yarn" and self.layer_types() != [None]:  # transformers reads truncate from the top-level
+            params = {**params, "truncate": True}  # rope_parameters only: per layer type, always True
+        interleaved = self.model_type in INTERLEAVED_TYPES
         return Rope(kind, float(theta), head_dim, float(partial if partial is not None else 1.0), max_pos,
-                    dict(params), layer_type)
+                    dict(params), layer_type, interleaved, self.model_type in TABLE_INTERLEAVED_TYPES)
 
     def _rope_params(self, layer_type: str | None) -> dict[str, Any]:
         params = self._get("rope_parameters")
@@ -320,4 +413,5 @@ class HFConfig:
         return out
 
 
-__all__ = ["CONFIG_NAMES", "STATIC_TYPES", "HFConfig", "Rope", "explicit_hf_config", "use_hf_config"]
+__all__ = ["CONFIG_NAMES", "INTERLEAVED_TYPES", "STATIC_TYPES", "TABLE_INTERLEAVED_TYPES", "HFConfig", "Rope",
+           "explicit_hf_config", "use_hf_config"]

@@ -10,6 +10,7 @@ rounded; ours are).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -115,3 +116,79 @@ def test_bad_config_is_a_load_error(tmp_path):
         HFConfig.load(tmp_path / "empty")
     with pytest.raises(ModelLoadError, match="cannot read the Hugging Face config"):
         HFConfig.load(tmp_path / "missing.json")
+
+
+# --- the conformance model (issue 21): per-layer rope, layout, tolerance, against transformers' own tables ----------
+
+MOBIUS = Path(__file__).parent / "fixtures" / "mobius"
+MOBIUS_FAMILIES = sorted(p.parent.parent.name for p in MOBIUS.glob("*/hf_rope/cos*.npy"))
+
+
+def _hf_table(family: str, layer_type: str | None) -> tuple[np.ndarray, np.ndarray]:
+    folder = MOBIUS / family / "hf_rope"
+    suffix = f"_{layer_type}" if layer_type and (folder / f"cos_{layer_type}.npy").is_file() else ""
+    return np.load(folder / f"cos{suffix}.npy"), np.load(folder / f"sin{suffix}.npy")
+
+
+@pytest.mark.parametrize("family", sorted(set(MOBIUS_FAMILIES)))
+def test_every_layer_within_float32_rounding_of_transformers(family):
+    """Each layer's rope (type, layout, partial width, NoPE) gives transformers' cos/sin module output (``tools/
+    make_mobius_rope_refs.py``) within :meth:`Rope.tolerance`, and that bound is tight: most entries bit-equal."""
+    config = HFConfig.load(MOBIUS / family / "webgpu_f32" / "hf_config.json")
+    assert config.num_layers == 2
+    for layer in range(2):
+        rope = config.layer_rope(layer)
+        if rope is None:
+            assert family == "smollm3" and layer == 1  # no_rope_layers [1, 0]
+            continue
+        cos_ref, sin_ref = _hf_table(family, rope.layer_type)
+        layout = "cache" if cos_ref.shape[1] == rope.rotary_dim // 2 else None
+        cos, sin = rope.tables(len(cos_ref), layout=layout)
+        assert cos.shape == cos_ref.shape, (family, cos.shape, cos_ref.shape)
+        tol = rope.tolerance(len(cos_ref))
+        if layout is None:
+            tol = np.repeat(tol, 2, axis=1) if rope.table_interleaved else np.concatenate([tol, tol], axis=1)
+        for ours, theirs in ((cos, cos_ref), (sin, sin_ref)):
+            diff = np.abs(ours.astype(np.float64) - theirs)
+            assert (diff <= tol).all(), f"{family} layer {layer}: {diff.max():.3g} (tol {tol.max():.3g})"
+            assert (ours == theirs).mean() > 0.85
+
+
+def test_layouts_and_layers_the_configs_say():
+    cohere = HFConfig.load(MOBIUS / "cohere/webgpu_f32/hf_config.json").rope()
+    assert cohere.interleaved and cohere.table_interleaved
+    ernie = HFConfig.load(MOBIUS / "ernie4_5/webgpu_f32/hf_config.json").rope()
+    assert ernie.interleaved and not ernie.table_interleaved  # cat(f, f), repeated inside apply_rotary_pos_emb
+    gptj = HFConfig.load(MOBIUS / "gptj/webgpu_f32/hf_config.json")  # n_positions, n_embd, n_head, rotary_dim
+    assert (gptj.max_position_embeddings, gptj.head_dim, gptj.rope().rotary_dim, gptj.rope().interleaved) == \
+        (256, 32, 16, True)
+    assert not HFConfig.load(MOBIUS / "llama_yarn/webgpu_f32/hf_config.json").rope().interleaved
+    smol = HFConfig.load(MOBIUS / "smollm3/webgpu_f32/hf_config.json")
+    assert smol.layer_rope(0) is not None and smol.layer_rope(1) is None
+    gemma3 = HFConfig.load(MOBIUS / "gemma3_text/webgpu_f32/hf_config.json")
+    assert [gemma3.layer_rope(i).layer_type for i in range(2)] == ["sliding_attention", "full_attention"]
+    tf4 = HFConfig.load(REFS / "tf4" / "gemma3_text")  # sliding_window_pattern: every 6th layer global
+    if tf4.data.get("sliding_window_pattern"):
+        assert [tf4.layer_type_of(i) for i in (0, 5)] == ["sliding_attention", "full_attention"]
+
+
+def test_yarn_tolerance_covers_torch_pow_and_nothing_like_a_defect():
+    """GPT-OSS-style YaRN (theta 150000): torch's float32 pow is 1 ulp off the correctly rounded power in dims 6
+    and 10 (what made RP402 fire past position ~1050 with a flat 1e-5). The bound grows with the position, stays
+    far below any real defect (a theta or factor off moves cos by 1e-2 and more within the first rows)."""
+    tiny = HFConfig.load(MOBIUS / "gpt_oss/webgpu_f32/hf_config.json").rope()
+    # GPT-OSS-20b's own numbers: head_dim 64, factor 32, original 4096
+    rope = dataclasses.replace(tiny, head_dim=64, params={**tiny.params, "factor": 32.0,
+                                                          "original_max_position_embeddings": 4096})
+    rows = 4096
+    tol = rope.tolerance(rows)
+    assert tol[1].max() < 2e-6 and 1e-5 < tol[rows - 1].max() < 5e-3
+    one_ulp = rope.inv_freq().copy()
+    one_ulp[[6, 10]] = np.nextafter(one_ulp[[6, 10]], np.float32(1))  # what torch gives there
+    angles = (np.arange(rows, dtype=np.float32)[:, None] * one_ulp).astype(np.float64)
+    cos_torchlike = (np.cos(angles) * np.float32(rope.attention_scaling)).astype(np.float32)
+    cos, _ = rope.tables(rows, layout="cache")
+    diff = np.abs(cos_torchlike.astype(np.float64) - cos)
+    assert diff.max() > 1e-5 and (diff <= tol).all()  # a flat 1e-5 calls this correct table wrong
+    wrong = dataclasses.replace(rope, params={**rope.params, "factor": 32.5}).tables(rows, layout="cache")[0]
+    assert (np.abs(wrong.astype(np.float64) - cos) > tol).any(axis=1).argmax() < 64
