@@ -447,6 +447,15 @@ def _mask_roundtrip(work: Work) -> list[str]:
     return _total_places(work)
 
 
+def opset(version: int, places):
+    """The model's default-domain opset set to ``version``: what the pass builds must exist there."""
+    def edit(work: Work) -> list[str]:
+        work.model.opset_imports[""] = version
+        work.graph.opset_imports[""] = version
+        return places(work)
+    return edit
+
+
 def _gather_concat_input(work: Work, node: str, index: int, k: int) -> list[str]:
     n = node_named(work.graph, f"{SUB}/{node}")
     chain = Chain(work.graph, "gather_concat")
@@ -651,4 +660,10 @@ def mutants() -> list[Mutant]:
          "from seqlens_k, the rotation read position_ids", padded=True)
     fold("padded-as-built", "mask", EQUIVALENT, _gqa_places, "the same on the proven-text manual form",
          base=LEG_QWEN35_TEXT, reference="ort", options={}, padded=True)
+    total("opset-13", "dtype-shape", EQUIVALENT, opset(13, _total_places),
+          "default-domain opset 13: the new int32 chain must be opset-13 ops")
+    fold("opset-13", "dtype-shape", EQUIVALENT, opset(13, _gqa_places), "default-domain opset 13")
+    out.append(Mutant("unfuse-qwen3-opset-13", "dtype-shape", "unfuse-gqa-qk-norm", "genai/current/qwen3/webgpu_fp16",
+                      EQUIVALENT, opset(13, _gqa_places), "default-domain opset 13: Split/Reshape as opset 13 has them",
+                      target="webgpu", reference="qknorm-oracle", fp16=True))
     return out

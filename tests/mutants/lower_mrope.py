@@ -148,6 +148,16 @@ def positions_edit(build):
     return edit
 
 
+def opset(version: int):
+    """The model's default-domain opset set to ``version`` (every op of the builder's graph exists there): the
+    lowering must build ops of that opset (``Shape`` has no start/end before 15)."""
+    def edit(work: Work) -> list[str]:
+        work.model.opset_imports[""] = version
+        work.graph.opset_imports[""] = version
+        return as_built(work)
+    return edit
+
+
 def unnamed(scales: tuple[float, ...] | None = None):
     """Every rotation with an empty node name (ONNX allows it; exporters leave many nodes unnamed), optionally each
     with its own ``scale`` (so the lowering builds several sets of tables): names the lowering derives from the node
@@ -194,6 +204,7 @@ def mutants() -> list[Mutant]:
         m("sections-sum-wrong", "attribute", REFUSE, attrs(mrope_section=[4, 6, 4]),
           "sections summing to 14 for a 16-column cache"),
         m("packed-batching", "attribute", REFUSE, attrs(is_packed_batching=1), "is_packed_batching=1"),
+        m("opset-14", "dtype-shape", EQUIVALENT, opset(14), "default-domain opset 14: Shape without start/end"),
         m("four-d", "dtype-shape", EQUIVALENT, four_d(7),
           "q rotated as [B, 4, S, 32] with num_heads=7 (ignored for 4D by MRotaryEmbedding)"),
         m("four-d-dynamic-heads-rotary", "dtype-shape", EQUIVALENT, four_d(4, static_heads=False, rotary_dim=32),

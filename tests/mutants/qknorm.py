@@ -54,7 +54,9 @@ def _lower_one(graph: ir.Graph, node: ir.Node, op: _Ops) -> None:
 
     def norm(x: ir.Value, weight: ir.Value, n: ir.Value | int) -> ir.Value:
         xh = op("Cast", op("Reshape", x, ints(0, 0, n, head)), to=ir.DataType.FLOAT)
-        mean = op("ReduceMean", op("Mul", xh, xh), ints(-1), keepdims=1)
+        # the mean over the head as a MatMul with [head, 1] of 1/head: the same in every opset (ReduceMean's axes
+        # moved from attribute to input at 18)
+        mean = op("MatMul", op("Mul", xh, xh), op.const(np.full((head, 1), 1.0 / head, np.float32)))
         rms = op("Sqrt", op("Add", mean, op.const(np.array(eps, np.float32))))
         out = op("Mul", op("Div", xh, rms), op("Cast", weight, to=ir.DataType.FLOAT))
         return op("Reshape", op("Cast", out, to=dtype), ints(0, 0, n * head))
