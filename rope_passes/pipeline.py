@@ -33,7 +33,9 @@ from rope_passes.targets import RUNTIMES, RuntimeTarget, resolve_target
 #: pass). Downlevel passes run only for a runtime that needs them: :func:`presets_for`.
 PRESETS: dict[str, list[str]] = {
     # unfuse-gqa-qk-norm first: the passes after it read GroupQueryAttention in its standard (<= 14 inputs) form
-    "webgpu": ["unfuse-gqa-qk-norm", "fold-text-mrope", "lower-mrope", "cleanup"],
+    # annotate-cache-offset in both: the cache concat offset is one value for the whole session, so one no layer
+    # honours is removed (and a concatenated cache without one gets it) whatever the target
+    "webgpu": ["unfuse-gqa-qk-norm", "fold-text-mrope", "lower-mrope", "annotate-cache-offset", "cleanup"],
     # narrow-int64 right after total-seq-on-gpu: it reads the placement of the graph the passes before it left
     "webgpu-graph": ["unfuse-gqa-qk-norm", "fold-text-mrope", "lower-mrope", "longrope-concat",
                      "annotate-cache-offset", "total-seq-on-gpu", "narrow-int64", "cleanup"],

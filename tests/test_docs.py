@@ -249,3 +249,30 @@ def test_every_session_is_opened_by_runtime_sessions():
     assert not offenders, offenders
     assert "comes from `rope_passes.runtime.sessions.create_session" in (REPO / "docs/runtimes.md").read_text()
     assert len(_session_calls(sessions)) == 2  # open_session: the plugin form and the providers= form
+
+
+def _preset_rows(path: Path) -> dict[str, list[str]]:
+    from rope_passes.pipeline import PRESETS
+
+    """`preset` -> the cells after it, for every table row of ``path`` whose first cell is a backticked preset."""
+    rows = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 2 and cells[0].strip("`") in PRESETS and re.fullmatch(r"`[a-z-]+`", cells[0]):
+            rows[cells[0].strip("`")] = cells[1:]
+    return rows
+
+
+def test_preset_tables_are_the_presets():
+    """docs/passes/README.md and docs/runtimes.md list the presets per runtime: they are `pipeline.presets_for`."""
+    from rope_passes.pipeline import presets_for
+    from rope_passes.targets import WEBGPU_127, WEBGPU_PLUGIN
+
+    def arrows(names: list[str]) -> str:
+        return " → ".join(names)
+
+    old, plugin = presets_for(WEBGPU_127), presets_for(WEBGPU_PLUGIN)
+    readme = _preset_rows(REPO / "docs" / "passes" / "README.md")
+    assert {k: v[0] for k, v in readme.items()} == {k: arrows(v) for k, v in old.items()}
+    runtimes = _preset_rows(REPO / "docs" / "runtimes.md")
+    assert {k: v[:2] for k, v in runtimes.items()} == {k: [arrows(old[k]), arrows(plugin[k])] for k in old}

@@ -116,7 +116,7 @@ def test_the_plugin_venv_detects_itself():
 def test_presets_per_runtime():
     old, plugin = presets_for(WEBGPU_127), presets_for(WEBGPU_PLUGIN)
     assert old == PRESETS  # 1.27 needs every downlevel pass
-    assert plugin["webgpu"] == ["fold-text-mrope", "cleanup"]
+    assert plugin["webgpu"] == ["fold-text-mrope", "annotate-cache-offset", "cleanup"]
     assert plugin["webgpu-graph"] == ["fold-text-mrope", "longrope-concat", "annotate-cache-offset",
                                       "total-seq-on-gpu", "narrow-int64", "cleanup"]
     assert plugin["exporter"] == old["exporter"]
