@@ -59,7 +59,7 @@ _PROBED_DOMAINS = ("", MS)
 class LoadProblem:
     """One reason a runtime refuses to load a graph at all (no session on any EP)."""
 
-    kind: str  # "ir-version" | "gqa-inputs" | "unregistered-op"
+    kind: str  # "ir-version" | "gqa-inputs" | "unregistered-op" | "unknown-attribute"
     target: str  # node name, or "<model>"
     op: str  # "<domain>::<op>" ("" for the IR version)
     message: str  # onnxruntime's own wording where the probe recorded it
@@ -91,6 +91,10 @@ class RuntimeTarget:
     options_read: Mapping[str, bool]
     kernels: KernelTable = dataclasses.field(repr=False)
     table: Mapping[str, Any] = dataclasses.field(repr=False, compare=False)
+    #: the runtime's own op schemas: op -> ((since_version, attribute names), ...) ascending
+    #: (``runtime_tables/<runtime>.schemas.json``, ``tools/probe_schemas.py``; empty: attributes not checked)
+    op_attributes: Mapping[Op, tuple[tuple[int, frozenset[str]], ...]] = dataclasses.field(
+        default_factory=dict, repr=False, compare=False)
 
     # -- identity ----------------------------------------------------------------------------------------------
     @property
@@ -150,7 +154,27 @@ class RuntimeTarget:
                 problems.append(LoadProblem("gqa-inputs", name, f"{MS}::GroupQueryAttention", (
                     f"This is an invalid model. In Node {name!r} (GroupQueryAttention): input size "
                     f"{len(node.inputs)} not in range [min={low}, max={high}]")))
+            else:
+                unknown = self.unknown_attributes(node, model.opset_imports)
+                if unknown:
+                    problems.append(LoadProblem("unknown-attribute", name, f"{domain}::{node.op_type}", (
+                        f"This is an invalid model. In Node {name!r} ({node.op_type}): Unrecognized attribute: "
+                        f"{unknown[0]} for operator {node.op_type}")))
         return problems
+
+    def unknown_attributes(self, node: ir.Node, opsets: Mapping[str, int]) -> list[str]:
+        """The attributes of ``node`` its schema in this runtime does not declare (onnxruntime refuses the model:
+        "Unrecognized attribute"), for the schema version the model's opset selects; [] where the probe has no
+        schema for the op."""
+        domain = "" if node.domain in ("", "ai.onnx") else node.domain
+        versions = self.op_attributes.get((domain, node.op_type))
+        if not versions:
+            return []
+        opset = opsets.get(domain, opsets.get("ai.onnx", 1) if domain == "" else 1)
+        chosen = [attrs for since, attrs in versions if since <= opset]
+        if not chosen:
+            return []
+        return sorted(a for a in node.attributes if a not in chosen[-1])
 
     # -- what it reads -------------------------------------------------------------------------------------------
     def reads_option(self, key: str) -> bool:
@@ -252,8 +276,9 @@ def _clean_error(message: str | None) -> str | None:
     return re.sub(r"^Load model from \S+ failed:\s*", "", message).strip()
 
 
-def from_table(table: Mapping[str, Any]) -> RuntimeTarget:
-    """The target a probed runtime table describes (``tools/probe_runtime.py``'s JSON, schema version 1)."""
+def from_table(table: Mapping[str, Any], schemas: Mapping[str, Any] | None = None) -> RuntimeTarget:
+    """The target a probed runtime table describes (``tools/probe_runtime.py``'s JSON, schema version 1), with the
+    runtime's op schemas (``tools/probe_schemas.py``'s JSON) where given."""
     kernels = KernelTable.from_runtime_table(table)
     newer = table.get("kernels_newer_opset") or {}
     known = {_op_key(k) for section in (table, newer) for part in ("kernels", "no_webgpu_kernel", "unprobed")
@@ -283,7 +308,9 @@ def from_table(table: Mapping[str, Any]) -> RuntimeTarget:
         plugin_version=table.get("plugin_version"), date=str(table.get("date", ""))[:10],
         command=table.get("command", ""), adapter=", ".join(vulkan) or "unknown",
         max_ir_version=int(table["max_ir_version"]), gqa_inputs=gqa_inputs, known_ops=frozenset(known),
-        op_loads=op_loads, capture_blockers=blockers, options_read=options, kernels=kernels, table=table)
+        op_loads=op_loads, capture_blockers=blockers, options_read=options, kernels=kernels, table=table,
+        op_attributes={_op_key(k): tuple((int(since), frozenset(attrs)) for since, attrs in v)
+                       for k, v in (schemas or {}).get("schemas", {}).items()})
 
 
 @functools.cache
@@ -291,8 +318,10 @@ def get_target(name: str) -> RuntimeTarget:
     """The target of runtime ``name`` (one of :data:`RUNTIMES`, or :data:`WEB`); an unknown name is a UsageError."""
     if name not in (*RUNTIMES, WEB):
         raise UsageError(f"unknown runtime {name!r} (choose from: {', '.join((*RUNTIMES, WEB))})")
-    text = resources.files("rope_passes").joinpath("runtime_tables").joinpath(f"{name}.json").read_text(encoding="utf-8")
-    return from_table(json.loads(text))
+    tables = resources.files("rope_passes").joinpath("runtime_tables")
+    text = tables.joinpath(f"{name}.json").read_text(encoding="utf-8")
+    schemas = tables.joinpath(f"{name}.schemas.json")
+    return from_table(json.loads(text), json.loads(schemas.read_text(encoding="utf-8")) if schemas.is_file() else None)
 
 
 def resolve_target(target: RuntimeTarget | str | None = None) -> RuntimeTarget:

@@ -213,3 +213,53 @@ def test_optimize_cli_says_which_runtime(genai_corpus, tmp_path, capsys):
     assert main(["optimize", str(GENAI / QWEN3_FUSED), "-o", str(tmp_path / "o2"), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["runtime"] == WEBGPU_127 and report["skipped"] == {}
+
+
+# --- attributes: the runtime's own op schemas ----------------------------------------------------------------------
+
+
+def _gqa_with(attribute: str) -> bytes:
+    """A one-node GroupQueryAttention graph with ``attribute`` set (7 inputs, fp32)."""
+    from onnx import TensorProto, helper
+
+    node = helper.make_node("GroupQueryAttention", ["q", "k", "v", "pk", "pv", "sl", "tl"], ["o", "pko", "pvo"],
+                            "gqa", domain="com.microsoft", num_heads=2, kv_num_heads=2, **{attribute: 16})
+    f = TensorProto.FLOAT
+    ins = [helper.make_tensor_value_info(n, f, [1, 1, 32]) for n in "qkv"]
+    ins += [helper.make_tensor_value_info(n, f, [1, 2, 0, 16]) for n in ("pk", "pv")]
+    ins += [helper.make_tensor_value_info("sl", TensorProto.INT32, [1]),
+            helper.make_tensor_value_info("tl", TensorProto.INT32, [])]
+    outs = [helper.make_tensor_value_info(n, f, None) for n in ("o", "pko", "pvo")]
+    model = helper.make_model(helper.make_graph([node], "g", ins, outs), ir_version=10, opset_imports=[
+        helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    return model.SerializeToString()
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_an_attribute_the_schema_lacks_does_not_load(runtime):
+    """A Nemotron-style GroupQueryAttention with ``rotary_embedding_dim`` (mobius-onnx writes it): both onnxruntimes
+    refuse it ("Unrecognized attribute"), so every command must say "does not load" (before: "loads")."""
+    import onnx
+    import onnx_ir as ir
+
+    model = ir.from_proto(onnx.load_from_string(_gqa_with("rotary_embedding_dim")))
+    [problem] = get_target(runtime).load_problems(model)
+    assert problem.kind == "unknown-attribute" and problem.target == "gqa"
+    assert problem.message.endswith("Unrecognized attribute: rotary_embedding_dim for operator GroupQueryAttention")
+    assert predict_placement(model, target=runtime).verdict().startswith("does not load")
+    assert get_target(runtime).load_problems(ir.from_proto(onnx.load_from_string(_gqa_with("local_window_size")))) == []
+
+
+@pytest.mark.webgpu
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_onnxruntime_is_the_judge_of_attributes(runtime, tmp_path):
+    """What the schemas predict is what session creation does, on each runtime's own interpreter."""
+    from rope_passes.runtime.placement_probe import probe_placement
+
+    for attribute, loads in (("rotary_embedding_dim", False), ("local_window_size", True)):
+        path = tmp_path / f"{attribute}.onnx"
+        path.write_bytes(_gqa_with(attribute))
+        probe = probe_placement(path, graph_capture=False, runtime=runtime)
+        assert probe.loads == loads, probe.load_error
+        if not loads:
+            assert "Unrecognized attribute: rotary_embedding_dim" in (probe.load_error or "")

@@ -574,6 +574,11 @@ def _predict_graph(graph: ir.Graph, capture: bool, result: Placement, outer_cpu:
     dtypes = Dtypes(graph, dtypes)
     outer_unknown = outer_unknown or set()
     rep = common_subexpressions(nodes)
+    for node in nodes:  # onnxruntime's CastElimination: a Cast to the type its input already has is removed
+        if (node.op_type == "Cast" and node.domain in ("", "ai.onnx") and node.inputs and node.inputs[0] is not None
+                and not node.outputs[0].is_graph_output() and id(node.outputs[0]) not in rep
+                and dtypes(node.inputs[0]) is not None and dtypes(node.inputs[0]) == _attr_dtype(node, "to")):
+            rep[id(node.outputs[0])] = rep.get(id(node.inputs[0]), node.inputs[0])
     redirect, dropped = shape_bypass(nodes)
     merged = {id(n) for n in nodes if n.outputs and all(id(o) in rep for o in n.outputs)} | dropped
     aliases: dict[int, list[str]] = {}

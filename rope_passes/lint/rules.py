@@ -85,6 +85,18 @@ def unregistered(ctx: LintContext) -> Found:
             yield problem.target, f"{problem.op} is not registered in {ctx.target.label}"
 
 
+@rule("RP004", "unknown-attribute", Severity.ERROR,
+      "an attribute the target runtime's schema for the op does not declare: the graph does not load",
+      """onnxruntime checks every node's attributes against its own op schema and refuses the model ('Unrecognized
+      attribute: rotary_embedding_dim for operator GroupQueryAttention'), on every EP. The schemas are the runtime's
+      own (runtime_tables/<runtime>.schemas.json, dumped by tools/probe_schemas.py from onnxruntime's
+      get_all_operator_schema), read for the schema version the model's opset selects. No pass removes an
+      attribute: the exporter that wrote it targets another onnxruntime.""")
+def unknown_attribute(ctx: LintContext) -> Found:
+    for problem in _load_problems(ctx, "unknown-attribute"):
+        yield problem.target, f"{problem.message.split('): ', 1)[-1]} in {ctx.target.label}"
+
+
 @rule("RP101", "mrotary-embedding-unsupported", Severity.ERROR,
       "com.microsoft::MRotaryEmbedding cannot be loaded by the target runtime",
       """onnxruntime-webgpu 1.27 does not register MRotaryEmbedding at all, so the graph fails to load there;
