@@ -666,4 +666,8 @@ def mutants() -> list[Mutant]:
     out.append(Mutant("unfuse-qwen3-opset-13", "dtype-shape", "unfuse-gqa-qk-norm", "genai/current/qwen3/webgpu_fp16",
                       EQUIVALENT, opset(13, _gqa_places), "default-domain opset 13: Split/Reshape as opset 13 has them",
                       target="webgpu", reference="qknorm-oracle", fp16=True))
+    fold("layer0-scale-half", "attribute", EQUIVALENT, rotation_attrs("layers.0/", scale=0.5),
+         "layer 0's rotations scaled 0.5, layer 1's not: one cache, two tables (shared tables must key on the scale)")
+    fold("layer1-interleaved", "attribute", EQUIVALENT, rotation_attrs("layers.1/", interleaved=1),
+         "layer 1 rotates adjacent pairs, layer 0 rotate-half: each GQA its own pairing")
     return out

@@ -189,6 +189,8 @@ def mutants() -> list[Mutant]:
           "adjacent pairs with partial rotary", QWEN35, "qwen35"),
         m("scale-half", "attribute", EQUIVALENT, attrs(scale=0.5), "scale 0.5 on the caches"),
         m("scale-zero", "attribute", EQUIVALENT, attrs(scale=0.0), "scale 0.0: as onnxruntime reads it"),
+        m("layer1-interleaved", "attribute", EQUIVALENT, attrs(lambda n: "layers.1/" in n.name, interleaved=1),
+          "layer 1 rotates adjacent pairs, layer 0 rotate-half: shared per-token tables, two pairings"),
         m("scale-per-layer", "naming", EQUIVALENT, scales_per_layer,
           "four rotations, four scales of the same caches: four scaled copies, each its own name"),
         m("scaled-name-taken", "naming", EQUIVALENT, scaled_name_taken,
