@@ -220,3 +220,28 @@ def test_malformed_hf_config_is_one_line_exit_2(tmp_path, case, edit, says):
     from rope_passes.lint import lint_bundle
     found = lint_bundle(str(model), select=["RP401", "RP402", "RP403"])
     assert [d.code for d in found] == ["RP403"] and says in found[0].message
+
+
+def test_a_product_of_one_tensors_dims_is_bounded_by_its_element_count():
+    """``Range(0, batch * seq)`` (builder 0.15's mRoPE token index) fits int32: batch * seq is part of the element
+    count of one tensor (at most 2^31 - 1, the documented assumption); the product of two different tensors' dims,
+    or of one dim with itself, is not."""
+    model = _model("""
+        s = Shape (h)
+        zero = Constant <value = int64 {0}> ()
+        one = Constant <value = int64 {1}> ()
+        b = Gather <axis = 0> (s, zero)
+        t = Gather <axis = 0> (s, one)
+        bt = Mul (b, t)
+        r = Range (zero, bt, one)
+        bb = Mul (b, b)
+        s2 = Shape (x)
+        n = Gather <axis = 0> (s2, zero)
+        bn = Mul (b, n)
+        y = Concat <axis = 0> (r, bb, bn)
+    """, inputs="int64[N] x, float[B, S, 8] h")
+    iv = Intervals(FITS_INT32)
+    assert iv(_value(model, "bt")) == Interval(0, 2**31 - 1)
+    assert iv(_value(model, "r")).fits_int32()
+    assert not iv(_value(model, "bb")).fits_int32()  # b * b: not an element count
+    assert not iv(_value(model, "bn")).fits_int32()  # dims of two tensors

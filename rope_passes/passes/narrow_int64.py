@@ -22,8 +22,8 @@ graph).
 
 **Exact when** the values fit in int32: only movement ops are narrowed (``MOVEMENT_OPS``), never arithmetic, and
 each only when the interval of every data input, from its cone (:mod:`rope_passes.proofs.intervals`, constants read
-by value through :mod:`rope_passes.proofs.constants`), lies in int32. The analysis takes a graph input's integer values
-and every tensor dimension to fit int32 (``FITS_INT32``: positions, token indices and lengths do; onnxruntime's GQA
+by value through :mod:`rope_passes.proofs.constants`), lies in int32. The analysis takes a graph input's integer values,
+every tensor dimension and every product of distinct dimensions of one tensor to fit int32 (``FITS_INT32``: positions, token indices and lengths do; onnxruntime's GQA
 keeps lengths in int32), and the report names the inputs the rewrite relies on in a note (a ``position_ids`` of
 2^32 + p would be read as p where the original's Gather failed). Values the graph computes are not the caller's: a
 node reading a ``Range`` from a large constant (int64 ``Range`` runs on WebGPU), or any value the graph's arithmetic

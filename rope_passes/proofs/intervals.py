@@ -4,7 +4,8 @@ assumptions allow.
 The analysis walks a value's cone. A constant cone (:mod:`rope_passes.proofs.constants`) is its exact
 ``[min, max]``; a graph input is what the :class:`Assumptions` say (the documented contract with the caller: by
 default an integer input fits int32, as positions and lengths do); ``Shape`` / ``Size`` are ``[0, dims]``
-(:attr:`Assumptions.dims`); the rest follows the ops: data movement (``Gather``, ``Reshape``, ``Concat``, ``Slice``,
+(:attr:`Assumptions.dims`), and a product of distinct dimensions of one tensor (``batch * seq``: part of its element
+count) is at most :attr:`Assumptions.elements`; the rest follows the ops: data movement (``Gather``, ``Reshape``, ``Concat``, ``Slice``,
 ``Expand``...) keeps its data's interval (the hull of its inputs), ``Add`` / ``Sub`` / ``Mul`` / ``Neg`` / ``Abs`` /
 ``Max`` / ``Min`` / ``Div`` / ``Mod`` are interval arithmetic, ``Range(start, limit, delta)`` with a constant
 ``delta`` lies between ``start`` and ``limit``, ``Where`` is the hull of its branches, a ``Cast`` to an integer type
@@ -80,6 +81,9 @@ class Assumptions:
 
     #: every tensor dimension (what Shape / Size give, a Range's length)
     dims: Interval = Interval(0, INT32[1])
+    #: a product of distinct dimensions of one tensor (its element count, or part of it: ``batch * seq``) is at most
+    #: this: a tensor of 2^31 elements is 4 GiB even in fp16, past what a WebGPU storage binding holds
+    elements: int = INT32[1]
     #: an integer graph input's elements, by input name, else :attr:`inputs_default`
     inputs: tuple[tuple[str, Interval], ...] = ()
     inputs_default: Interval = Interval(*INT32)
@@ -115,6 +119,8 @@ class Intervals:
         self.assume = assumptions
         self.constants = constants if constants is not None else Constants()
         self._memo: dict[int, Interval] = {}
+        #: values that are a product of distinct dimensions of one tensor: (id of the tensor, its axes)
+        self._dims_of: dict[int, tuple[int, frozenset[int]]] = {}
         self._dtypes: dict[int, ir.DataType | None] = {}
         self._keep: list[ir.Value] = []
 
@@ -137,7 +143,12 @@ class Intervals:
                 continue
             for out in node.outputs:
                 self._dtypes[id(out)] = self._infer_dtype(node, out)
-                self._set(out, self._type_clip(self._dtypes[id(out)], self._node(node, out)))
+                found = self._node(node, out)
+                product = self._product_of_dims(node)
+                if product is not None:
+                    self._dims_of[id(out)] = product
+                    found = Interval(max(found.lo, 0), min(found.hi, self.assume.elements))
+                self._set(out, self._type_clip(self._dtypes[id(out)], found))
         return self._memo[id(value)]
 
     def _dtype(self, v: ir.Value | None) -> ir.DataType | None:
@@ -193,6 +204,31 @@ class Intervals:
         held to int32 (the narrowest integer type positions come in: never more than proved)."""
         bounds = _TYPE_RANGE.get(dtype, INT64) if dtype is not None else INT32
         return interval if interval.within(*bounds) else UNBOUNDED
+
+    def _product_of_dims(self, node: ir.Node) -> tuple[int, frozenset[int]] | None:
+        """(tensor, axes) when ``node``'s output is the product of distinct dimensions of one tensor: ``Gather`` of
+        one constant entry of its ``Shape``, ``Size``, such values moved or cast, and their products."""
+        op = node.op_type
+        ins = [i for i in node.inputs if i is not None]
+        if op == "Size" and ins:
+            return id(ins[0]), frozenset({-1})  # every axis
+        if op == "Gather" and len(ins) == 2 and int(attr(node, "axis", 0) or 0) == 0:
+            shape = ins[0].producer()
+            index = self.constants(ins[1])
+            if (shape is None or shape.op_type != "Shape" or shape.domain not in ("", "ai.onnx") or index is None
+                    or index.size != 1 or index.dtype.kind != "i" or int(index.reshape(-1)[0]) < 0
+                    or attr(shape, "start", 0) not in (0, None) or attr(shape, "end", None) is not None):
+                return None
+            return id(shape.inputs[0]), frozenset({int(index.reshape(-1)[0])})
+        if op in ("Identity", "Squeeze", "Unsqueeze", "Reshape", "Flatten") and ins:
+            return self._dims_of.get(id(ins[0]))
+        if op == "Cast" and ins and ir.DataType(attr(node, "to")) in (ir.DataType.INT64, ir.DataType.INT32):
+            return self._dims_of.get(id(ins[0]))
+        if op == "Mul" and len(ins) == 2:
+            a, b = self._dims_of.get(id(ins[0])), self._dims_of.get(id(ins[1]))
+            if a is not None and b is not None and a[0] == b[0] and not (a[1] & b[1]) and -1 not in a[1] | b[1]:
+                return a[0], a[1] | b[1]
+        return None
 
     def _node(self, node: ir.Node, out: ir.Value) -> Interval:
         op = node.op_type
