@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rope_passes.io import ModelBundle, check_output, check_output_given, load_bundle, plan_outputs, write_bundle
 from rope_passes.io.weights import check_weights_mode
@@ -24,6 +24,9 @@ from rope_passes.lint import remaining_problems
 from rope_passes.pipeline import run_pipeline
 from rope_passes.report import PipelineReport
 from rope_passes.targets import RuntimeTarget, resolve_target
+
+if TYPE_CHECKING:
+    from rope_passes.analysis.placement import Placement
 
 __all__ = ["RUNTIME_METADATA_KEY", "optimize", "plan_outputs"]
 
@@ -62,7 +65,8 @@ def optimize(
                           runtime=target_runtime)
     report.dry_run = dry_run
     if report.target == "webgpu-graph":
-        report.capture = capture_config(bundle, target_runtime)
+        # the pipeline's verdict of the graph it left (nothing has changed it since)
+        report.capture = capture_config(bundle, target_runtime, report.verdict_of(bundle.model, target_runtime.name))
     report.remaining = remaining_problems(bundle, target_runtime.name)
     if report.modified:
         bundle.model.metadata_props[RUNTIME_METADATA_KEY] = target_runtime.name
@@ -74,7 +78,7 @@ def optimize(
     return report
 
 
-def capture_config(bundle: ModelBundle, runtime: RuntimeTarget) -> dict[str, Any]:
+def capture_config(bundle: ModelBundle, runtime: RuntimeTarget, verdict: Placement | None = None) -> dict[str, Any]:
     """``webgpu-graph``'s last step: the output's graph-capture verdict (the one home,
     :func:`rope_passes.analysis.placement.capture_verdict`) and ``genai_config.json`` made to agree with it.
 
@@ -83,10 +87,12 @@ def capture_config(bundle: ModelBundle, runtime: RuntimeTarget) -> dict[str, Any
     Blocked: left off (set to "0" where the input had "1": onnxruntime-genai would fail at session creation), each
     blocker named with its node. Unknown or not loadable: the config is left as it is. Returns the report's
     ``capture`` entry: ``state``, ``verdict`` (one line), ``blockers`` ([{node, why}]), ``config`` (the change line,
-    or why nothing was written)."""
+    or why nothing was written). ``verdict``: the capture verdict of ``bundle.model`` on ``runtime`` where the caller
+    already has it (the pipeline's), else it is computed here."""
     from rope_passes.analysis.placement import capture_verdict
 
-    verdict = capture_verdict(bundle.model, runtime)
+    if verdict is None:
+        verdict = capture_verdict(bundle.model, runtime)
     config = bundle.genai_config
     line: str | None = None
     if not config.present:

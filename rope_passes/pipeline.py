@@ -19,7 +19,7 @@ import copy
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import onnx_ir as ir
 
@@ -28,6 +28,9 @@ from rope_passes.io import ModelBundle
 from rope_passes.passes import ALL_PASSES, PassContext, RopePass, RopePassResult
 from rope_passes.report import PassReport, PipelineReport
 from rope_passes.targets import RUNTIMES, RuntimeTarget, resolve_target
+
+if TYPE_CHECKING:
+    from rope_passes.analysis.placement import Placement
 
 #: Target presets, every pass they may run. Later entries may rely on what earlier ones established (documented per
 #: pass). Downlevel passes run only for a runtime that needs them: :func:`presets_for`.
@@ -114,6 +117,8 @@ def run_pipeline(
     passes (:func:`presets_for`) and what the passes predict placement with. ``progress(pass_name, index, total)``
     is called before each pass.
     """
+    from rope_passes.analysis.placement import capture_verdict
+
     rt = resolve_target(runtime)
     names = pass_names_for(target, passes, rt)
     report = PipelineReport(str(bundle.model_path), None, None if passes is not None else (target or "webgpu"))
@@ -122,26 +127,44 @@ def run_pipeline(
         report.skipped = skipped_for(target or "webgpu", rt)
     context = PassContext(bundle.genai_config, model_path=bundle.model_path, runtime=rt.name)
     pass_objects = build_passes(names, context, options)
-    before = placement_count(bundle.model, rt)
+    # One capture verdict per graph state: the graph's now, and after each pass that changed it (a pass that changed
+    # nothing leaves it as it was). A pass may read the current one once (PassContext.take_verdict); the last one is
+    # the output's (PipelineReport.verdict_of).
+    verdict = capture_verdict(bundle.model, rt)
+    before = PlacementCount.of(verdict)
+    # The graph before the next pass, serialized only when a pass is about to run on a state no snapshot holds yet:
+    # a pass that changed nothing leaves the graph the snapshot holds.
+    snapshot: _Snapshot | None = None
     for index, pass_ in enumerate(pass_objects):
         if progress is not None:
             progress(pass_.name, index, len(pass_objects))
         start = time.perf_counter()
-        snapshot = _Snapshot(bundle.model, bundle.genai_config.data)
-        result = pass_(bundle.model)
+        if snapshot is None:
+            snapshot = _Snapshot(bundle.model)
+        config_before = copy.deepcopy(bundle.genai_config.data)
+        context.verdict = (bundle.model, rt.name, verdict)
+        try:
+            result = pass_(bundle.model)
+        finally:
+            context.verdict = None
         bundle.model = result.model
         assert isinstance(result, RopePassResult) and result.report is not None
         pass_report = result.report
-        if pass_report.modified:
-            after = placement_count(bundle.model, rt)
+        # result.modified: the report says so, or the set of nodes or initializers changed
+        if pass_report.modified or result.modified:
+            after_verdict = capture_verdict(bundle.model, rt)
+            after = PlacementCount.of(after_verdict)
             worse = after.worse_than(before)
             if worse:
-                bundle.model = snapshot.restore(bundle.genai_config.data)
+                bundle.model = snapshot.restore()
+                _restore_config(bundle.genai_config.data, config_before)
                 pass_report = _refused_for_placement(pass_report, worse)
+                snapshot = None  # the restored model shares the snapshot's protos: a fresh one before the next pass
             else:
-                before = after
+                before, verdict, snapshot = after, after_verdict, None
         pass_report.duration_s = time.perf_counter() - start
         report.passes.append(pass_report)
+    report.verdict = (bundle.model, rt.name, verdict)
     return report
 
 
@@ -177,27 +200,30 @@ class PlacementCount:
                          + (f" (new: {', '.join(new[:3])})" if new else ""))
         return "; ".join(parts) or None
 
+    @classmethod
+    def of(cls, p: Placement) -> PlacementCount:
+        """The counts of a :func:`~rope_passes.analysis.placement.capture_verdict`."""
+        return cls(p.loads, tuple(f"{m.kind} on {m.tensor!r}" for m in p.memcpy), tuple(p.cpu_nodes),
+                   frozenset(p.unknown))
+
 
 def placement_count(model: ir.Model, runtime: RuntimeTarget) -> PlacementCount:
     """The :class:`PlacementCount` of ``model`` on ``runtime`` (capture on: the setting ``webgpu-graph`` is for)."""
     from rope_passes.analysis.placement import capture_verdict
 
-    p = capture_verdict(model, runtime)
-    return PlacementCount(p.loads, tuple(f"{m.kind} on {m.tensor!r}" for m in p.memcpy), tuple(p.cpu_nodes),
-                          frozenset(p.unknown))
+    return PlacementCount.of(capture_verdict(model, runtime))
 
 
 class _Snapshot:
-    """The graph (weights by reference, not copied) and genai_config before a pass, to roll the pass back."""
+    """The graph (weights by reference, not copied) before a pass, to roll the pass back."""
 
-    def __init__(self, model: ir.Model, config: dict[str, Any] | None) -> None:
+    def __init__(self, model: ir.Model) -> None:
         self.proto = ir.serde.serialize_model(model)
         self.base_dirs = {name: v.const_value.base_dir for name, v in model.graph.initializers.items()
                           if isinstance(v.const_value, ir.ExternalTensor)}
-        self.config = copy.deepcopy(config)
 
-    def restore(self, config: dict[str, Any] | None) -> ir.Model:
-        """The model as it was (a new object); ``config`` (the shared genai_config dict) is put back in place."""
+    def restore(self) -> ir.Model:
+        """The model as it was (a new object)."""
         model = ir.serde.deserialize_model(self.proto)
         dirs = set(self.base_dirs.values())
         if len(dirs) == 1:  # every tensor, subgraphs and attributes included
@@ -205,10 +231,14 @@ class _Snapshot:
         for name, v in model.graph.initializers.items():
             if isinstance(v.const_value, ir.ExternalTensor) and name in self.base_dirs:
                 v.const_value.base_dir = self.base_dirs[name]
-        if config is not None and self.config is not None:
-            config.clear()
-            config.update(copy.deepcopy(self.config))
         return model
+
+
+def _restore_config(config: dict[str, Any] | None, saved: dict[str, Any] | None) -> None:
+    """Put the shared genai_config dict back as it was before a pass (in place: every pass holds it)."""
+    if config is not None and saved is not None:
+        config.clear()
+        config.update(saved)
 
 
 def _refused_for_placement(done: PassReport, why: str) -> PassReport:

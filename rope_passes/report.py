@@ -180,10 +180,20 @@ class PipelineReport:
     #: ``webgpu-graph``: the output's graph-capture verdict and what genai_config.json got for it
     #: (:func:`rope_passes.api.capture_config`: state, verdict, blockers [{node, why}], config)
     capture: dict[str, Any] | None = None
+    #: (model, runtime name, its capture verdict) of the graph the pipeline left, computed there for the placement
+    #: guard; not part of the report's output (read it with :meth:`verdict_of`)
+    verdict: tuple[Any, str, Any] | None = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
     def modified(self) -> bool:
         return any(p.modified for p in self.passes)
+
+    def verdict_of(self, model: Any, runtime: str) -> Any:
+        """The pipeline's capture verdict of ``model`` on ``runtime`` if ``model`` is the graph it left (and nothing
+        changed it since: the caller's word), else None."""
+        if self.verdict is not None and self.verdict[0] is model and self.verdict[1] == runtime:
+            return self.verdict[2]
+        return None
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -44,12 +44,24 @@ class PassContext:
     model_path: Path | None = None
     #: the WebGPU runtime the output is for (:mod:`rope_passes.targets`; None: the one installed here)
     runtime: str | None = None
+    #: (model, runtime name, its capture verdict): set by the pipeline just before a pass runs, from the verdict it
+    #: already computed for that graph state; read it with :meth:`take_verdict`
+    verdict: tuple[ir.Model, str, Any] | None = dataclasses.field(default=None, repr=False, compare=False)
 
     @classmethod
     def for_model(cls, path: str | os.PathLike) -> PassContext:
         """The context of a model file or folder: the ``genai_config.json`` beside it, if any."""
         p = Path(path)
         return cls(GenaiConfig.load(p if p.is_dir() else p.parent), model_path=p)
+
+    def take_verdict(self, model: ir.Model, runtime: str) -> Any:
+        """The pipeline's capture verdict (:func:`rope_passes.analysis.placement.capture_verdict`) of ``model`` as
+        the pass received it, or None (outside the pipeline, another model or runtime, or already taken). Taken
+        once: after the pass changes the graph it no longer holds, so a second call is None."""
+        held, self.verdict = self.verdict, None
+        if held is not None and held[0] is model and held[1] == runtime:
+            return held[2]
+        return None
 
 
 @dataclasses.dataclass(frozen=True)

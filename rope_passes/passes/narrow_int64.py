@@ -79,7 +79,9 @@ class NarrowInt64Pass(RopePass):
         done: set[int] = set()  # narrowed, or refused (each refused once)
         target = resolve_target(self.context.runtime)
         for _ in range(MAX_ROUNDS):
-            placement = predict_placement(model, graph_capture=True, target=target)
+            # the first round: the pipeline's verdict of this graph where it has one (capture_verdict is this)
+            placement = (self.context.take_verdict(model, target.name)
+                         or predict_placement(model, graph_capture=True, target=target))
             if not placement.loads:
                 why = f"the model does not load on {target.label} ({placement.load_error})"
                 break

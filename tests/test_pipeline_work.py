@@ -1,0 +1,132 @@
+"""The pipeline's own work (issue 17): one capture verdict per graph state, a roll-back snapshot only for a state no
+snapshot holds yet, and roll-backs that still restore exactly the graph before the refused pass.
+
+What is counted here is work (calls), never time: timing belongs in ``bench/run_all``.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx_ir as ir
+import pytest
+
+import rope_passes
+import rope_passes.analysis.placement as placement
+import rope_passes.passes.narrow_int64 as narrow_int64
+from rope_passes.analysis.placement import capture_verdict
+from rope_passes.demo import build_tiny_decoder
+from rope_passes.io import load_bundle
+from rope_passes.passes import ALL_PASSES, PassContext, RopePass
+from rope_passes.pipeline import run_pipeline
+from rope_passes.report import PassReport
+from rope_passes.targets import WEBGPU_127
+
+
+class _AddsACpuNode(RopePass):
+    """Puts an int64 ``Mul`` (no WebGPU kernel in 1.27) before the embedding Gather: one more CPU node, so the
+    pipeline must refuse it and roll it back. It also writes the config."""
+
+    name = "test-work-adds-cpu-node"
+
+    def apply(self, model: ir.Model, report: PassReport) -> None:
+        ids = model.graph.inputs[0]  # input_ids, int64, read by the embedding Gather
+        gather = next(n for n in model.graph if n.op_type == "Gather" and n.inputs[1] is ids)
+        one = ir.Value(name=f"one_{len(model.graph)}", const_value=ir.tensor(np.array(1, np.int64)))
+        model.graph.register_initializer(one)
+        mul = ir.node("Mul", [ids, one], name="test/Mul")
+        model.graph.insert_before(gather, mul)
+        gather.replace_input_with(1, mul.outputs[0])
+        report.rewritten("test/Mul", "multiplied input_ids by 1 on CPU")
+        if self.genai_config.present:
+            report.genai_config_changes.append(self.genai_config.set_provider_option("webgpu", "x", "1") or "")
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    return build_tiny_decoder(tmp_path / "demo")
+
+
+def _count(monkeypatch, module, name) -> list[int]:
+    calls: list[int] = []
+    real = getattr(module, name)
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, counted)
+    return calls
+
+
+def test_one_capture_verdict_per_graph_state(tiny, tmp_path, monkeypatch):
+    """optimize --target webgpu-graph on the tiny decoder: the verdict of the input, one after each pass that changed
+    the graph (total-seq-on-gpu, cleanup), and nothing more: narrow-int64 and the capture config read the pipeline's
+    (before: 5 predictions, the input's, 2 after passes, narrow-int64's own and capture_config's)."""
+    calls = _count(monkeypatch, placement, "predict_placement")
+    monkeypatch.setattr(narrow_int64, "predict_placement", placement.predict_placement)
+    report = rope_passes.optimize(tiny, tmp_path / "out", target="webgpu-graph", runtime=WEBGPU_127, weights="copy")
+    changed = [p.pass_name for p in report.passes if p.modified]
+    assert changed == ["total-seq-on-gpu", "cleanup"]
+    assert len(calls) == 1 + len(changed)
+    # the reused verdict is the output's: the same answer computed afresh on the saved model
+    assert report.capture["state"] == capture_verdict(load_bundle(tmp_path / "out").model, WEBGPU_127).state == "ready"
+    assert [p.status for p in report.passes if p.pass_name == "narrow-int64"] == [
+        "not matched: no Memcpy predicted under graph capture"]
+
+
+def test_snapshot_only_for_a_new_graph_state(tiny, monkeypatch):
+    """A roll-back snapshot is serialized before the first pass and after each pass that changed the graph, not
+    before every pass (before: one per pass, 8 here)."""
+    bundle = load_bundle(tiny)
+    calls = _count(monkeypatch, ir.serde, "serialize_model")
+    report = run_pipeline(bundle, target="webgpu-graph", runtime=WEBGPU_127)
+    assert len(report.passes) == 8
+    # the input's state, then the state after total-seq-on-gpu (narrow-int64 runs on it); cleanup is the last pass
+    assert [p.pass_name for p in report.passes if p.modified] == ["total-seq-on-gpu", "cleanup"]
+    assert len(calls) == 2
+
+
+def test_roll_back_after_a_pass_that_changed_nothing(tiny, monkeypatch):
+    """The refused pass runs after one that changed nothing (its snapshot is the one taken before that pass): the
+    roll-back gives the graph after total-seq-on-gpu, not before it, and the config as it was."""
+    monkeypatch.setitem(ALL_PASSES, _AddsACpuNode.name, _AddsACpuNode)
+    bundle = load_bundle(tiny)
+    config = json.dumps(bundle.genai_config.data)
+    report = run_pipeline(bundle, passes=["total-seq-on-gpu", "narrow-int64", _AddsACpuNode.name],
+                          runtime=WEBGPU_127)
+    done, nothing, refused = report.passes
+    assert done.modified and not nothing.modified and refused.status.startswith("refused: refused for this model")
+    assert "test/Mul" not in [n.name for n in bundle.model.graph]
+    assert capture_verdict(bundle.model, WEBGPU_127).state == "ready"  # total-seq-on-gpu's work kept
+    assert json.dumps(bundle.genai_config.data) == config
+    assert report.verdict_of(bundle.model, WEBGPU_127) is not None  # the restored graph's verdict is known
+
+
+def test_two_roll_backs_in_a_row(tiny, monkeypatch):
+    """Each refused pass is rolled back to the graph before it: the second runs on the restored graph (a fresh
+    snapshot of it) and is rolled back too; the weights still read from the input's data file."""
+    monkeypatch.setitem(ALL_PASSES, _AddsACpuNode.name, _AddsACpuNode)
+    bundle = load_bundle(tiny)
+    report = run_pipeline(bundle, passes=["total-seq-on-gpu", _AddsACpuNode.name, _AddsACpuNode.name],
+                          runtime=WEBGPU_127)
+    assert [p.status.startswith("refused") for p in report.passes] == [False, True, True]
+    assert "test/Mul" not in [n.name for n in bundle.model.graph]
+    embed = next(n for n in bundle.model.graph if n.name == "/model/embed_tokens/Gather")
+    assert embed.inputs[1] is bundle.model.graph.inputs[0]
+    assert capture_verdict(bundle.model, WEBGPU_127).state == "ready"
+    assert bundle.model.graph.initializers["model.embed_tokens.weight"].const_value.numpy().shape == (512, 64)
+
+
+def test_take_verdict_once_and_only_for_its_model(tiny):
+    model = load_bundle(tiny).model
+    verdict = capture_verdict(model, WEBGPU_127)
+    ctx = PassContext(runtime=WEBGPU_127)
+    ctx.verdict = (model, WEBGPU_127, verdict)
+    assert ctx.take_verdict(load_bundle(tiny).model, WEBGPU_127) is None  # another model object
+    ctx.verdict = (model, WEBGPU_127, verdict)
+    assert ctx.take_verdict(model, "onnxruntime-ep-webgpu") is None  # another runtime
+    ctx.verdict = (model, WEBGPU_127, verdict)
+    assert ctx.take_verdict(model, WEBGPU_127) is verdict
+    assert ctx.take_verdict(model, WEBGPU_127) is None  # taken: the pass may have changed the graph since
