@@ -245,3 +245,49 @@ def test_a_product_of_one_tensors_dims_is_bounded_by_its_element_count():
     assert iv(_value(model, "r")).fits_int32()
     assert not iv(_value(model, "bb")).fits_int32()  # b * b: not an element count
     assert not iv(_value(model, "bn")).fits_int32()  # dims of two tensors
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Positions made by a Range: proved by value
+# ----------------------------------------------------------------------------------------------------------------
+def _range_with_start(start_body: str) -> tuple[ir.Model, ir.Node]:
+    model = _model(f"""
+        rshp = Shape (past_key)
+        ri2 = Constant <value = int64 {{2}}> ()
+        past = Gather <axis = 0> (rshp, ri2)
+        rids = Shape (input_ids)
+        ri1 = Constant <value = int64 {{1}}> ()
+        rlen = Gather <axis = 0> (rids, ri1)
+        {start_body}
+        rlim = Add (start, rlen)
+        rone = Constant <value_int = 1> ()
+        r = Range (start, rlim, rone)
+        rf = Cast <to = 1> (r)
+        rinv = Constant <value = float {{0.5}}> ()
+        rprod = Mul (rf, rinv)
+        y = Cos (rprod)
+    """, inputs="int64[B, S] input_ids, float[B, 2, P, 4] past_key", outputs="float[S] y")
+    return model, next(n for n in model.graph if n.outputs[0].name == "rprod")
+
+
+@pytest.mark.parametrize("form", sorted(MINUS_FIVE))
+def test_a_range_start_below_zero_is_refused_in_every_form(form):
+    from rope_passes.proofs.positions import range_source
+    from rope_passes.report import MatchFailure
+
+    model, product = _range_with_start(MINUS_FIVE[form] + "\n start = Add (past, k)")
+    with pytest.raises(MatchFailure) as refused:
+        range_source(product)
+    assert refused.value.refused and "start is not proved never negative" in refused.value.reason
+    assert "[-5, " in refused.value.reason
+
+
+def test_a_range_start_above_zero_sizes_the_table():
+    from rope_passes.proofs.positions import range_source
+
+    model, product = _range_with_start("k = Constant <value_int = 300> ()\n start = Add (past, k)")
+    found = range_source(product)
+    assert found is not None and found.excess == 300 and found.start.lo == 300
+    model, product = _range_with_start("start = Identity (past)")
+    found = range_source(product)
+    assert found is not None and found.excess == 0 and found.start.lo == 0

@@ -164,6 +164,11 @@ class PrecomputeCosSinPass(RopePass):
         self._rewrite(graph, done, tables, report)
         model.metadata_props[MAX_POSITIONS_KEY] = str(max_positions)
         report.metadata_changes.append(f"metadata_props[{MAX_POSITIONS_KEY!r}] = '{max_positions}'")
+        for source in {id(c.source): c.source for c in done if c.source is not None and c.source.excess}.values():
+            report.note(source.node.name or "<model>", f"Range {source.node.name!r} makes positions up to "
+                        f"{source.excess} beyond the call's past + length: its tables hold max_positions + "
+                        f"{source.excess} = {max_positions + source.excess} rows, so every call with past + length <= "
+                        f"{max_positions} reads inside them", excess=source.excess)
         names = ", ".join(sorted({repr(c.positions.name) for c in done}))
         report.note(
             "<model>",
