@@ -19,6 +19,8 @@ derives that are already taken, left-padded masks.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx_ir as ir
 
@@ -151,13 +153,14 @@ def _rotations(work: Work, which: str = "") -> list[ir.Node]:
     return [n for n in work.graph if n.op_type == "MRotaryEmbedding" and which in n.name]
 
 
-def rotation_attrs(which: str = "", **values):
-    """Attributes of the MRotaryEmbedding nodes whose name contains ``which`` set (None removes one)."""
+def rotation_attrs(which: str = "", places=None, **values):
+    """Attributes of the MRotaryEmbedding nodes whose name contains ``which`` set (None removes one); the places are
+    the GQA nodes (``places`` else)."""
     def edit(work: Work) -> list[str]:
         for node in _rotations(work, which):
             for name, value in values.items():
                 set_attr(node, name, value)
-        return _gqa_places(work)
+        return (places or _gqa_places)(work)
     return edit
 
 
@@ -447,6 +450,16 @@ def _mask_roundtrip(work: Work) -> list[str]:
     return _total_places(work)
 
 
+#: generated builder 0.18 graphs beyond the shared corpus (tests/fixtures, committed): other families
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "genai"
+
+
+def as_built(places):
+    def edit(work: Work) -> list[str]:
+        return places(work)
+    return edit
+
+
 def opset(version: int, places):
     """The model's default-domain opset set to ``version``: what the pass builds must exist there."""
     def edit(work: Work) -> list[str]:
@@ -670,4 +683,27 @@ def mutants() -> list[Mutant]:
          "layer 0's rotations scaled 0.5, layer 1's not: one cache, two tables (shared tables must key on the scale)")
     fold("layer1-interleaved", "attribute", EQUIVALENT, rotation_attrs("layers.1/", interleaved=1),
          "layer 1 rotates adjacent pairs, layer 0 rotate-half: each GQA its own pairing")
+    # -- other families (tests/fixtures): as built, with image positions / left-padded masks ------------------
+    qwen3vl, qwen3vl16 = str(FIXTURES / "qwen3_vl/cpu_fp32"), str(FIXTURES / "qwen3_vl/webgpu_fp16")
+    rotations = lambda w: [n.name for n in w.graph if n.op_type == "MRotaryEmbedding"]  # noqa: E731
+    out += [
+        Mutant("lower-qwen3vl-as-built", "harmless", "lower-mrope", qwen3vl, EQUIVALENT, as_built(rotations),
+               "Qwen3-VL (q/k-norm before the rotation, interleaved section layout), image positions",
+               target="webgpu", reference="plugin", vision=True),
+        Mutant("lower-qwen3vl-interleaved-2", "attribute", "lower-mrope", qwen3vl, EQUIVALENT,
+               rotation_attrs(places=rotations, interleaved=2), "Qwen3-VL with interleaved=2 (rotate-half as onnxruntime reads it)",
+               target="webgpu", reference="plugin", vision=True),
+        Mutant("fold-qwen3vl-as-built", "harmless", FOLD, qwen3vl, EQUIVALENT, as_built(_gqa_places),
+               "Qwen3-VL, --text-only", target="webgpu", options={"text_only": True}, reference="plugin"),
+        Mutant("fold-qwen3vlfp16-as-built", "dtype-shape", FOLD, qwen3vl16, EQUIVALENT, as_built(_gqa_places),
+               "Qwen3-VL fp16 (float rotation cast to float16 for the GQA), --text-only", target="webgpu",
+               options={"text_only": True}, reference="plugin", fp16=True),
+        Mutant("fold-qwen3vl-padded", "mask", FOLD, qwen3vl, EQUIVALENT, as_built(_gqa_places),
+               "Qwen3-VL, --text-only, left-padded masks with per-row positions", target="webgpu",
+               options={"text_only": True}, reference="plugin", padded=True),
+    ]
+    for family in ("gemma", "phi2"):
+        out.append(Mutant(f"totalseq-{family}-padded-as-built", "mask", TOTAL, str(FIXTURES / family / "webgpu_fp32"),
+                          EQUIVALENT, as_built(_total_places), f"{family} (builder 0.18), left-padded masks",
+                          target="webgpu-graph", reference="ort", padded=True))
     return out
