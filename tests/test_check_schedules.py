@@ -238,6 +238,31 @@ def test_fp16_table_row_one_percent(tmp_path):
     assert any(f"position {p}" in line for line in report.first_differences())
 
 
+def qkv_row_one_percent(model: ir.Model, _config) -> None:
+    """One row of an fp16 weight a RoPE rewrite could touch (the packed Q/K/V projection) 1 % larger."""
+    value = model.graph.initializers["model.layers.0.attn.qkv_proj.MatMul.weight"]
+    table = value.const_value.numpy().copy()
+    table[5] = (table[5].astype(np.float32) * 1.01).astype(table.dtype)
+    value.const_value = ir.tensor(table, name=value.name)
+
+
+def test_fp16_weight_one_percent(tmp_path):
+    """1 % on one fp16 weight row moves the logits under the fp16 tolerance (measured by the independent CPU run):
+    the constants both graphs keep under one name are compared at 1 ulp of their type, and name it."""
+    wrong = mutate(FP16, tmp_path / "wrong", qkv_row_one_percent)
+    orig = str(GENAI / FP16)
+    ids, mask = [[5, 9, 17, 300]], [[1] * 4]
+    moved = max_diff(cpu_run(wrong, ids, mask), cpu_run(orig, ids, mask), mask)
+    assert 0 < moved < 0.1  # different, and within the end-to-end fp16 atol
+    report = check(orig, wrong, isolate=False, sweep=0)
+    assert report.verdict == NOT_EQUIVALENT
+    constants = report.comparison("rewritten", "original", "constants")
+    assert constants is not None and constants.counts and not constants.ok
+    assert [d.output for d in constants.diffs if not d.ok] == ["model.layers.0.attn.qkv_proj.MatMul.weight"]
+    assert any(line.startswith("constant model.layers.0.attn.qkv_proj.MatMul.weight: ")
+               for line in report.first_differences())
+
+
 def test_correct_rewrite_still_passes(tmp_path):
     """The identical graph and a copy saved through the bundle are equivalent with every schedule."""
     same = mutate(FP16, tmp_path / "same", lambda m, c: None)
@@ -246,6 +271,8 @@ def test_correct_rewrite_still_passes(tmp_path):
     kinds = {(c.actual, c.reference) for c in report.comparisons if c.kind == "schedule" and c.status == "compared"}
     assert kinds == {("rewritten@webgpu", "original@webgpu"), ("rewritten@cpu", "original@cpu")}
     assert "schedules:" in report.reference
+    constants = report.comparison("rewritten", "original", "constants")
+    assert constants is not None and constants.ok and not constants.counts  # equal constants vouch for nothing
 
 
 # ---------------------------------------------------------------- schedules as data

@@ -55,6 +55,7 @@ from typing import Any
 import numpy as np
 
 from rope_passes.check.comparisons import cpu_comparisons, schedule_comparisons
+from rope_passes.check.constants import compare_constants
 from rope_passes.check.explore import command_line, explore
 from rope_passes.check.layers import cut_pair, default_sweep, describe
 from rope_passes.check.models import ModelInfo, embedding_for, load_reference, read_model
@@ -139,7 +140,8 @@ def check(original: str | Path, rewritten: str | Path, options: CheckOptions | N
                         tolerance=plan.tolerance, graph_capture=opts.graph_capture, reference_logits=ref_logits,
                         positions=plan.positions, tables=plan.tables, reference_python=opts.reference_python,
                         fallback_python=fallback_used, fallback_wanted=fallback, notes=plan.notes)
-    comparisons = compare_all(evidence) + cpu_comparisons(evidence) + schedule_comparisons(evidence, plan)
+    comparisons = (compare_all(evidence) + cpu_comparisons(evidence) + schedule_comparisons(evidence, plan)
+                   + [compare_constants(orig, rew)])
     if exploration is not None:
         comparisons.append(exploration.comparison(plan.tolerance))
     verdict, reason, reference = decide(evidence, comparisons)

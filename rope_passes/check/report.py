@@ -95,6 +95,9 @@ class EquivalenceReport:
             lines.append(f"schedule {s.summary() if s else d.schedule}: call {d.step}, output {d.output}, {c.name}: "
                          f"max abs {d.max_abs:.3g}" + (f" ({d.reason})" if d.reason else "")
                          + (f"; rerun: --schedule '{s.text()}'" if s else ""))
+        found = self._first("constants")
+        if found is not None:
+            lines.append(f"constant {found[1].output}: {found[1].reason}")
         if self.tables is not None and self.tables.status == "compared" and not self.tables.ok:
             lines.append(f"rotation tables: {self.tables.diffs[0].line()}")  # not ok: there is a first
         return lines

@@ -208,6 +208,9 @@ def render(report, console: Console) -> None:
         if c.status != "compared":
             console.print(f"{title}: skipped: {c.reason}")
             continue
+        if not c.diffs:  # constants: nothing differs
+            console.print(f"{title}: {c.reason}")
+            continue
         table = Table(title=title, title_justify="left")
         unit = {"decode": "step", "sweep": "position"}.get(c.kind, "call")
         for col in ("output", "max abs", "max rel", f"worst {unit}", f"first failing {unit}"):
