@@ -20,8 +20,9 @@ not). A ``scale`` other than 1 (0 included) is folded into scaled copies of the 
 
 **Exact**: the same cos/sin values reach the same rotation for any positions (distinct t/h/w included); it is
 the builder 0.15.2 formulation of mRoPE, which onnxruntime 1.27 runs on CPU and WebGPU. The token index and the
-``Shape`` it needs run on CPU, so the lowered graph is for users who need images, not for graph capture (for
-text prompts use ``fold-text-mrope`` first).
+``Shape`` it needs are shape math on CPU; whether capture works is the output's capture verdict (the corpus's lowered
+graphs are capture-ready after ``narrow-int64`` in ``webgpu-graph``: docs/graph-capture.md). For text prompts
+``fold-text-mrope`` first removes the mRoPE machinery altogether.
 
 **Refuses**: ``is_packed_batching=1``; caches that are not ``[max_pos, half]`` with ``half`` = sum of the
 sections; position_ids that are not int64 ``[3, B, S]``; ``rotary_embedding_dim`` on an input whose head count is not
@@ -94,8 +95,9 @@ class LowerMRoPEPass(RopePass):
         if old:
             report.note(
                 "<model>",
-                "the token index is computed with Shape/Range on CPU: fine for image+text use, but no WebGPU graph "
-                "capture; for text-only use run fold-text-mrope with --text-only instead",
+                "the token index is computed from Shape/Range (shape math): whether WebGPU graph capture works is the "
+                "output's capture verdict, which optimize --target webgpu-graph reports after narrow-int64; for "
+                "text-only use fold-text-mrope with --text-only removes the mRoPE machinery instead",
             )
             remove_dead(graph, old)
             if MS_DOMAIN not in model.opset_imports:
