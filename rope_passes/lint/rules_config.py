@@ -11,11 +11,13 @@ cos/sin caches. See :mod:`rope_passes.proofs.config` for the comparison and the 
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Iterator
 
 import numpy as np
+import onnx_ir as ir
 
-from rope_passes.analysis.graph import MS_DOMAIN, const_tensor, flag, nodes_of
+from rope_passes.analysis.graph import MS_DOMAIN, attr, const_tensor, flag, nodes_of
 from rope_passes.errors import ModelLoadError
 from rope_passes.hf_config import HFConfig, Rope
 from rope_passes.lint.core import LintContext, Severity, rule
@@ -60,17 +62,47 @@ def _chains(ctx: LintContext, ropes: list[Rope], rows: int) -> Iterator[_Checked
         try:
             chain = find_chain(ctx.model, node)  # read only: a Range source is typed by the feeds, not retyped
             table = rows_of(ctx.model, chain, rows)
-            verdict = best_verdict(ctx.model, chain, table, ropes)
+            verdict = _rounding_verdict(best_verdict(ctx.model, chain, table, ropes), chain.role, table)
         except MatchFailure:
             continue
         yield _Checked(node.name or node.op_type,
                        f"{node.op_type} ({chain.role} computed from {chain.positions.name!r})", verdict, role=chain.role)
 
 
+def _first_beyond_rounding(rope: Rope, role: str, table: np.ndarray, long: bool = False) -> tuple[int | None, float]:
+    """(first position, max |difference|) of ``table`` beyond what float32 rounding allows a correct producer
+    (:meth:`Rope.tolerance`) against ``rope``; the table's width picks the layout: ``rotary_dim / 2`` a cache,
+    ``rotary_dim`` transformers' own (cat or repeat-interleave). (None, inf) where the width fits neither."""
+    rows, width = table.shape
+    half = rope.rotary_dim // 2
+    if width not in (half, 2 * half) or rows == 0:
+        return None, float("inf")
+    layout = "cache" if width == half else None
+    cos, sin = rope.tables(rows, long, layout)
+    tol = rope.tolerance(rows, long, table.dtype)
+    if width != half:
+        tol = np.repeat(tol, 2, axis=1) if rope.table_interleaved else np.concatenate([tol, tol], axis=1)
+    diff = np.abs(table.astype(np.float64) - (cos if role == "cos" else sin).astype(np.float64))
+    bad = np.flatnonzero((diff > tol).any(axis=1))
+    return (int(bad[0]) if bad.size else None), float(diff.max())
+
+
+def _rounding_verdict(verdict: Verdict, role: str, table: np.ndarray) -> Verdict:
+    """A fixed-table mismatch judged again with :meth:`Rope.tolerance` (a flat 1e-5 calls a correct YaRN table wrong
+    past position ~1050: torch's float32 pow is an ulp off the correctly rounded one in some dimensions)."""
+    if verdict.ok or verdict.frozen is not None or verdict.rope.switches:
+        return verdict
+    first, worst = _first_beyond_rounding(verdict.rope, role, table)
+    if first is None and np.isfinite(worst):
+        return Verdict(verdict.rope, True, worst=worst)
+    return dataclasses.replace(verdict, first_wrong=first) if first is not None else verdict
+
+
 def _caches(ctx: LintContext, ropes: list[Rope]) -> Iterator[_Checked]:
     """GroupQueryAttention's cos/sin caches (builder graphs): ``[N, rotary_dim / 2]`` tables of one rope."""
     seen: set[int] = set()
-    for gqa in nodes_of(ctx.model, "GroupQueryAttention", MS_DOMAIN):
+    cache_ropes = [dataclasses.replace(r, table_interleaved=False) for r in ropes if not r.switches]  # one column
+    for gqa in nodes_of(ctx.model, "GroupQueryAttention", MS_DOMAIN):                 # per frequency
         if not flag(gqa, "do_rotary") or len(gqa.inputs) < 9:
             continue
         for role, value in (("cos", gqa.inputs[7]), ("sin", gqa.inputs[8])):
@@ -80,7 +112,7 @@ def _caches(ctx: LintContext, ropes: list[Rope]) -> Iterator[_Checked]:
             seen.add(id(value))
             table = tensor.numpy()
             tol = TOL_FP16 if table.dtype == np.float16 else TOL
-            verdicts = [judge(r, role, table, None, tol) for r in ropes if not r.switches]
+            verdicts = [_rounding_verdict(judge(r, role, table, None, tol), role, table) for r in cache_ropes]
             if verdicts:
                 yield _Checked(value.name or role, f"GroupQueryAttention's {role}_cache {value.name!r}",
                                min(verdicts, key=lambda v: (not v.ok, -(v.first_wrong or 0))))
@@ -143,4 +175,160 @@ def rope_dynamic(ctx: LintContext) -> Found:
             yield c.target, c.refusal
 
 
-__all__ = ["longrope_frozen", "rope_differs", "rope_dynamic"]
+# -- RP404: per-layer conformance ---------------------------------------------------------------------------------
+_LAYER = re.compile(r"(?:^|[./_])(?:layers|h|blocks?)[./_](\d+)(?:[./_]|$)")
+_PRESENT = re.compile(r"present[._](\d+)[._]")
+
+
+@dataclasses.dataclass
+class _Rotation:
+    """What one attention layer's rotary op applies."""
+
+    layer: int
+    node: ir.Node
+    rotates: bool
+    interleaved: bool
+    cos: ir.Value | None = None  # the [N, rotary_dim / 2] table (an initializer), None where not a constant
+    sin: ir.Value | None = None
+    positions: str = ""  # where the rows are read: the past length (GQA) or a graph value
+
+
+def _layer_of(node: ir.Node, order: int) -> int:
+    for value in (node.name or "", *(o.name or "" for o in node.outputs)):
+        found = _PRESENT.search(value) or _LAYER.search(value)
+        if found:
+            return int(found.group(1))
+    return order
+
+
+def _gathered_table(value: ir.Value | None) -> tuple[ir.Value | None, str]:
+    """A RotaryEmbedding cos/sin input: the constant itself, or ``Gather(table, positions)`` of one."""
+    if value is None:
+        return None, ""
+    if const_tensor(value) is not None:
+        return value, ""
+    node = value.producer()
+    if node is not None and node.op_type == "Gather" and attr(node, "axis", 0) == 0 and \
+            const_tensor(node.inputs[0]) is not None:
+        index = node.inputs[1]
+        return node.inputs[0], (index.name or "") if index is not None else ""
+    return None, ""
+
+
+def _rotations(model: ir.Model) -> list[_Rotation]:
+    """One entry per layer: its GroupQueryAttention (rotating itself, or not) or the RotaryEmbedding on its key."""
+    out: dict[int, _Rotation] = {}
+    gqas = nodes_of(model, "GroupQueryAttention", MS_DOMAIN)
+    for order, gqa in enumerate(gqas):
+        layer = _layer_of(gqa, order)
+        rotates = flag(gqa, "do_rotary")
+        cos = gqa.inputs[7] if rotates and len(gqa.inputs) > 8 else None
+        sin = gqa.inputs[8] if rotates and len(gqa.inputs) > 8 else None
+        out[layer] = _Rotation(layer, gqa, rotates, flag(gqa, "rotary_interleaved"), cos, sin, "past length")
+    ropes = [n for n in model.graph if n.op_type == "RotaryEmbedding"]
+    for order, node in enumerate(ropes):
+        if node.domain == MS_DOMAIN:  # (input, position_ids, cos_cache, sin_cache)
+            cos, sin = node.inputs[2] if len(node.inputs) > 2 else None, node.inputs[3] if len(node.inputs) > 3 else None
+            positions = (node.inputs[1].name or "") if len(node.inputs) > 1 and node.inputs[1] is not None else ""
+        else:  # ONNX opset 23: (X, cos_cache, sin_cache[, position_ids])
+            cos, positions = _gathered_table(node.inputs[1] if len(node.inputs) > 1 else None)
+            sin, _ = _gathered_table(node.inputs[2] if len(node.inputs) > 2 else None)
+            if len(node.inputs) > 3 and node.inputs[3] is not None:
+                cos, sin, positions = node.inputs[1], node.inputs[2], node.inputs[3].name or ""
+        layer = _layer_of(node, order // 2)  # query and key each
+        if layer not in out or not out[layer].rotates:
+            out[layer] = _Rotation(layer, node, True, flag(node, "interleaved"), cos, sin, positions)
+    return [out[k] for k in sorted(out)]
+
+
+def _explicit(hf: HFConfig) -> bool:
+    """The config names its rope itself (theta and type given, a model type): then a difference is the graph's."""
+    params = hf.data.get("rope_parameters") or hf.data.get("rope_scaling") or {}
+    return bool(hf.model_type) and (hf._first("rope_theta") is not None or "rope_theta" in str(params) or
+                                    hf.model_type in ("gptj", "codegen"))
+
+
+def _conformance(ctx: LintContext) -> Iterator[tuple[str, str]]:
+    try:
+        hf = HFConfig.find(ctx.path)
+    except Exception:  # noqa: BLE001 - RP403 says why the config cannot be read
+        return
+    if hf is None or hf.num_layers is None:
+        return
+    rotations = _rotations(ctx.model)
+    if not rotations:
+        return
+    any_rotates = any(r.rotates for r in rotations)
+    blame = "the graph is wrong (config.json is unambiguous)" if _explicit(hf) else         "the graph or config.json is wrong"
+    for rot in rotations:
+        where = f"layer {rot.layer} ({rot.node.op_type} {rot.node.name!r})"
+        try:
+            want = hf.layer_rope(rot.layer)
+        except MatchFailure:
+            continue  # dynamic / unknown types: RP403
+        if want is None:
+            if rot.rotates:
+                yield rot.node.name or rot.node.op_type, (
+                    f"{where} rotates its query and key, but config.json runs layer {rot.layer} without RoPE "
+                    f"(no_rope_layers[{rot.layer}] = 0): {blame}")
+            continue
+        if not rot.rotates:
+            if any_rotates and rot.node.op_type == "GroupQueryAttention":
+                yield rot.node.name or rot.node.op_type, (
+                    f"{where} does not rotate (do_rotary=0, no rotary op on its query and key), but config.json "
+                    f"says layer {rot.layer} rotates by {want.describe()}: {blame}")
+            continue
+        if rot.interleaved != want.interleaved:
+            flag_name = "rotary_interleaved" if rot.node.op_type == "GroupQueryAttention" else "interleaved"
+            said = "interleaved pairs (2i, 2i+1)" if want.interleaved else "halves (i, i + d/2)"
+            yield rot.node.name or rot.node.op_type, (
+                f"{where} rotates {'interleaved pairs' if rot.interleaved else 'halves'} ({flag_name}="
+                f"{int(rot.interleaved)}), but transformers' {hf.model_type or 'model'} rotates {said}: every "
+                f"position but 0 is rotated wrong; {blame}")
+        if want.switches:
+            continue  # LongRoPE's two tables: RP401/RP402/RP203
+        for role, value in (("cos", rot.cos), ("sin", rot.sin)):
+            tensor = const_tensor(value)
+            if value is None or tensor is None or len(tensor.shape) != 2:
+                continue
+            table = tensor.numpy()
+            cache_rope = dataclasses.replace(want, table_interleaved=False)
+            if table.shape[1] * 2 != want.rotary_dim:
+                yield rot.node.name or rot.node.op_type, (
+                    f"{where} reads {role} table {value.name!r} of width {table.shape[1]} (rotary dim "
+                    f"{2 * table.shape[1]}), config.json's rotary dim is {want.rotary_dim} (head_dim "
+                    f"{want.head_dim} × partial_rotary_factor {want.partial_rotary_factor:g}): {blame}")
+                break
+            first, worst = _first_beyond_rounding(cache_rope, role, table)
+            if first is None:
+                continue
+            cos_want, sin_want = cache_rope.tables(table.shape[0], layout="cache")
+            row = np.abs(table[first].astype(np.float64) - (cos_want if role == "cos" else sin_want)[first]).max()
+            other = ""
+            for layer_type in hf.layer_types():
+                if layer_type is not None and layer_type != want.layer_type:
+                    try:
+                        alt = dataclasses.replace(hf.rope(layer_type), table_interleaved=False)
+                    except MatchFailure:
+                        continue
+                    if alt.rotary_dim == want.rotary_dim and _first_beyond_rounding(alt, role, table)[0] is None:
+                        other = f"; it is the {layer_type} table ({alt.describe()})"
+            yield rot.node.name or rot.node.op_type, (
+                f"{where} reads {role} table {value.name!r} (rows by {rot.positions}) that differs from config.json's "
+                f"{want.describe()} from position {first} on (by {row:.3g} there, up to {worst:.3g}){other}: {blame}")
+            break  # the sin table says the same
+
+
+@rule("RP404", "rope-layer-conformance", Severity.ERROR,
+      "An attention layer rotates by something other than what config.json says for that layer",
+      """Per attention layer (GroupQueryAttention, or RotaryEmbedding on its query and key): its effective rotation -
+      whether it rotates at all, the layout flag (rotary_interleaved / interleaved), the rotary width and its cos/sin
+      table - against what config.json says that layer computes (rope_passes.hf_config.HFConfig.layer_rope: its layer
+      type's rope, NoPE layers, the family's pair layout), within float32 rounding (Rope.tolerance). The finding
+      names the layer, the node, the first differing position and the size of the difference, and says the graph is
+      wrong when the config names its rope explicitly.""")
+def rope_layer_conformance(ctx: LintContext) -> Found:
+    yield from _conformance(ctx)
+
+
+__all__ = ["longrope_frozen", "rope_differs", "rope_dynamic", "rope_layer_conformance"]
