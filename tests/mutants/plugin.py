@@ -1,10 +1,13 @@
-"""References for mutants that onnxruntime 1.27 cannot load: the mutant itself on onnxruntime >= 1.31's CPU EP
-(``.venv-plugin``), whose kernels *define* what fused GroupQueryAttention (q/k-norm inputs 14/15) and
-``MRotaryEmbedding`` compute, attributes read as that runtime reads them.
+"""References for mutants that onnxruntime 1.27 cannot load: the mutant itself on onnxruntime >= 1.31
+(``.venv-plugin``), whose kernels *define* what ``MRotaryEmbedding`` (its CPU EP) and GroupQueryAttention's fused
+q/k-norm inputs 14/15 (its WebGPU plugin EP only) compute, attributes read as that runtime reads them.
 
 :class:`PluginRunner` keeps one child process on the plugin runtime's interpreter (this file run as a script: one
-CPU session, requests over stdin/stdout, tensors through ``.npz`` files), and offers what ``oracle.compare`` needs of a
-runner: ``.session`` (input/output metadata, read from the model, for the feeds) and ``.run(feeds)``.
+session, requests over stdin/stdout, tensors through ``.npz`` files), and offers what ``oracle.compare`` needs of a
+runner: ``.session`` (input/output metadata, read from the model, for the feeds) and ``.run(feeds)``. The runtime's
+refusal to load the mutant or run a call is the reference's (no contract there, as ``oracle.compare`` treats it); a
+worker that dies or an interpreter that cannot start fails the test (``pytest.fail``): a broken ``.venv-plugin`` must
+never pass a mutant by running nothing.
 
 :class:`VisionPositions` wraps a runner so that the ``[3, B, S]`` position input carries three *different* axes
 (image/video positions), the same for reference and candidate: a lowering that mixes up the axes must show.
@@ -23,10 +26,6 @@ import numpy as np
 
 RUNTIME = "onnxruntime-ep-webgpu"
 
-_ONNX_TYPES = {"FLOAT": "tensor(float)", "FLOAT16": "tensor(float16)", "BFLOAT16": "tensor(bfloat16)",
-               "INT64": "tensor(int64)", "INT32": "tensor(int32)", "BOOL": "tensor(bool)", "DOUBLE": "tensor(double)"}
-
-
 class _Arg:
     def __init__(self, name: str, type_: str, shape: list):
         self.name, self.type, self.shape = name, type_, shape
@@ -43,7 +42,7 @@ class _Meta:
 
         def arg(v) -> _Arg:
             dims = [d if isinstance(d, int) else str(d.value if hasattr(d, "value") else d) for d in (v.shape or [])]
-            return _Arg(v.name, _ONNX_TYPES.get(v.dtype.name, "tensor(float)"), dims)
+            return _Arg(v.name, f"tensor({v.dtype.name.lower()})", dims)  # onnxruntime's spelling: tensor(float16)
 
         self._inputs = [arg(v) for v in graph.inputs if v.name not in inits]
         self._outputs = [arg(v) for v in graph.outputs]
@@ -70,8 +69,10 @@ class PluginRunner:
                                       stderr=subprocess.DEVNULL, env=child_env(RUNTIME), text=True)
         self._k = 0
         ready = self._proc.stdout.readline().strip()
+        if ready != "ready" and not ready.startswith("load-error:"):
+            _broken(f"the plugin runtime's worker did not start ({python}): {ready[:300]!r}")
         #: the runtime's own refusal to load the mutant: then it runs no call (and a call has no contract)
-        self.error = None if ready == "ready" else f"the plugin runtime cannot load the mutant: {ready[:300]}"
+        self.error = None if ready == "ready" else f"the plugin runtime cannot load the mutant: {ready[11:311]}"
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if self.error is not None:
@@ -83,8 +84,10 @@ class PluginRunner:
         self._proc.stdin.write(json.dumps([str(src), str(dst)]) + "\n")
         self._proc.stdin.flush()
         answer = self._proc.stdout.readline().strip()
+        if not answer:
+            _broken(f"the plugin runtime's worker died (exit {self._proc.poll()})")
         if answer != "ok":
-            raise RuntimeError(answer or "the plugin worker died")
+            raise RuntimeError(answer)
         with np.load(dst) as data:
             return {k: data[k] for k in data.files}
 
@@ -97,6 +100,12 @@ class PluginRunner:
     def __del__(self):
         with contextlib.suppress(Exception):  # interpreter shutdown
             self.close()
+
+
+def _broken(message: str) -> None:
+    import pytest
+
+    pytest.fail(message)  # an OutcomeException: oracle.compare's `except Exception` does not take it for a skip
 
 
 class VisionPositions:
@@ -131,7 +140,7 @@ def _serve(model: str, ep: str) -> None:
         else:
             sess = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
     except Exception as exc:  # noqa: BLE001 - the answer is the error
-        print(" ".join(str(exc).split())[:400], flush=True)
+        print("load-error: " + " ".join(str(exc).split())[:400], flush=True)
         return
     print("ready", flush=True)
     names = [o.name for o in sess.get_outputs()]
