@@ -130,3 +130,47 @@ def test_take_verdict_once_and_only_for_its_model(tiny):
     ctx.verdict = (model, WEBGPU_127, verdict)
     assert ctx.take_verdict(model, WEBGPU_127) is verdict
     assert ctx.take_verdict(model, WEBGPU_127) is None  # taken: the pass may have changed the graph since
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The static placement prediction's own work
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _chain(order: str) -> ir.Model:
+    """x (float) -> Shape -> Cast(float) -> Neg -> y, nodes in graph order (``sorted``) or reversed (each reader before
+    its producer: Neg's element type is known only once Cast's is, a later round)."""
+    x = ir.Value(name="x", type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape(["n"]))
+    shape = ir.node("Shape", [x], name="shape")
+    cast = ir.node("Cast", [shape.outputs[0]], attributes={"to": ir.DataType.FLOAT}, name="cast")
+    neg = ir.node("Neg", [cast.outputs[0]], name="neg")
+    nodes = [shape, cast, neg] if order == "sorted" else [neg, cast, shape]
+    graph = ir.Graph([x], [neg.outputs[0]], nodes=nodes, opset_imports={"": 21}, name="g")
+    return ir.Model(graph, ir_version=10)
+
+
+@pytest.mark.parametrize("order", ["sorted", "reversed"])
+def test_element_types_on_a_graph_out_of_order(order):
+    """One round of type inference where every producer comes before its readers; more where not (the answer is the
+    same)."""
+    model = _chain(order)
+    dtypes = placement.Dtypes(model.graph)
+    neg = next(n for n in model.graph if n.name == "neg")
+    shape = next(n for n in model.graph if n.name == "shape")
+    assert dtypes(shape.outputs[0]) == "INT64" and dtypes(neg.outputs[0]) == "FLOAT"
+
+
+def test_facts_of_a_graph_computed_once_for_both_predictions(monkeypatch):
+    """A graph with a node onnxruntime may fold is placed twice (folded and not); what does not depend on folding
+    (element types, common subexpressions, ...) is computed once (before: twice)."""
+    x = ir.Value(name="x", type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape(["n", 4]))
+    shape = ir.node("Shape", [x], name="shape")  # concrete dim read: onnxruntime folds it
+    shape.attributes["start"] = ir.AttrInt64("start", 1)
+    cast = ir.node("Cast", [shape.outputs[0]], attributes={"to": ir.DataType.FLOAT}, name="cast")
+    add = ir.node("Add", [x, cast.outputs[0]], name="add")
+    model = ir.Model(ir.Graph([x], [add.outputs[0]], nodes=[shape, cast, add], opset_imports={"": 21}, name="g"),
+                     ir_version=10)
+    calls = _count(monkeypatch, placement, "Dtypes")
+    verdict = placement.capture_verdict(model, WEBGPU_127)
+    assert "shape" in verdict.maybe_folded  # so both predictions ran
+    assert len(calls) == 1

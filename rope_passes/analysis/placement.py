@@ -308,14 +308,22 @@ class Dtypes:
         self.known: dict[int, str | None] = dict(outer.known) if outer is not None else {}
         for _ in range(3):  # graphs are topologically sorted; a few rounds cover one that is not
             changed = False
+            visited: set[int] = set()
+            ordered = True  # every producer came before its readers: this round's answers are final
             for node in ir.traversal.RecursiveGraphIterator(graph):
+                if ordered:
+                    for v in node.inputs:
+                        producer = v.producer() if v is not None else None
+                        if producer is not None and id(producer) not in visited:
+                            ordered = False
+                    visited.add(id(node))
                 inferred = _node_output_dtypes(node, self)
                 for value, dt in zip(node.outputs, inferred):
                     if value.dtype is None and value.const_value is None and dt is not None \
                             and self.known.get(id(value)) != dt:
                         self.known[id(value)] = dt
                         changed = True
-            if not changed:
+            if not changed or ordered:
                 break
 
     def __call__(self, value: ir.Value | None) -> str | None:
@@ -414,13 +422,15 @@ def predict_placement(model: ir.Model | str | os.PathLike, *, graph_capture: boo
         result.capture_ok = False if graph_capture else None
         result.capture_error = error if graph_capture else None
         return result
-    _predict_graph(model.graph, graph_capture, result, set(), runtime.kernels, _opset(model))
+    facts: dict[int, _GraphFacts] = {}  # per graph: what both predictions (fold or not) read
+    _predict_graph(model.graph, graph_capture, result, set(), runtime.kernels, _opset(model), facts=facts)
     if result.maybe_folded:
         # onnxruntime may fold these to constants before placing (ConstantFolding): where folding them all and
         # folding none give the same Memcpy, the answer does not depend on it; else the Memcpy both give are
         # certain and the folded nodes' placement is unknown
         folded = Placement(name, graph_capture, "static", runtime=runtime.name)
-        _predict_graph(model.graph, graph_capture, folded, set(), runtime.kernels, _opset(model), fold=True)
+        _predict_graph(model.graph, graph_capture, folded, set(), runtime.kernels, _opset(model), fold=True,
+                       facts=facts)
         if not result.same_memcpy(folded):
             result.memcpy = [m for m in result.memcpy
                              if any(f.kind == m.kind and f.names & m.names for f in folded.memcpy)]
@@ -461,9 +471,19 @@ def _const_key(value: ir.Value) -> Any:
         producer = value.producer()
         a = producer.attributes.get("value") if producer is not None else None
         tensor = a.value if a is not None else None
-    if tensor is not None and tensor.size <= 100:
+    if tensor is not None and _size(tensor) <= 100:
         return ("const", tensor.dtype.name, tuple(tensor.shape), tensor.numpy().tobytes())
     return ("value", id(value))
+
+
+def _size(tensor: Any) -> int:
+    """``tensor.size`` without onnx_ir's ``math.prod(shape.numpy())`` (a NumPy array per call)."""
+    n = 1
+    for d in tensor.shape.dims:
+        if not isinstance(d, int):
+            return int(tensor.size)
+        n *= d
+    return n
 
 
 def common_subexpressions(nodes: list[ir.Node]) -> dict[int, ir.Value]:
@@ -471,13 +491,18 @@ def common_subexpressions(nodes: list[ir.Node]) -> dict[int, ir.Value]:
     id(value) -> the representative value of its class, for values of duplicate nodes."""
     rep: dict[int, ir.Value] = {}
     seen: dict[Any, ir.Node] = {}
+    const_keys: dict[int, Any] = {}  # id(constant value) -> its key (a constant's key never changes)
 
     def key_of(value: ir.Value | None) -> Any:
         if value is None:
             return None
         value = rep.get(id(value), value)
+        key = const_keys.get(id(value))
+        if key is not None:
+            return key
         if _is_constant(value):
-            return _const_key(value)
+            key = const_keys[id(value)] = _const_key(value)
+            return key
         return ("value", id(value))
 
     for node in nodes:
@@ -565,31 +590,58 @@ def maybe_folded(nodes: list[ir.Node], redirect: dict[int, ir.Value] | None = No
     return out
 
 
+@dataclasses.dataclass
+class _GraphFacts:
+    """What placing one graph reads that does not depend on ``fold``: computed once for both predictions."""
+
+    nodes: list[ir.Node]
+    dtypes: Dtypes
+    rep: dict[int, ir.Value]
+    redirect: dict[int, ir.Value]
+    merged: set[int]
+    aliases: dict[int, list[str]]
+    live: list[ir.Node]
+    foldable: dict[int, str]
+    #: id(node) -> (_has_kernel's answer, why), filled as nodes are placed
+    kernel: dict[int, tuple[bool | None, str]] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def of(cls, graph: ir.Graph, outer: Dtypes | None) -> _GraphFacts:
+        nodes = list(graph)
+        dtypes = Dtypes(graph, outer)
+        rep = common_subexpressions(nodes)
+        for node in nodes:  # onnxruntime's CastElimination: a Cast to the type its input already has is removed
+            if (node.op_type == "Cast" and node.domain in ("", "ai.onnx") and node.inputs
+                    and node.inputs[0] is not None and not node.outputs[0].is_graph_output()
+                    and id(node.outputs[0]) not in rep and dtypes(node.inputs[0]) is not None
+                    and dtypes(node.inputs[0]) == _attr_dtype(node, "to")):
+                rep[id(node.outputs[0])] = rep.get(id(node.inputs[0]), node.inputs[0])
+        redirect, dropped = shape_bypass(nodes)
+        merged = {id(n) for n in nodes if n.outputs and all(id(o) in rep for o in n.outputs)} | dropped
+        aliases: dict[int, list[str]] = {}
+        for node in nodes:
+            for out in node.outputs:
+                if id(out) in rep:
+                    aliases.setdefault(id(rep[id(out)]), []).append(out.name or "")
+        live = [n for n in nodes if id(n) not in merged]
+        return cls(nodes, dtypes, rep, redirect, merged, aliases, live, maybe_folded(live, redirect))
+
+
 def _predict_graph(graph: ir.Graph, capture: bool, result: Placement, outer_cpu: set[int], kernels: KernelTable,
                    opset: int | None, dtypes: Dtypes | None = None, outer_unknown: set[int] | None = None,
-                   fold: bool = False) -> None:
+                   fold: bool = False, facts: dict[int, _GraphFacts] | None = None) -> None:
     """Place ``graph``'s nodes into ``result``; ``fold``: as if onnxruntime folded every :func:`maybe_folded` node
-    to a constant (else as if it folded none)."""
-    nodes = list(graph)
-    dtypes = Dtypes(graph, dtypes)
+    to a constant (else as if it folded none). ``facts``: id(graph) -> its :class:`_GraphFacts`, shared by the
+    predictions of one unchanged model (filled here)."""
+    facts = {} if facts is None else facts
+    known = facts.get(id(graph))
+    if known is None or known.nodes != list(graph):
+        known = facts[id(graph)] = _GraphFacts.of(graph, dtypes)
+    nodes, dtypes, rep, redirect = known.nodes, known.dtypes, known.rep, known.redirect
+    merged, aliases, live, foldable = known.merged, known.aliases, known.live, known.foldable
     outer_unknown = outer_unknown or set()
-    rep = common_subexpressions(nodes)
-    for node in nodes:  # onnxruntime's CastElimination: a Cast to the type its input already has is removed
-        if (node.op_type == "Cast" and node.domain in ("", "ai.onnx") and node.inputs and node.inputs[0] is not None
-                and not node.outputs[0].is_graph_output() and id(node.outputs[0]) not in rep
-                and dtypes(node.inputs[0]) is not None and dtypes(node.inputs[0]) == _attr_dtype(node, "to")):
-            rep[id(node.outputs[0])] = rep.get(id(node.inputs[0]), node.inputs[0])
-    redirect, dropped = shape_bypass(nodes)
-    merged = {id(n) for n in nodes if n.outputs and all(id(o) in rep for o in n.outputs)} | dropped
-    aliases: dict[int, list[str]] = {}
-    for node in nodes:
-        for out in node.outputs:
-            if id(out) in rep:
-                aliases.setdefault(id(rep[id(out)]), []).append(out.name or "")
-    live = [n for n in nodes if id(n) not in merged]
     on_cpu: dict[int, str] = {}  # id(node) -> reason
     unknown: dict[int, str] = {}  # id(node) -> why the static rules cannot place it
-    foldable = maybe_folded(live, redirect)
     for node in live:
         if id(node) in foldable:
             result.maybe_folded[node.name or node.op_type] = foldable[id(node)]
@@ -602,7 +654,9 @@ def _predict_graph(graph: ir.Graph, capture: bool, result: Placement, outer_cpu:
         if node.op_type in CONTROL_FLOW:
             result.control_flow.append(node.name or node.op_type)
         ok: bool | None
-        if id(node) in redirect:  # Shape of what onnxruntime really reads
+        if id(node) in known.kernel:
+            ok, why = known.kernel[id(node)]
+        elif id(node) in redirect:  # Shape of what onnxruntime really reads
             dtype = dtypes(redirect[id(node)])
             modes = kernels.modes("", "Shape", str(dtype), opset)
             ok = None if dtype is None or modes is None else ("on" if capture else "off") in modes
@@ -610,6 +664,7 @@ def _predict_graph(graph: ir.Graph, capture: bool, result: Placement, outer_cpu:
                                  if ok is False else f"Shape({dtype}) unknown to the static rules")
         else:
             ok, why = _has_kernel(node, capture, kernels, opset, dtypes)
+        known.kernel[id(node)] = (ok, why)
         if ok is None:
             unknown[id(node)] = why
         elif not ok:
@@ -677,7 +732,7 @@ def _predict_graph(graph: ir.Graph, capture: bool, result: Placement, outer_cpu:
                 cpu_values = {id(v) for n in live if id(n) in on_cpu for v in n.outputs}
                 unknown_values = {id(v) for n in live if id(n) in unknown for v in n.outputs}
                 _predict_graph(attr.value, capture, result, outer_cpu | cpu_values, kernels, opset, dtypes,
-                               outer_unknown | unknown_values, fold)
+                               outer_unknown | unknown_values, fold, facts)
     result.merged_nodes.extend(n.name or n.op_type for n in nodes if id(n) in merged)
 
 
