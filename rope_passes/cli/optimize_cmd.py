@@ -111,9 +111,13 @@ def _run_tree(args: argparse.Namespace, passes: list[str] | None, jobs: list[Mod
         tally[state] += 1
         refused = sum(p.to_dict()["refused"] for p in report.passes)
         remaining = ", ".join(r["code"] for r in report.remaining)
+        capture = report.capture
+        blockers = capture["blockers"] if capture else []
         _say(f"[{i}/{len(jobs)}] {job.relative}: {state}"
              + (f"; refused {refused} (see --report)" if refused else "")
-             + (f"; output still has {remaining}" if remaining else ""))
+             + (f"; output still has {remaining}" if remaining else "")
+             + (f"; capture {capture['state']}" if capture else "")
+             + (f" by {len(blockers)} ({blockers[0]['node']}, ...)" if blockers else ""))
         reports.append(report.to_dict())
         if args.explain:
             explain(report, output_console(), indent="    ")
