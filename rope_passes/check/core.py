@@ -141,7 +141,7 @@ def check(original: str | Path, rewritten: str | Path, options: CheckOptions | N
                         positions=plan.positions, tables=plan.tables, reference_python=opts.reference_python,
                         fallback_python=fallback_used, fallback_wanted=fallback, notes=plan.notes)
     comparisons = (compare_all(evidence) + cpu_comparisons(evidence) + schedule_comparisons(evidence, plan)
-                   + [compare_constants(orig, rew)])
+                   + ([compare_constants(orig, rew)] if opts.tables else []))  # tables=False: what runs only
     if exploration is not None:
         comparisons.append(exploration.comparison(plan.tolerance))
     verdict, reason, reference = decide(evidence, comparisons)

@@ -57,7 +57,7 @@ class CheckOptions:
     progress: Callable[[str, int, int], None] | None = None  # (label, step, n_steps); step -1: a run starts
     sweep: int | None = None  # sweep positions (None: 32, with layers default_sweep)
     fallback_python: str | None = "auto"  # the second runtime for an original that does not load here
-    tables: bool = True  # compare the rotation tables
+    tables: bool = True  # compare the rotation tables and the constants (no session)
     layers: int | None = None  # compare the first N decoder layers only
     runtime: str | None = None  # the WebGPU runtime every run uses
     schedules: Sequence[Schedule] | None = None  # None: the default set (.schedules.default_schedules); [] none
