@@ -60,6 +60,7 @@ OFFSET_METADATA = "rope_passes.multi_rotary_cache_concat_offset"
 @dataclasses.dataclass
 class Result:
     outcome: str  # refused | refused-without-node | touched-without-finding | rewritten-equivalent | REWRITTEN-AND-WRONG
+    #             | rewritten-unjudged (the reference ran none of the calls: a mutant that can judge nothing fails)
     detail: str
     findings: list[str]
 
@@ -220,6 +221,8 @@ def evaluate(mutant: Mutant, tmp: Path) -> Result:
             comparison = oracle.Comparison(False, float("inf"), "the output cannot be loaded or run: "
                                            f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}", 0)
         outcome = "rewritten-equivalent" if comparison.ok else "REWRITTEN-AND-WRONG"
+        if comparison.ok and comparison.calls_run == 0:  # the reference ran no call: the mutant judges nothing
+            outcome = "rewritten-unjudged"
         return Result(outcome, comparison.detail, findings)
     names = _graph_names(built.model_file)
     declined = [f for f in pass_report.findings if f.outcome in (Outcome.REFUSED, Outcome.NOT_MATCHED)]
