@@ -374,14 +374,11 @@ def test_qknorm_reference_agrees_with_the_plugin_runtime(small, tmp_path):
     scaled by 1e-3 and no qk_norm_epsilon attribute (so the kernel's default epsilon shows) as well. fp16 bar 5e-2:
     the plugin's WebGPU kernels and 1.27's CPU kernels round differently (measured 0.026 on the builder's own
     unfused graph), an epsilon read wrong moves the small-q/k outputs by whole units."""
-    from mutants import unfuse
-
     mutant = next(m for m in MUTANTS if m.name == ("unfuse-qwen3-epsilon-absent-small-qk" if small
                                                     else "unfuse-qwen3-as-built"))
     built = mutant.build(tmp_path / "mutant")
     model = oracle.load_in_memory(built.model_file)
     assert qknorm.lower_qk_norm(model) == 2
-    assert unfuse.QWEN3 in str(built.path) or built.path.is_dir()
     reference = plugin_runtime.PluginRunner(built.model_file, ep="webgpu")
     try:
         assert reference.error is None, reference.error
