@@ -7,8 +7,10 @@
   tolerance, while the graph as built is off by far more.
 * **No finding on a correct graph:** the shared genai corpus, the builder/torch/optimum/Olive fixtures and the
   correct mobius graphs get no RP402/RP404, and RP401/RP403 only where the known defects are (LongRoPE frozen by
-  TorchScript, dynamic NTK). The former false positives are gone: Cohere's interleaved layout (RP402 read it as
-  half-split) and GPT-J's names (RP403: ``n_positions``, ``n_embd``, ``n_head``, ``rotary_dim``).
+  TorchScript, dynamic NTK). The former false positives are gone: Cohere's interleaved layout (RP402 read the
+  transformers-5 export's repeat-interleaved rows as half-split, ``tests/fixtures/torch_ext``), a correct YaRN cache
+  past position ~1050 (RP402, flat 1e-5) and GPT-J's names (RP403: ``n_positions``, ``n_embd``, ``n_head``,
+  ``rotary_dim``); each of these tests failed on the code before.
 """
 
 from __future__ import annotations
@@ -50,6 +52,8 @@ def _cases() -> list[tuple[str, Path, Path | None]]:
         cfg = FIXTURES / "hf_rope" / m.parts[-4] / m.parent.name / "config.json"
         if cfg.is_file():
             out.append((f"torch/{m.parent.relative_to(FIXTURES / 'torch')}", m, cfg))
+    for m in sorted((FIXTURES / "torch_ext").glob("*/*/*/decode.onnx")):  # interleaved families, config beside
+        out.append((f"torch_ext/{m.parent.relative_to(FIXTURES / 'torch_ext')}", m, m.parent / "config.json"))
     for m in sorted([*(FIXTURES / "optimum").glob("*/model.onnx"), *(FIXTURES / "olive").glob("*/*/model.onnx")]):
         out.append((str(m.parent.relative_to(FIXTURES)), m.parent, None))
     return out
@@ -82,6 +86,7 @@ def _lint(path: Path, cfg: Path | None) -> list:
 
 def test_the_corpus_is_there():
     assert len(CASES) >= 100 and sum(c[0].startswith("mobius/") for c in CASES) == 13
+    assert sum(c[0].startswith("torch_ext/") for c in CASES) == 2
 
 
 @pytest.mark.parametrize(("name", "path", "cfg"), CASES, ids=[c[0] for c in CASES])
@@ -266,3 +271,31 @@ def test_nemotron_attribute_is_rp004_and_the_only_defect(tmp_path):
     ir.save(model, tmp_path / "model.onnx", external_data="model.onnx.data")
     shutil.copy(folder / "genai_config.json", tmp_path / "genai_config.json")
     assert float(np.abs(_logits(tmp_path) - np.load(folder / "ref_S8.npy")).max()) <= TOLERANCES["fp32"].atol
+
+
+@pytest.mark.parametrize("variant", ["cohere", "ernie4_5"])
+def test_interleaved_exports_precompute_right_or_refuse(variant, tmp_path):
+    """With the config now read as interleaved, precompute-cos-sin's tables for these chains must compute what the
+    graph does: ERNIE 4.5 (cat(f, f) rows, interleaved later) is rewritten bit-identically; Cohere's
+    repeat-interleave is a Tile across the position axis, refused (as before)."""
+    from _utils import exporter_outputs
+
+    from rope_passes.api import optimize
+    from rope_passes.report import Outcome
+
+    src = FIXTURES / "torch_ext" / "tf5" / "hf_onnx" / variant
+    folder = tmp_path / "in"
+    folder.mkdir()
+    shutil.copy(src / "decode.onnx", folder / "model.onnx")
+    shutil.copy(src / "config.json", folder / "config.json")
+    report = optimize(str(folder), str(tmp_path / "out"), target="exporter")
+    (pc,) = [p for p in report.passes if p.pass_name == "precompute-cos-sin"]
+    if variant == "cohere":
+        assert pc.count(Outcome.REFUSED) == 2 and "Tile" in pc.findings[0].reason and not report.modified
+        return
+    assert pc.count(Outcome.REWRITTEN) == pc.matched == 2, pc.status
+    calls = [(1, 1, 0), (2, 3, 5), (1, 7, 100), (1, 1, 200)]
+    for ref, new in zip(exporter_outputs(folder / "model.onnx", calls),
+                        exporter_outputs(tmp_path / "out" / "model.onnx", calls), strict=True):
+        for r, n in zip(ref, new, strict=True):
+            np.testing.assert_array_equal(n, r)
