@@ -9,7 +9,8 @@ Three processes, all started and stopped here:
   from the server, nothing is copied into the browser profile), and ``/io/<id>``: the feeds of one call (GET) and its
   outputs (POST), as raw tensors;
 * ``node driver.cjs``: playwright-core launching Debian's ``/usr/bin/chromium`` (headless, WebGPU enabled, the flags
-  of :data:`CHROMIUM_ARGS`) and evaluating ``window.rope.<fn>(args)`` in the page for each JSON line it reads;
+  of :data:`CHROMIUM_ARGS`) and evaluating ``window.rope.<fn>(args)`` in the page for each JSON line it reads; the
+  page's console comes back as events (:meth:`Browser.console_since`: the probe reads onnxruntime-web's verbose log);
 * Chromium, whose WebGPU adapter on a machine without a GPU is its bundled SwiftShader (Vulkan on the CPU).
 
 :class:`WebSession` looks like the part of an onnxruntime ``InferenceSession`` the checker uses (``run(names,
@@ -17,8 +18,8 @@ feeds)``), so :mod:`rope_passes.check.decode` and :mod:`rope_passes.check.sweep`
 outputs are read from the model file. :func:`browser` is one browser per process, started on first use and stopped at
 exit (or by :func:`shutdown`); a crashed page is reopened on the next call.
 
-    with_browser = browser()                   # WebRuntimeUnavailable when the set-up is missing
-    sess = WebSession(with_browser, "model.onnx", "webgpu")
+    b = browser()                              # WebRuntimeUnavailable when the set-up is missing
+    sess = WebSession(b, "model.onnx", "webgpu")
     sess.run(["logits"], feeds)                # numpy in, numpy out
     sess.release()
 
