@@ -102,8 +102,9 @@ def _config_offset(config: dict | None) -> int:
 
 def _rewritten_here(mutant: Mutant, report, places: tuple[str, ...]) -> list:
     found = [f for f in report.findings if f.outcome is Outcome.REWRITTEN and f.target in places]
-    if mutant.pass_name == "narrow-int64":  # placement is the whole graph's: a node narrowed anywhere is judged,
-        found = [f for f in report.findings if f.outcome is Outcome.REWRITTEN]  # nodes earlier passes made too
+    if mutant.pass_name == "narrow-int64" and mutant.expect == EQUIVALENT:  # placement is the whole graph's: a node
+        # narrowed anywhere is judged (nodes earlier passes made too); a refuse mutant names the nodes to be left
+        found = [f for f in report.findings if f.outcome is Outcome.REWRITTEN]
     if mutant.pass_name == "annotate-cache-offset" and report.genai_config_changes:
         found = found or [f for f in report.findings if f.outcome is Outcome.REWRITTEN] or ["config changed"]
     return found
@@ -128,6 +129,12 @@ def _untouched(mutant: Mutant, built: Built, out_model: Path, out_folder: Path |
             if (name in old and old[name].op_type == "GroupQueryAttention"
                     and nodes[name].inputs[6].name != old[name].inputs[6].name):
                 return f"{name}'s total_sequence_length now reads {nodes[name].inputs[6].name!r}"
+    elif mutant.pass_name == "narrow-int64":
+        for name in built.places:
+            if name not in nodes or [v.dtype for v in nodes[name].outputs] != [v.dtype for v in old[name].outputs] \
+                    or [v.name for v in nodes[name].inputs if v is not None] != \
+                    [v.name for v in old[name].inputs if v is not None]:
+                return f"{name} was narrowed or rewired"
     elif mutant.pass_name == "lower-mrope":
         for name in built.places:
             if name not in nodes or nodes[name].op_type != "MRotaryEmbedding":

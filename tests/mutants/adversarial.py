@@ -89,6 +89,27 @@ def positions_plus(offset: int):
     return edit
 
 
+def range_step(step: int):
+    """The token index built as ``Range(0, B*S*step, step)`` and divided by ``step`` after the Reshape: the same token
+    index, but the Reshape holds ``i * step``, past int32 for a prefill of 2^31 / step tokens (2048 at 2^20): the
+    Reshape must stay int64 (no interval proves it fits; the suite's small calls cannot show the wrap)."""
+    def edit(work: Work) -> list[str]:
+        places = []
+        for rng in _token_ranges(work):
+            (reshape,) = [u for u, _ in rng.outputs[0].uses()]
+            chain = Chain(work.graph, "range_step")
+            k = chain.scalar(step)
+            rng.replace_input_with(1, chain.op("Mul", rng.inputs[1], k, shape=ir.Shape([])))
+            rng.replace_input_with(2, k)
+            chain.insert([rng])
+            splice(work.graph, reshape.outputs[0], lambda c, v: c.op("Div", v, c.scalar(step), shape=v.shape),
+                   "range_step_back")
+            places.append(reshape.name)
+        work.graph.sort()
+        return places
+    return edit
+
+
 def token_index_is_output(direct: bool):
     """Layer 0's q token index (the output of a Reshape the pass narrows) is also a graph output: through an Identity,
     or ``direct``ly (the graph output is the narrowed node's own output value)."""
@@ -521,6 +542,8 @@ def mutants() -> list[Mutant]:
            "subtraction then gives i - 2^32")
     narrow("range-from-2p31", "constant-form", EQUIVALENT, range_from(TWO_31),
            "token index Range(2^31, ...) - 2^31: 2^31 + i wraps to a negative int32")
+    narrow("range-step-2p20", "constant-form", REFUSE, range_step(1 << 20),
+           "token index Range(0, B*S*2^20, 2^20) / 2^20: a prefill of 2048 tokens takes the Reshape past int32")
     narrow("out-and-back-2p32", "position-arithmetic", EQUIVALENT, out_and_back(TWO_32),
            "token index + 2^32 before the Reshape, - 2^32 after it")
     narrow("positions-out-and-back", "position-arithmetic", EQUIVALENT, positions_plus(TWO_32),
