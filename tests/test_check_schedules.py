@@ -204,8 +204,11 @@ def test_wrong_only_where_one_caller_goes(case, tmp_path):
     assert found is not None, report.first_differences()
     comparison, diff = found
     data = json.loads(report.to_json())
-    names = {s["name"] for s in data["schedule"]["schedules"]}
-    assert diff.schedule in names and data["first_differences"]
+    named = {s["name"]: s for s in data["schedule"]["schedules"]}
+    assert diff.schedule in named and data["first_differences"]
+    call = named[diff.schedule]["calls"][diff.step]  # the call that differs, spelled out
+    assert call["call"] == diff.step and call["batch"] == len(call["ids"]) and call["tokens"] == len(call["ids"][0])
+    assert {"past", "lengths", "positions"} <= set(call)
     assert any(f"schedule {diff.schedule}:" in line and "rerun: --schedule" in line
                for line in data["first_differences"])
     if named_by is not None:

@@ -173,8 +173,8 @@ class Schedule:
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "summary": self.summary(), "text": self.text(), "batch": self.batch,
-                "lengths": list(self.lengths), "padding": self.padding, "calls": self.call_sizes,
-                "ids": [list(r) for r in self.ids], "pad": self.pad}
+                "lengths": list(self.lengths), "padding": self.padding, "pad": self.pad,
+                "ids": [list(r) for r in self.ids], "calls": [c.to_dict() for c in self.calls()]}
 
     def spec(self) -> dict[str, Any]:
         """What a run needs (JSON): :func:`from_spec` makes it back."""
