@@ -21,7 +21,9 @@ applied before the rotation — onnxruntime's contract for inputs 14/15, and wha
 The unfused graph is the builder's own ``fuse_qk_norm_gqa=false`` graph node for node: on the shared corpus's Qwen3
 build it gives the same bits as the builder's unfused build of the same checkpoint (``tests``).
 
-**Refuses** (GQA left fused, reason in the report): a norm weight that is not a constant 1-D ``[head_size]``
+**Refuses** (GQA left fused, reason in the report): one norm weight without the other, or norm weights with
+``do_rotary`` != 1 (onnxruntime rejects both: the input loads nowhere, and the unfused graph would compute what no
+runtime defines); a norm weight that is not a constant 1-D ``[head_size]``
 tensor; q/k widths that are not ``heads × head_size`` (unknown static width); ``head_size`` unknown;
 packed QKV whose width is not ``(H + 2·KV) × head_size``.
 """
@@ -31,7 +33,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from rope_passes.analysis.graph import MS_DOMAIN, attr, nodes_of
+from rope_passes.analysis.graph import MS_DOMAIN, attr, flag, nodes_of
 from rope_passes.passes._rewrite import FreshNames
 from rope_passes.passes.base import RopePass
 from rope_passes.report import MatchFailure, PassReport
@@ -139,8 +141,17 @@ class UnfuseGQAQKNormPass(RopePass):
         heads, kv_heads = int(attr(gqa, "num_heads", 0) or 0), int(attr(gqa, "kv_num_heads", 0) or 0)
         eps = float(attr(gqa, "qk_norm_epsilon", 1e-6))
         q_norm, k_norm = _norm_weight(gqa, Q_NORM_INPUT), _norm_weight(gqa, K_NORM_INPUT)
-        head_size = (q_norm or k_norm)[1]
-        if q_norm and k_norm and q_norm[1] != k_norm[1]:
+        # onnxruntime (the plugin's WebGPU kernel, the only one that runs inputs 14/15) rejects a GQA with one norm
+        # weight or with do_rotary != 1: the input runs nowhere, and unfusing would make a model out of it that
+        # computes something no runtime defines (the norm after an external rotation)
+        if q_norm is None or k_norm is None:
+            raise MatchFailure.refuse(f"only the {'q' if k_norm is None else 'k'}-norm weight is set: onnxruntime "
+                                      "requires both q_norm_weight and k_norm_weight (the input loads nowhere)", gqa.name)
+        if not flag(gqa, "do_rotary"):
+            raise MatchFailure.refuse("q/k-norm weights with do_rotary != 1: onnxruntime requires do_rotary=1 for "
+                                      "them (the input loads nowhere)", gqa.name)
+        head_size = q_norm[1]
+        if q_norm[1] != k_norm[1]:
             raise MatchFailure.refuse(f"q-norm and k-norm weights differ in length ({q_norm[1]} vs {k_norm[1]})",
                                       gqa.name)
         if not heads or not kv_heads:

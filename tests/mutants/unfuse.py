@@ -5,7 +5,8 @@ Base: the builder 0.18 Qwen3 fp16 graph (``current/qwen3/webgpu_fp16``: separate
 Reference: the mutant with its fused norms lowered by the test's own definition (:mod:`.qknorm`,
 ``reference="qknorm-oracle"``: onnxruntime >= 1.31 runs the fused form on its WebGPU plugin EP only, and
 ``tests/test_mutants.py`` checks the lowering against it), on onnxruntime 1.27 CPU like the candidate.
-Tolerance: fp16. onnxruntime requires both weights (q-norm alone is an error), so no mutant drops one.
+Tolerance: fp16. onnxruntime requires both weights and do_rotary=1 with them (else an error): the mutants that
+break either must be refused (unfusing would turn a graph that loads nowhere into one that runs).
 """
 
 from __future__ import annotations
@@ -112,6 +113,13 @@ def query_read_in_if(work: Work) -> list[str]:
     return _places(work)
 
 
+def drop_k_norm(work: Work) -> list[str]:
+    """The k-norm weight (input 15) removed: a q-norm alone."""
+    for gqa in _gqas(work):
+        gqa.resize_inputs(K_NORM)  # 15 inputs: no trailing empty one (saving would drop it)
+    return _places(work)
+
+
 def names(new: tuple[str, str]):
     """The two GQA nodes renamed: what the unfused nodes' names derive from."""
     def edit(work: Work) -> list[str]:
@@ -148,4 +156,8 @@ def mutants() -> list[Mutant]:
         m("gqa-same-parent", "naming", EQUIVALENT, names(("/attn/GroupQueryAttention", "/attn/GroupQueryAttention_1")),
           "both GQA nodes under one name prefix (the unfused nodes' names derive from it)"),
         m("gqa-unnamed", "naming", EQUIVALENT, names(("", "")), "both GQA nodes unnamed"),
+        m("q-norm-only", "attribute", REFUSE, drop_k_norm,
+          "a q-norm weight without a k-norm weight (onnxruntime rejects it: the input loads nowhere)"),
+        m("do-rotary-0", "attribute", REFUSE, gqa_attrs(do_rotary=0),
+          "q/k-norm weights with do_rotary=0 (onnxruntime rejects it: the norm would follow an outside rotation)"),
     ]
