@@ -22,18 +22,18 @@ from rope_passes.demo import build_tiny_decoder
 
 @pytest.mark.webgpu
 def test_capture_run_that_cannot_size_an_output_dimension_is_exit_2(tmp_path):
-    """Before: the captured run raised "cannot size output logits dimension 'sequence_len'" inside the run, the run
+    """Before: the captured run raised "cannot size output logits dimension 'query_tokens'" inside the run, the run
     was "run-failed" and the verdict "not equivalent" (exit 1) although every output compared was identical."""
     src = build_tiny_decoder(tmp_path / "demo")
     model = onnx.load(src / "model.onnx")
-    for value in (model.graph.input[0], model.graph.output[0]):  # input_ids, logits: mobius's name for the length
-        value.type.tensor_type.shape.dim[1].dim_param = "sequence_len"  # a name the checker does not know
+    for value in (model.graph.input[0], model.graph.output[0]):  # input_ids, logits: a length name as an exporter may write it
+        value.type.tensor_type.shape.dim[1].dim_param = "query_tokens"  # a name the checker does not know
     onnx.save(model, src / "model.onnx", save_as_external_data=True, location="model.onnx.data")
     out = tmp_path / "out"
     rope_passes.optimize(src, out, target="webgpu-graph")
     report = check(src, out, graph_capture=True, steps=2, sweep=0, schedules=[], isolate=False)
     assert report.verdict == COULD_NOT_RUN and report.exit_code == 2, report.to_json()
-    assert report.reason.startswith("rewritten@webgpu+capture could not run: ") and "'sequence_len'" in report.reason
+    assert report.reason.startswith("rewritten@webgpu+capture could not run: ") and "'query_tokens'" in report.reason
     assert report.run("rewritten@webgpu+capture").status == "could-not-run"
     assert all(c.ok for c in report.comparisons if c.counts and c.status == "compared")  # what ran agrees
 

@@ -155,7 +155,27 @@ def compare_all(ev: Evidence) -> list[Comparison]:
     return comparisons
 
 
+def _capture_note(ev: Evidence) -> None:
+    """With ``--graph-capture``: the one home's static capture verdict of the rewritten graph
+    (:func:`rope_passes.analysis.placement.capture_verdict`, what optimize, inspect and lint say) beside what the
+    captured run did, and loudly where the two disagree (a bug in the static rules: please report it)."""
+    run = ev.by.get("rewritten@webgpu+capture")
+    if run is None or ev.rew.model is None or not (run.runtime or "").startswith("onnxruntime "):
+        return
+    from rope_passes.analysis.placement import capture_verdict
+    from rope_passes.targets import RUNTIMES, get_target
+
+    name = next((r for r in RUNTIMES if r != RUNTIMES[0] and r in run.runtime), RUNTIMES[0])
+    static = capture_verdict(ev.rew.model, get_target(name))
+    ev.notes.append(f"static capture verdict ({name}): {static.verdict()}")
+    refused = run.status == "load-failed"  # onnxruntime would not create the capture session
+    if run.status != NOT_RUN and static.state in ("ready", "blocked") and (static.state == "ready") == refused:
+        ev.notes.append(f"the static capture verdict ({static.state}) disagrees with the captured run ({run.status}): "
+                        "the runtime is right; please report this graph")
+
+
 def _run_notes(ev: Evidence) -> None:
+    _capture_note(ev)
     primary = [r for r in ev.runs if r.label.startswith("original@") and not r.label.endswith(PLUGIN)]
     for r in ev.runs:
         if r.ok or (r in primary and not any(o.ok for o in primary)):  # summarised below
