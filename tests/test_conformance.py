@@ -326,3 +326,15 @@ def test_builder_nemotron_rope_is_right_its_norm_epsilon_is_not(tmp_path):
     ir.save(model, tmp_path / "model.onnx", external_data="model.onnx.data")
     shutil.copy(folder / "genai_config.json", tmp_path / "genai_config.json")
     assert float(np.abs(_logits(tmp_path) - reference).max()) <= TOLERANCES["fp32"].atol
+
+
+def test_a_rope_layer_that_does_not_rotate(tmp_path):
+    """A layer the config rotates, built with do_rotary=0 while the others rotate in GQA: RP404 on that layer."""
+    src = MOBIUS / "granite" / "webgpu_f32"
+    model = ir.load(src / "model.onnx")
+    gqa = nodes_of(model, "GroupQueryAttention")[1]
+    gqa.attributes["do_rotary"] = ir.AttrInt64("do_rotary", 0)
+    ir.save(model, tmp_path / "model.onnx", external_data="model.onnx.data")
+    shutil.copy(src / "genai_config.json", tmp_path / "genai_config.json")
+    found = [d for d in _lint(tmp_path, src / "hf_config.json") if d.code == "RP404"]
+    assert len(found) == 1 and "layer 1" in found[0].message and "does not rotate" in found[0].message

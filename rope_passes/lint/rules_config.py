@@ -258,7 +258,9 @@ def _conformance(ctx: LintContext) -> Iterator[tuple[str, str]]:
     rotations = _rotations(ctx.model)
     if not rotations:
         return
-    any_rotates = any(r.rotates for r in rotations)
+    # "does not rotate" only where nothing else in the graph rotates (no Cos/Sin, no rotary op besides GQA's own)
+    manual = any(n.op_type in ("Cos", "Sin", "MRotaryEmbedding") for n in ctx.model.graph)
+    any_rotates = any(r.rotates for r in rotations) and not manual
     blame = "the graph is wrong (config.json is unambiguous)" if _explicit(hf) else         "the graph or config.json is wrong"
     for rot in rotations:
         where = f"layer {rot.layer} ({rot.node.op_type} {rot.node.name!r})"
