@@ -174,3 +174,21 @@ def test_facts_of_a_graph_computed_once_for_both_predictions(monkeypatch):
     verdict = placement.capture_verdict(model, WEBGPU_127)
     assert "shape" in verdict.maybe_folded  # so both predictions ran
     assert len(calls) == 1
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The command line's process
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_the_collector_is_tuned_only_when_the_process_is_the_command(monkeypatch, capsys):
+    """``rope-passes`` (main() reading sys.argv) sets the cyclic collector for one short process; a caller's
+    main([...]) (a test, a script) keeps its own settings."""
+    import rope_passes.cli as cli
+
+    tuned: list[int] = []
+    monkeypatch.setattr(cli, "tune_gc", lambda: tuned.append(1))
+    assert cli.main(["passes"]) == 0 and tuned == []
+    monkeypatch.setattr("sys.argv", ["rope-passes", "passes"])
+    assert cli.main() == 0 and tuned == [1]
+    capsys.readouterr()
