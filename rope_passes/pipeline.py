@@ -185,9 +185,10 @@ class PlacementCount:
 
     def worse_than(self, before: PlacementCount) -> str | None:
         """Why this placement is worse than ``before`` (more Memcpy or more CPU nodes), or None. Counts are compared
-        only when they mean the same thing: both graphs load, and this one has no node the static rules cannot place
-        that ``before`` could (a node that became placeable is not a new CPU node)."""
-        if not (self.loads and before.loads) or not self.unknown <= before.unknown:
+        only where they are exact: both graphs load and the static rules place every node of both (with nodes they
+        cannot place, the counts are lower bounds: a pass that makes a node placeable can raise them while onnxruntime
+        counts fewer, as precompute-cos-sin on the torch exports does)."""
+        if not (self.loads and before.loads) or self.unknown or before.unknown:
             return None
         parts = []
         if len(self.memcpy) > len(before.memcpy):
