@@ -231,6 +231,24 @@ class Rope:
             tol = tol + np.spacing(np.maximum(np.abs(cos), 1.0).astype(np.float16)).astype(np.float64)
         return tol
 
+    def first_beyond_rounding(self, role: str, table: np.ndarray, long: bool = False) -> tuple[int | None, float]:
+        """(first position, max |difference|) at which ``table`` (a cos or sin table, ``role``) is farther from this
+        rope than float32 rounding allows a correct producer (:meth:`tolerance`); (None, worst) when it conforms.
+        The width picks the layout: ``rotary_dim / 2`` a cache (one column per frequency), ``rotary_dim``
+        transformers' own (:attr:`table_interleaved`); (None, inf) for any other width."""
+        rows, width = table.shape
+        half = self.rotary_dim // 2
+        if width not in (half, 2 * half) or rows == 0:
+            return None, float("inf")
+        layout = "cache" if width == half else None
+        cos, sin = self.tables(rows, long, layout)
+        tol = self.tolerance(rows, long, table.dtype)
+        if width != half:
+            tol = np.repeat(tol, 2, axis=1) if self.table_interleaved else np.concatenate([tol, tol], axis=1)
+        diff = np.abs(table.astype(np.float64) - (cos if role == "cos" else sin).astype(np.float64))
+        bad = np.flatnonzero((diff > tol).any(axis=1))
+        return (int(bad[0]) if bad.size else None), float(diff.max())
+
     def describe(self) -> str:
         parts = [f"{self.kind} rope, theta {self.theta:g}"]
         if self.kind in ("linear", "llama3", "yarn") and self.params.get("factor") is not None:

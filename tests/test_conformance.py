@@ -189,15 +189,13 @@ def test_gemma3_global_table_alone_is_most_of_the_difference(tmp_path):
 def test_yarn_truncate_is_what_gpt_oss_got_wrong():
     """mobius's GPT-OSS table is transformers' YaRN with truncate=True (the config says false): within float32
     rounding of that table, 2.28 off the right one."""
-    from rope_passes.lint.rules_config import _first_beyond_rounding
-
     folder = MOBIUS / "gpt_oss" / "webgpu_f32"
     table = ir.load(folder / "model.onnx").graph.initializers["model.rotary_emb.cos_cache"].const_value.numpy()
     rope = dataclasses.replace(HFConfig.load(folder / "hf_config.json").rope(), table_interleaved=False)
     assert rope.params["truncate"] is False
     truncated = dataclasses.replace(rope, params={**rope.params, "truncate": True})
-    assert _first_beyond_rounding(truncated, "cos", table)[0] is None
-    first, worst = _first_beyond_rounding(rope, "cos", table)
+    assert truncated.first_beyond_rounding("cos", table)[0] is None
+    first, worst = rope.first_beyond_rounding("cos", table)
     assert first == 1 and worst > 2
 
 

@@ -69,30 +69,12 @@ def _chains(ctx: LintContext, ropes: list[Rope], rows: int) -> Iterator[_Checked
                        f"{node.op_type} ({chain.role} computed from {chain.positions.name!r})", verdict, role=chain.role)
 
 
-def _first_beyond_rounding(rope: Rope, role: str, table: np.ndarray, long: bool = False) -> tuple[int | None, float]:
-    """(first position, max |difference|) of ``table`` beyond what float32 rounding allows a correct producer
-    (:meth:`Rope.tolerance`) against ``rope``; the table's width picks the layout: ``rotary_dim / 2`` a cache,
-    ``rotary_dim`` transformers' own (cat or repeat-interleave). (None, inf) where the width fits neither."""
-    rows, width = table.shape
-    half = rope.rotary_dim // 2
-    if width not in (half, 2 * half) or rows == 0:
-        return None, float("inf")
-    layout = "cache" if width == half else None
-    cos, sin = rope.tables(rows, long, layout)
-    tol = rope.tolerance(rows, long, table.dtype)
-    if width != half:
-        tol = np.repeat(tol, 2, axis=1) if rope.table_interleaved else np.concatenate([tol, tol], axis=1)
-    diff = np.abs(table.astype(np.float64) - (cos if role == "cos" else sin).astype(np.float64))
-    bad = np.flatnonzero((diff > tol).any(axis=1))
-    return (int(bad[0]) if bad.size else None), float(diff.max())
-
-
 def _rounding_verdict(verdict: Verdict, role: str, table: np.ndarray) -> Verdict:
     """A fixed-table mismatch judged again with :meth:`Rope.tolerance` (a flat 1e-5 calls a correct YaRN table wrong
     past position ~1050: torch's float32 pow is an ulp off the correctly rounded one in some dimensions)."""
     if verdict.ok or verdict.frozen is not None or verdict.rope.switches:
         return verdict
-    first, worst = _first_beyond_rounding(verdict.rope, role, table)
+    first, worst = verdict.rope.first_beyond_rounding(role, table)
     if first is None and np.isfinite(worst):
         return Verdict(verdict.rope, True, worst=worst)
     return dataclasses.replace(verdict, first_wrong=first) if first is not None else verdict
@@ -301,7 +283,7 @@ def _conformance(ctx: LintContext) -> Iterator[tuple[str, str]]:
                     f"{2 * table.shape[1]}), config.json's rotary dim is {want.rotary_dim} (head_dim "
                     f"{want.head_dim} × partial_rotary_factor {want.partial_rotary_factor:g}): {blame}")
                 break
-            first, worst = _first_beyond_rounding(cache_rope, role, table)
+            first, worst = cache_rope.first_beyond_rounding(role, table)
             if first is None:
                 continue
             cos_want, sin_want = cache_rope.tables(table.shape[0], layout="cache")
@@ -313,7 +295,7 @@ def _conformance(ctx: LintContext) -> Iterator[tuple[str, str]]:
                         alt = dataclasses.replace(hf.rope(layer_type), table_interleaved=False)
                     except MatchFailure:
                         continue
-                    if alt.rotary_dim == want.rotary_dim and _first_beyond_rounding(alt, role, table)[0] is None:
+                    if alt.rotary_dim == want.rotary_dim and alt.first_beyond_rounding(role, table)[0] is None:
                         other = f"; it is the {layer_type} table ({alt.describe()})"
             yield rot.node.name or rot.node.op_type, (
                 f"{where} reads {role} table {value.name!r} (rows by {rot.positions}) that differs from config.json's "
