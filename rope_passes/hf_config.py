@@ -21,7 +21,9 @@ float32): transformers' own float32 cos/sin come from the CPU's vector math libr
 and differ from the correctly rounded ones by at most one float32 ulp in ~6% of the entries.
 
 **Dynamic rope types** (``dynamic``: NTK scaling chosen from the call's largest position) are refused with the
-reason: no table is right for every call.
+reason: no table is right for every call. Asked for (``rope(dynamic=True)``), the conformance model has them:
+:meth:`Rope.dynamic_inv_freq` is what transformers uses for a call of a given length (the default frequencies up to
+``max_position_embeddings``, which are also the kind's :meth:`Rope.inv_freq` and :meth:`Rope.tables`).
 
 **Conformance** (what each layer must rotate by, the per-layer lint RP404): :meth:`HFConfig.layer_rope` is layer
 ``i``'s rope or None for a layer without RoPE (SmolLM3's ``no_rope_layers``), its layer type's own table and theta
@@ -161,6 +163,22 @@ class Rope:
         if self.kind == "yarn":
             return self._yarn(pos_freqs)
         return inv
+
+    def dynamic_inv_freq(self, length: int) -> np.ndarray:
+        """Dynamic NTK (``kind == "dynamic"``): the inverse frequencies transformers uses in a call whose largest
+        position + 1 is ``length``: the default ones up to ``max_position_embeddings``, past it the base rescaled
+        to ``theta × (factor × length / max - (factor - 1)) ** (d / (d - 2))``, in float32 tensor arithmetic as
+        ``dynamic_rope_update`` does it (the length is a tensor there), powers correctly rounded (torch's are
+        within an ulp)."""
+        dim, max_pos = self.rotary_dim, self.max_position_embeddings
+        exps = (np.arange(0, dim, 2, dtype=np.int64).astype(_F) / _F(dim)).astype(np.float64)
+        if length <= max_pos:
+            return (_F(1.0) / (np.float64(_F(self.theta)) ** exps).astype(_F)).astype(_F)
+        factor = float(self.params["factor"])
+        scaled = (_F(factor) * _F(length)) / _F(max_pos) - _F(factor - 1)
+        power = _F(np.float64(_F(scaled)) ** np.float64(_F(dim / (dim - 2))))
+        base = _F(_F(self.theta) * power)
+        return (_F(1.0) / (np.float64(base) ** exps).astype(_F)).astype(_F)
 
     def _llama3(self, inv: np.ndarray) -> np.ndarray:
         p = self.params
@@ -385,18 +403,22 @@ class HFConfig:
             return ["full_attention", "sliding_attention"]
         return [None]
 
-    def rope(self, layer_type: str | None = None) -> Rope:
-        """The rope of ``layer_type`` (None: the only one); MatchFailure.refuse for dynamic or unknown types."""
+    def rope(self, layer_type: str | None = None, dynamic: bool = False) -> Rope:
+        """The rope of ``layer_type`` (None: the only one); MatchFailure.refuse for dynamic (unless ``dynamic``:
+        then a ``kind == "dynamic"`` Rope, whose frequencies depend on the call, :meth:`Rope.dynamic_inv_freq`) or
+        unknown types."""
         params = self._rope_params(layer_type)
         kind = str(params.get("rope_type") or params.get("type") or "default")
         if kind == "mrope":
             kind = "default"  # transformers 4 Qwen2.5-VL: default frequencies, split by sections afterwards
         where = f"{self.path}" + (f" ({layer_type})" if layer_type else "")
-        if "dynamic" in kind:
+        if kind == "dynamic" and dynamic:
+            pass
+        elif "dynamic" in kind:
             raise MatchFailure.refuse(
                 f"{where}: rope_type {kind!r} (dynamic NTK) rescales the frequencies from the call's largest position "
                 "(no single table is right for every call)", "<model>", rope_type=kind)
-        if kind not in STATIC_TYPES:
+        if kind not in STATIC_TYPES and not (kind == "dynamic" and dynamic):
             raise MatchFailure.refuse(f"{where}: rope_type {kind!r} is not one rope-passes computes "
                                       f"({', '.join(STATIC_TYPES)})", "<model>", rope_type=kind)
         theta = params.get("rope_theta")
@@ -431,5 +453,5 @@ class HFConfig:
         return out
 
 
-__all__ = ["CONFIG_NAMES", "INTERLEAVED_TYPES", "STATIC_TYPES", "TABLE_INTERLEAVED_TYPES", "HFConfig", "Rope",
+__all__ = ["CONFIG_NAMES", "INTERLEAVED_TYPES", "INV_FREQ_ULPS", "STATIC_TYPES", "VALUE_ULPS", "TABLE_INTERLEAVED_TYPES", "HFConfig", "Rope",
            "explicit_hf_config", "use_hf_config"]

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from rope_passes.errors import ModelLoadError
-from rope_passes.hf_config import HFConfig, use_hf_config
+from rope_passes.hf_config import INV_FREQ_ULPS, HFConfig, use_hf_config
 from rope_passes.report import MatchFailure
 
 pytestmark = pytest.mark.corpus  # reads the generated fixtures
@@ -192,3 +192,17 @@ def test_yarn_tolerance_covers_torch_pow_and_nothing_like_a_defect():
     assert diff.max() > 1e-5 and (diff <= tol).all()  # a flat 1e-5 calls this correct table wrong
     wrong = dataclasses.replace(rope, params={**rope.params, "factor": 32.5}).tables(rows, layout="cache")[0]
     assert (np.abs(wrong.astype(np.float64) - cos) > tol).any(axis=1).argmax() < 64
+
+
+@pytest.mark.parametrize("tf", ["tf4", "tf5"])
+def test_dynamic_ntk_model_equals_transformers_per_call_length(tf):
+    """Asked for, dynamic NTK is modelled per call: transformers' rotary module's inv_freq after a call of L
+    positions (``tools/make_dynamic_refs.py``): bit-equal up to max_position_embeddings and just past it, within
+    the tolerance's INV_FREQ_ULPS where torch's float32 pow is an ulp or two off the correctly rounded one."""
+    rope = HFConfig.load(REFS / tf / "llama_dynamic").rope(dynamic=True)
+    assert rope.kind == "dynamic"
+    for length, ulps in ((256, 0), (300, 0), (512, 1), (1000, 2)):
+        ref = np.load(REFS / "tf5" / "llama_dynamic" / f"dynamic_inv_freq_{length}.npy")
+        got = rope.dynamic_inv_freq(length)
+        assert np.abs(got.view(np.int32) - ref.view(np.int32)).max() == ulps <= INV_FREQ_ULPS
+    np.testing.assert_array_equal(rope.inv_freq(), np.load(REFS / "tf5" / "llama_dynamic" / "dynamic_inv_freq_256.npy"))
