@@ -453,5 +453,5 @@ class HFConfig:
         return out
 
 
-__all__ = ["CONFIG_NAMES", "INTERLEAVED_TYPES", "INV_FREQ_ULPS", "STATIC_TYPES", "VALUE_ULPS", "TABLE_INTERLEAVED_TYPES", "HFConfig", "Rope",
-           "explicit_hf_config", "use_hf_config"]
+__all__ = ["CONFIG_NAMES", "INTERLEAVED_TYPES", "INV_FREQ_ULPS", "STATIC_TYPES", "TABLE_INTERLEAVED_TYPES",
+           "VALUE_ULPS", "HFConfig", "Rope", "explicit_hf_config", "use_hf_config"]
