@@ -35,6 +35,7 @@ from typing import Any
 
 import onnx_ir as ir
 
+import rope_passes.graph_walk as graph_walk
 from rope_passes.analysis.webgpu_kernels import KernelTable, Op
 from rope_passes.errors import UsageError
 
@@ -144,7 +145,7 @@ class RuntimeTarget:
             problems.append(LoadProblem("ir-version", "<model>", "", (
                 f"Unsupported model IR version: {model.ir_version}, max supported IR version: {self.max_ir_version}")))
         low, high = self.gqa_range
-        for node in ir.traversal.RecursiveGraphIterator(model.graph):
+        for node in graph_walk.nodes(model.graph):
             domain = "" if node.domain in ("", "ai.onnx") else node.domain
             name = node.name or node.op_type
             if not self.loads_op(domain, node.op_type):

@@ -192,3 +192,45 @@ def test_the_collector_is_tuned_only_when_the_process_is_the_command(monkeypatch
     monkeypatch.setattr("sys.argv", ["rope-passes", "passes"])
     assert cli.main() == 0 and tuned == [1]
     capsys.readouterr()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# graph_walk: onnx_ir's order at a third of its cost
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _nested() -> ir.Model:
+    """An If whose branches hold nodes, one branch an If of its own (a GRAPH attribute in a GRAPH) and a node with a
+    GRAPHS attribute shared by two of its slots (visited twice, entered once)."""
+    cond = ir.Value(name="cond", type=ir.TensorType(ir.DataType.BOOL), shape=ir.Shape([]))
+    x = ir.Value(name="x", type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape([2]))
+
+    def branch(tag: str, inner: ir.Graph | None = None) -> ir.Graph:
+        nodes = [ir.node("Neg", [x], name=f"{tag}/neg")]
+        if inner is not None:
+            nodes.append(ir.node("If", [cond], attributes={"then_branch": inner, "else_branch": branch(f"{tag}/e")},
+                                 num_outputs=1, name=f"{tag}/if"))
+        nodes.append(ir.node("Abs", [nodes[-1].outputs[0]], name=f"{tag}/abs"))
+        return ir.Graph([], [nodes[-1].outputs[0]], nodes=nodes, name=tag)
+
+    shared = branch("shared")
+    top = [ir.node("Relu", [x], name="relu"),
+           ir.node("If", [cond], attributes={"then_branch": branch("then", branch("deep")),
+                                             "else_branch": branch("else")}, num_outputs=1, name="if"),
+           ir.node("Custom", [x], domain="test", attributes={"bodies": ir.AttrGraphs("bodies", [shared, shared])},
+                   name="custom"),
+           ir.node("Sigmoid", [x], name="sigmoid")]
+    return ir.Model(ir.Graph([cond, x], [top[-1].outputs[0]], nodes=top, opset_imports={"": 21, "test": 1}),
+                    ir_version=10)
+
+
+def test_graph_walk_in_onnx_irs_order():
+    from rope_passes import graph_walk
+
+    model = _nested()
+    theirs = [n.name for n in ir.traversal.RecursiveGraphIterator(model.graph)]
+    assert [n.name for n in graph_walk.nodes(model.graph)] == theirs
+    assert len(theirs) == 17 and theirs.count("shared/neg") == 2
+    assert [g.name for g in graph_walk.graphs(model)] == [g.name for g in model.graphs()]
+    assert [g.name for g in graph_walk.subgraphs(model.graph)] == [g.name for g in model.graph.subgraphs()]
+    assert len(list(graph_walk.subgraphs(model.graph))) == 5  # then, deep, then/e, else, shared (once)

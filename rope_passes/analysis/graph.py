@@ -8,6 +8,8 @@ from typing import Protocol
 import numpy as np
 import onnx_ir as ir
 
+import rope_passes.graph_walk as graph_walk
+
 MS_DOMAIN = "com.microsoft"
 
 #: Constants read for their values (section sizes, masks, thresholds) have at most this many elements.
@@ -30,7 +32,7 @@ class Evaluate(Protocol):
 
 def iter_nodes(model_or_graph: ir.Model | ir.Graph) -> Iterator[ir.Node]:
     graph = model_or_graph.graph if isinstance(model_or_graph, ir.Model) else model_or_graph
-    return ir.traversal.RecursiveGraphIterator(graph)
+    return graph_walk.nodes(graph)
 
 
 def nodes_of(model: ir.Model | ir.Graph, op_type: str, domain: str | None = None) -> list[ir.Node]:

@@ -36,6 +36,7 @@ from typing import Any
 
 import onnx_ir as ir
 
+import rope_passes.graph_walk as graph_walk
 from rope_passes.analysis.webgpu_kernels import (
     CPU_INPUTS,
     CPU_INPUTS_WITHOUT_CAPTURE,
@@ -310,7 +311,7 @@ class Dtypes:
             changed = False
             visited: set[int] = set()
             ordered = True  # every producer came before its readers: this round's answers are final
-            for node in ir.traversal.RecursiveGraphIterator(graph):
+            for node in graph_walk.nodes(graph):
                 if ordered:
                     for v in node.inputs:
                         producer = v.producer() if v is not None else None
@@ -738,10 +739,10 @@ def _predict_graph(graph: ir.Graph, capture: bool, result: Placement, outer_cpu:
 
 def _outer_reads(graph: ir.Graph) -> list[ir.Value]:
     inner = {id(v) for v in graph.inputs}
-    for node in ir.traversal.RecursiveGraphIterator(graph):
+    for node in graph_walk.nodes(graph):
         inner.update(id(v) for v in node.outputs)
     out, seen = [], set()
-    for node in ir.traversal.RecursiveGraphIterator(graph):
+    for node in graph_walk.nodes(graph):
         for v in node.inputs:
             if v is not None and id(v) not in inner and id(v) not in seen and not _is_constant(v):
                 seen.add(id(v))

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import onnx_ir as ir
 
+import rope_passes.graph_walk as graph_walk
 from rope_passes.config import GENAI_CONFIG, GenaiConfig
 from rope_passes.errors import ModelLoadError
 
@@ -41,12 +42,12 @@ class ModelBundle:
 
 def external_tensors(model: ir.Model) -> Iterator[ir.ExternalTensor]:
     """Every tensor of the model whose bytes live in an external data file (initializers and attributes)."""
-    for graph in model.graphs():
+    for graph in graph_walk.graphs(model):
         for value in graph.initializers.values():
             tensor = value.const_value
             if isinstance(tensor, ir.ExternalTensor):
                 yield tensor
-    for node in ir.traversal.RecursiveGraphIterator(model.graph):
+    for node in graph_walk.nodes(model.graph):
         for attr in node.attributes.values():
             if attr.type == ir.AttributeType.TENSOR and isinstance(attr.value, ir.ExternalTensor):
                 yield attr.value
@@ -139,11 +140,11 @@ def _readable_hard_links(model: ir.Model) -> None:
                                     name=tensor.name, doc_string=tensor.doc_string,
                                     metadata_props=dict(tensor.metadata_props), base_dir=tensor.base_dir)
 
-    for graph in model.graphs():
+    for graph in graph_walk.graphs(model):
         for value in graph.initializers.values():
             if value.const_value is not None:
                 value.const_value = linked(value.const_value)
-    for node in ir.traversal.RecursiveGraphIterator(model.graph):
+    for node in graph_walk.nodes(model.graph):
         for name, attr in list(node.attributes.items()):
             if attr.type == ir.AttributeType.TENSOR and isinstance(attr.value, ir.ExternalTensor):
                 new = linked(attr.value)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+from collections.abc import Iterable
 from pathlib import Path
 
 from rope_passes.config import GENAI_CONFIG
@@ -74,11 +75,12 @@ def _carry(item: Path, dest: Path, mode: str) -> str:
     return carry_file(item, dest, mode)
 
 
-def _stage_folder_files(bundle: ModelBundle, staging: Path, skip: set[str], mode: str) -> list[str]:
+def _stage_folder_files(bundle: ModelBundle, staging: Path, skip: set[str], mode: str,
+                        data_files: Iterable[str] | None = None) -> list[str]:
     """A folder input travels whole: tokenizer files, processor configs, other models. Returns how the model's data
-    files travelled (those among them)."""
+    files travelled (those among them; ``data_files``: ``bundle.external_data_files`` where the caller has it)."""
     assert bundle.folder is not None
-    data_files, used = set(bundle.external_data_files), []
+    data_files, used = set(bundle.external_data_files if data_files is None else data_files), []
     for item in sorted(bundle.folder.iterdir()):
         if item.name not in skip and not item.name.startswith(STAGING_PREFIX):
             how = _carry(item, staging / item.name, mode)
@@ -109,11 +111,12 @@ def _write_folder(bundle: ModelBundle, target: OutputTarget, verbatim: bool, wei
             used = summarize(_stage_folder_files(bundle, staging, set(), carry_mode(weights)))
         else:
             serialized = _serialize(bundle, staging, target, weights)
-            skip = {bundle.model_path.name, *bundle.external_data_files, *serialized.names}
+            data_files = bundle.external_data_files
+            skip = {bundle.model_path.name, *data_files, *serialized.names}
             if bundle.genai_config_changed:  # else the user's file travels as it is, byte for byte
                 (staging / GENAI_CONFIG).write_text(bundle.genai_config.dumps())
                 skip.add(GENAI_CONFIG)
-            _stage_folder_files(bundle, staging, skip, carry_mode(weights))
+            _stage_folder_files(bundle, staging, skip, carry_mode(weights), data_files)
             used = serialized.weights
         if folder_out.exists() and not folder_out.is_dir():
             raise ModelSaveError(f"{folder_out}: is a file, cannot write a folder there")

@@ -27,6 +27,7 @@ from typing import cast
 import onnx
 import onnx_ir as ir
 
+import rope_passes.graph_walk as graph_walk
 from rope_passes.errors import UsageError
 from rope_passes.io.disk import carry_file
 from rope_passes.io.load import MAX_IR_VERSION, ModelBundle, external_tensors
@@ -79,7 +80,7 @@ def _inline_small_external_tensors(model: ir.Model) -> None:
     onnx_ir.save would do it itself, but by ``release()``-ing the memory map, which raises ``BufferError`` when a
     pass still holds a NumPy view of that tensor (analysis reads small constants). Copying leaves the map alone.
     """
-    for graph in model.graphs():
+    for graph in graph_walk.graphs(model):
         for value in graph.initializers.values():
             tensor = value.const_value
             if isinstance(tensor, ir.ExternalTensor) and tensor.nbytes <= SMALL_TENSOR_BYTES:
@@ -136,13 +137,19 @@ def serialize_reusing(bundle: ModelBundle, staging: Path, model_out: Path, *, in
     _cap_ir_version(model)
     source_dir = bundle.model_path.parent.resolve()
 
+    known: dict[tuple[str, str], bool] = {}  # (base_dir, location) -> reused: one resolve() and stat per file
+
     def reused(tensor: ir.TensorProtocol | None) -> bool:
         if not isinstance(tensor, ir.ExternalTensor) or str(tensor.location).endswith(NEW_DATA_SUFFIX):
             return False  # in memory, or in a second data file of ours (always rewritten)
-        return Path(tensor.base_dir or source_dir).resolve() == source_dir and (source_dir / tensor.location).is_file()
+        key = (str(tensor.base_dir or source_dir), str(tensor.location))
+        if key not in known:
+            known[key] = (Path(key[0]).resolve() == source_dir and (source_dir / tensor.location).is_file())
+        return known[key]
 
-    locations = sorted({str(t.location) for t in external_tensors(model) if reused(t)})
-    had_external = bool(bundle.external_data_files)
+    external = list(external_tensors(model))
+    locations = sorted({str(t.location) for t in external if reused(t)})
+    had_external = bool(external)  # bundle.external_data_files is not empty
     if in_place:
         rename = {loc: loc for loc in locations}
     elif len(locations) == 1:
@@ -154,7 +161,7 @@ def serialize_reusing(bundle: ModelBundle, staging: Path, model_out: Path, *, in
     new_name = model_out.name + NEW_DATA_SUFFIX
     to_file: list[ir.Value] = []  # in-memory (or no longer reusable) initializers: the second data file
     to_inline: list[ir.Value] = []  # small ones that are external somewhere not reused
-    for graph in model.graphs():
+    for graph in graph_walk.graphs(model):
         for value in graph.initializers.values():
             tensor = value.const_value
             if tensor is None or reused(tensor):
@@ -163,7 +170,7 @@ def serialize_reusing(bundle: ModelBundle, staging: Path, model_out: Path, *, in
                 to_file.append(value)
             elif isinstance(tensor, ir.ExternalTensor):
                 to_inline.append(value)
-    attributes = [(node, name, attr) for node in ir.traversal.RecursiveGraphIterator(model.graph)
+    attributes = [(node, name, attr) for node in graph_walk.nodes(model.graph)
                   for name, attr in node.attributes.items()
                   if attr.type == ir.AttributeType.TENSOR and isinstance(attr.value, ir.ExternalTensor)
                   and not reused(attr.value)]

@@ -21,6 +21,7 @@ import numpy as np
 import onnx_ir as ir
 from onnx_ir.tape import Tape
 
+import rope_passes.graph_walk as graph_walk
 from rope_passes.config import GenaiConfig
 
 __all__ = ["FreshNames", "NodeTape", "add_initializer", "drop_unused_input", "remove_dead"]
@@ -31,7 +32,7 @@ def _names(graph: ir.Graph, skip: Iterable[ir.Node] = ()) -> tuple[set[str], set
     skipped = {id(n) for n in skip}
     values: set[str] = {v.name for v in graph.inputs if v.name} | set(graph.initializers)
     nodes: set[str] = set()
-    for node in ir.traversal.RecursiveGraphIterator(graph):
+    for node in graph_walk.nodes(graph):
         if id(node) in skipped:
             continue
         values.update(v.name for v in node.outputs if v.name)

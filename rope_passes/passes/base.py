@@ -30,6 +30,7 @@ from typing import Any, ClassVar
 
 import onnx_ir as ir
 
+import rope_passes.graph_walk as graph_walk
 from rope_passes.config import GenaiConfig
 from rope_passes.errors import UsageError
 from rope_passes.report import MatchFailure, PassReport
@@ -189,4 +190,4 @@ class RopePass(ir.passes.InPlacePass):
 
 
 def _node_ids(model: ir.Model) -> set[int]:
-    return {id(node) for node in ir.traversal.RecursiveGraphIterator(model.graph)}
+    return {id(node) for node in graph_walk.nodes(model.graph)}

@@ -14,6 +14,7 @@ from __future__ import annotations
 import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass
 
+import rope_passes.graph_walk as graph_walk
 from rope_passes.passes.base import RopePass
 from rope_passes.report import PassReport
 
@@ -23,10 +24,10 @@ class CleanupPass(RopePass):
     summary = "remove dead nodes and initializers left by rewrites"
 
     def apply(self, model: ir.Model, report: PassReport) -> None:
-        nodes_before = sum(1 for _ in ir.traversal.RecursiveGraphIterator(model.graph))
+        nodes_before = sum(1 for _ in graph_walk.nodes(model.graph))
         inits_before = len(model.graph.initializers)
         RemoveUnusedNodesPass()(model)
-        nodes_removed = nodes_before - sum(1 for _ in ir.traversal.RecursiveGraphIterator(model.graph))
+        nodes_removed = nodes_before - sum(1 for _ in graph_walk.nodes(model.graph))
         inits_removed = inits_before - len(model.graph.initializers)
         if nodes_removed or inits_removed:
             report.rewritten("<model>", f"removed {nodes_removed} dead nodes and {inits_removed} dead initializers")
