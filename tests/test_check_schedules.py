@@ -297,6 +297,16 @@ def test_schedule_calls_pad_as_genai():
     assert parse(s.text(), "s") == s and parse(r.text(), "r") == r
 
 
+def test_no_right_padded_batch_where_the_graph_rotates_inside_groupqueryattention():
+    """GroupQueryAttention do_rotary=1 derives positions from seqlens_k as left padding lays them out: a right-padded
+    batch is not a call such a graph takes (onnxruntime-genai pads left), in the default set or drawn at random."""
+    facts = GraphFacts(vocab=500, pad=0, max_call=8, context=256, no_right_padding="fused rotary")
+    assert "right-padded-batch" not in {s.name for s in default_schedules(facts)}
+    rng = np.random.RandomState(3)
+    drawn = [random_schedule(rng, facts) for _ in range(200)]
+    assert all(s.padding != RIGHT for s in drawn) and any(s.batch > 1 for s in drawn)
+
+
 def test_default_schedules_cover_the_callers():
     facts = GraphFacts(vocab=500, pad=0, switches=(32,), max_call=8, context=256)
     sched = {s.name: s for s in default_schedules(facts)}

@@ -212,6 +212,23 @@ def _windows(info: ModelInfo) -> list[int]:
     return out
 
 
+def _no_right_padding(*infos: ModelInfo) -> str | None:
+    """Why these graphs take no right-padded batch (see :class:`GraphFacts`), or None."""
+    import onnx_ir as ir
+
+    from rope_passes.analysis.graph import flag
+
+    for which, info in zip(("original", "rewritten"), infos):
+        if info.model is None:
+            continue
+        for node in ir.traversal.RecursiveGraphIterator(info.model.graph):
+            if node.op_type == "GroupQueryAttention" and flag(node, "do_rotary"):
+                return (f"the {which} graph's GroupQueryAttention {node.name!r} rotates inside (do_rotary=1): it "
+                        "derives positions from seqlens_k as left padding lays them out (onnxruntime-genai pads "
+                        "left), so a right-padded batch is not a call it takes")
+    return None
+
+
 def graph_facts(orig: ModelInfo, rew: ModelInfo, plan: Plan, embedding_rows: Sequence[int]) -> GraphFacts:
     """What the schedules are built from: ids valid for both graphs (every stated vocabulary, every embedding table
     fed), genai's pad id, the switches, the windows, WebGPU's call cap and the context."""
@@ -223,7 +240,8 @@ def graph_facts(orig: ModelInfo, rew: ModelInfo, plan: Plan, embedding_rows: Seq
     context = [c for c in (GenaiConfig(orig.genai_config).context_length,) if c]
     return GraphFacts(vocab=min(vocab) if vocab else TOKEN_HIGH, pad=int(pad) if isinstance(pad, int) else 0,
                       switches=tuple(sorted(plan.switches)), windows=tuple(sorted(set(_windows(orig) + _windows(rew)))),
-                      max_call=plan.max_call, context=context[0] if context else None)
+                      max_call=plan.max_call, context=context[0] if context else None,
+                      no_right_padding=_no_right_padding(orig, rew))
 
 
 def with_schedules(plan: Plan, facts: GraphFacts, given: Sequence[Schedule] | None) -> Plan:
@@ -232,6 +250,8 @@ def with_schedules(plan: Plan, facts: GraphFacts, given: Sequence[Schedule] | No
     plan.facts = facts
     plan.schedules = list(given) if given is not None else default_schedules(facts)
     if given is None:
+        if facts.no_right_padding is not None:
+            plan.notes.append(f"schedules: no right-padded batch: {facts.no_right_padding}")
         n, why = facts.long_prompt()
         missed = [c for c in facts.switches if c + 1 > n] + [w for w in facts.windows if w + 1 > n]
         if missed:

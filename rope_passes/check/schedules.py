@@ -218,6 +218,10 @@ class GraphFacts:
     windows: tuple[int, ...] = ()  # fixed windows (GroupQueryAttention local_window_size)
     max_call: int | None = None  # the longest call WebGPU computes correctly here (software adapter: 8)
     context: int | None = None  # context_length: no schedule runs past it
+    #: why a right-padded batch is not a call these graphs take, or None when it is: a GroupQueryAttention that
+    #: rotates inside (do_rotary=1) derives each row's positions from seqlens_k as left padding lays them out
+    #: (``seqlens_k + 1 - S + s`` on WebGPU), which is how onnxruntime-genai pads
+    no_right_padding: str | None = None
 
     def long_prompt(self) -> tuple[int, str]:
         """A prompt length longer than every window and past every switch, and why (capped at LONG_PROMPT_MAX and
@@ -258,9 +262,10 @@ def default_schedules(facts: GraphFacts, seed: int = 0) -> list[Schedule]:
         Schedule("one-token-prompt", (1,), ((v - 1,) + _draw(rng, v, 6),), then=(1, 3, 2), pad=pad),
         Schedule("left-padded-batch", (short, 1, max(1, short - 3)),
                  tuple(_draw(rng, v, n + 2) for n in (short, 1, max(1, short - 3))), LEFT, then=(1, 1), pad=pad),
-        Schedule("right-padded-batch", (short, max(1, short - 2)),
-                 tuple(_draw(rng, v, n) for n in (short, max(1, short - 2))), RIGHT, pad=pad),
     ]
+    if facts.no_right_padding is None:
+        out.append(Schedule("right-padded-batch", (short, max(1, short - 2)),
+                            tuple(_draw(rng, v, n) for n in (short, max(1, short - 2))), RIGHT, pad=pad))
     n, _ = facts.long_prompt()
     ids = (_draw(rng, v, n + 3),)
     out.append(Schedule("long-prompt", (n,), ids, then=(1, 2), pad=pad))
@@ -296,7 +301,8 @@ def random_schedule(rng: np.random.RandomState, facts: GraphFacts, name: str = "
     kind = rng.random_sample()
     top = 8 if kind < 0.5 else (32 if kind < 0.8 else max(long_n, 9))
     lengths = tuple(int(rng.randint(1, top + 1)) for _ in range(batch))
-    padding = RIGHT if batch > 1 and rng.random_sample() < 0.25 else LEFT
+    right = rng.random_sample() < 0.25
+    padding = RIGHT if batch > 1 and right and facts.no_right_padding is None else LEFT
     then: tuple[int, ...] = ()
     if padding == LEFT or len(set(lengths)) == 1:  # GroupQueryAttention: several tokens after a past, batch 1 only
         then = tuple(1 if batch > 1 or rng.random_sample() < 0.6 else int(rng.randint(2, 7))
