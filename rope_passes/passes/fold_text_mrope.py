@@ -35,7 +35,10 @@ must be the table's rows (the table itself computed with onnxruntime's kernels o
 **Exact when** the three position axes are equal (text) *and* contiguous: with equal axes every section reads
 the same row, so mRoPE is plain RoPE with those tables; fused GQA derives token s's position as
 ``seqlens_k + 1 - S + s`` (WebGPU ignores GQA's position_ids), which equals the fed positions only when they are
-``past .. past+S-1`` — what onnxruntime-genai feeds for text. The fold is applied automatically when the graph
+``past .. past+S-1`` — what onnxruntime-genai feeds for text, unpadded or left-padded (a left-padded row's
+positions start at 0 on its first real token, and so does ``seqlens_k + 1 - S + s``). A right-padded batch is
+outside: its shorter rows' positions are not ``seqlens_k + 1 - S + s`` (measured on WebGPU: 0.72 off the
+original's row); onnxruntime-genai never pads right, and the report's ``exact_when`` says so. The fold is applied automatically when the graph
 proves text-only (a 2D position input); when 3D positions come from outside (vision-language graphs) only with
 ``text_only=True`` (``--text-only``), and then the output serves text prompts only: a report note, a
 ``rope_passes.text_only`` metadata entry and a ``model.decoder.session_options["rope_passes.text_only"]`` marker
@@ -310,7 +313,8 @@ class FoldTextMRoPEPass(RopePass):
                 rotation=site.q.kind,
                 tables=site.tables.source,
                 positions=site.positions.how,
-                exact_when="all three position axes equal and contiguous (past .. past+S-1)",
+                exact_when="all three position axes equal and contiguous (past .. past+S-1): unpadded or "
+                           "left-padded calls, as onnxruntime-genai sends them (a right-padded batch is outside)",
                 **({"rounding": rounding} if rounding else {}),
             )
         remove_dead(graph, old_values)
