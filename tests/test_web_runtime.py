@@ -25,8 +25,9 @@ from rope_passes.runtime import web
 
 #: a builder folder WebGPU runs in the browser: fp32 (SwiftShader has no shader-f16, so an fp16 graph cannot run)
 MODEL = "current/llama/cpu_fp32"
-#: a short check: 3 decode steps (1 captured, 2 replays), 2 sweep positions (the table's last two rows), no schedules
-QUICK = {"steps": 3, "sweep": 2, "schedules": []}
+#: a short check: 3 decode steps (1 captured, 2 replays), 2 sweep positions (the table's last two rows), no schedules;
+#: the CPU runs in this process (the WebGPU runs are in the browser whatever isolate says)
+QUICK = {"steps": 3, "sweep": 2, "schedules": [], "isolate": False}
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +90,7 @@ def test_check_in_the_browser_catches_a_changed_cos_row(browser, optimized, tmp_
     # the table's last row: read by the sweep's last position only, so it is the browser's session that must see it
     # (the rotation-table comparison, which would find it without a session, is off)
     bad = _row_changed(optimized, tmp_path / "bad", 255)
-    report = check(GENAI / MODEL, bad, runtime="web", tables=False, steps=1, sweep=2, schedules=[])
+    report = check(GENAI / MODEL, bad, runtime="web", tables=False, steps=1, sweep=2, schedules=[], isolate=False)
     assert report.verdict == NOT_EQUIVALENT
     by = {c.name: c for c in report.comparisons}
     plain = by["rewritten@webgpu vs original@webgpu"].diffs
