@@ -4,8 +4,9 @@
 
 The passes of one run share a ``PassContext``: it carries the model's ``genai_config.json`` (a typed
 ``GenaiConfig``), so what ``longrope-concat`` writes there (the cache offset) or ``fold-text-mrope`` removes from it
-(the position input) reaches the next pass and the saved folder, exactly as ``rope-passes optimize`` does: the output
-is byte-identical to ``rope-passes optimize MODEL_DIR -o OUT_DIR --target webgpu-graph``.
+(the position input) reaches the next pass and the saved folder, exactly as ``rope-passes optimize`` does; with the
+same last step (``capture_config``: ``enableGraphCapture`` from the output's capture verdict) the output is
+byte-identical to ``rope-passes optimize MODEL_DIR -o OUT_DIR --target webgpu-graph``.
 """
 
 from __future__ import annotations
@@ -15,10 +16,10 @@ import argparse
 import onnx_ir as ir
 
 from rope_passes import load_bundle, save_bundle
-from rope_passes.api import RUNTIME_METADATA_KEY
+from rope_passes.api import RUNTIME_METADATA_KEY, capture_config
 from rope_passes.passes import ALL_PASSES, PassContext
 from rope_passes.pipeline import presets_for
-from rope_passes.targets import default_runtime
+from rope_passes.targets import default_runtime, get_target
 
 
 def main() -> None:
@@ -42,6 +43,10 @@ def main() -> None:
     bundle.model = result.model
     if result.modified:  # as optimize does: a rewritten graph names the runtime its passes were chosen for
         bundle.model.metadata_props[RUNTIME_METADATA_KEY] = runtime
+    # as optimize does for webgpu-graph: genai_config.json's enableGraphCapture made to agree with the output's capture
+    # verdict ("1" when capture-ready, so onnxruntime-genai captures the folder as it is)
+    capture = capture_config(bundle, get_target(runtime))
+    print(f"graph capture: {capture['verdict']}; {capture['config']}")
     # save_bundle: IR version <= 13 (onnxruntime 1.27), external data beside the model, the folder copied whole,
     # genai_config.json written from the context the passes changed; nothing changed: a byte-for-byte copy
     save_bundle(bundle, args.out_dir, graph_modified=result.modified)

@@ -29,7 +29,7 @@ from rope_passes.passes import ALL_PASSES, RopePass
 from rope_passes.pipeline import run_pipeline
 from rope_passes.report import PassReport
 from rope_passes.runtime.placement_probe import probe_placement
-from rope_passes.targets import WEBGPU_127
+from rope_passes.targets import RUNTIMES, WEBGPU_127
 
 CAPTURE_BLOCKERS = {"RP202", "RP205"}
 
@@ -216,10 +216,10 @@ def test_a_pass_that_adds_a_cpu_node_is_refused_and_rolled_back(tmp_path, monkey
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _verdicts(folder: Path, report=None) -> dict[str, object]:
-    codes = {d.code for d in lint_bundle(folder, runtime=WEBGPU_127)}
-    [inspect] = runtime_verdicts(load_bundle(folder).model, [WEBGPU_127])
-    probe = probe_placement(folder / "model.onnx", graph_capture=True)
+def _verdicts(folder: Path, runtime: str, report=None) -> dict[str, object]:
+    codes = {d.code for d in lint_bundle(folder, runtime=runtime)}
+    [inspect] = runtime_verdicts(load_bundle(folder).model, [runtime])
+    probe = probe_placement(folder / "model.onnx", graph_capture=True, runtime=runtime)
     out = {"lint": bool(codes & CAPTURE_BLOCKERS), "inspect": inspect["capture"] == "blocked",
            "session": probe.loads and not probe.capture_ok, "unknown": inspect["capture"] == "unknown",
            "ready": inspect["capture"] == "ready", "session_ok": bool(probe.capture_ok)}
@@ -231,11 +231,13 @@ def _verdicts(folder: Path, report=None) -> dict[str, object]:
 
 @pytest.mark.corpus
 @pytest.mark.webgpu
-def test_every_command_agrees_with_a_capture_session(genai_corpus, tmp_path):
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_every_command_agrees_with_a_capture_session(genai_corpus, tmp_path, runtime):
     """lint RP202/RP205 ⇔ inspect "blocked" ⇔ optimize lists a blocker ⇔ a real capture session fails, and
     enableGraphCapture "1" ⇔ the session works, on every genai corpus folder and the demo model, before and after
-    ``optimize --target webgpu-graph`` (``--text-only`` too for the mRoPE folders). An "unknown" verdict is allowed
-    (never on these) but is never contradicted by a blocker claim."""
+    ``optimize --target webgpu-graph`` (``--text-only`` too for the mRoPE folders), on each WebGPU runtime (the
+    plugin's sessions in its own interpreter, as tests/test_placement.py). None of these is "unknown" to the static
+    rules."""
     inputs = {rel: GENAI / rel for rel in genai_models()}
     inputs["demo"] = build_tiny_decoder(tmp_path / "demo")
     bad = []
@@ -245,11 +247,11 @@ def test_every_command_agrees_with_a_capture_session(genai_corpus, tmp_path):
             if text and "qwen" not in name:
                 continue
             out = tmp_path / "out" / (name.replace("/", "_") + ("_text" if text else ""))
-            report = rope_passes.optimize(src, out, target="webgpu-graph", runtime=WEBGPU_127, weights="copy",
+            report = rope_passes.optimize(src, out, target="webgpu-graph", runtime=runtime, weights="copy",
                                           options={"text_only": True} if text else None)
             runs.append((f"{name} -> webgpu-graph{' --text-only' if text else ''}", out, report))
         for label, folder, report in runs:
-            v = _verdicts(folder, report)
+            v = _verdicts(folder, runtime, report)
             claims = [v["lint"], v["inspect"], v["session"]] + ([v["optimize"]] if report is not None else [])
             agree = len(set(claims)) == 1 and not v["unknown"] and v["ready"] == v["session_ok"]
             if report is not None:
