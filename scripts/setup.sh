@@ -1,20 +1,25 @@
 #!/usr/bin/env bash
 # Set up rope-passes on a fresh machine: a virtual environment with the package (and test tools), and - when no
 # WebGPU adapter is found - Mesa's lavapipe Vulkan driver so onnxruntime-webgpu gets a real (software) adapter.
-# Idempotent: what is already set up is checked, not redone. Usage: scripts/setup.sh [--no-driver] [--with-plugin-runtime]
+# Idempotent: what is already set up is checked, not redone.
+# Usage: scripts/setup.sh [--no-driver] [--with-plugin-runtime] [--with-web-runtime]
 #   --with-plugin-runtime  also set up the second WebGPU runtime (onnxruntime + the onnxruntime-ep-webgpu plugin) in
 #                          its own venv, .venv-plugin (scripts/setup-plugin-runtime.sh; docs/runtimes.md)
+#   --with-web-runtime     also set up the browser runtime: Debian's chromium and onnxruntime-web in .web-runtime/
+#                          (scripts/setup-web-runtime.sh; check --runtime web)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 VENV=${VENV:-.venv}
 NO_DRIVER=0
 WITH_PLUGIN=0
+WITH_WEB=0
 for arg in "$@"; do
   case "$arg" in
     --no-driver) NO_DRIVER=1 ;;
     --with-plugin-runtime) WITH_PLUGIN=1 ;;
-    *) echo "setup: unknown option $arg (usage: scripts/setup.sh [--no-driver] [--with-plugin-runtime])" >&2; exit 2 ;;
+    --with-web-runtime) WITH_WEB=1 ;;
+    *) echo "setup: unknown option $arg (usage: scripts/setup.sh [--no-driver] [--with-plugin-runtime] [--with-web-runtime])" >&2; exit 2 ;;
   esac
 done
 
@@ -66,4 +71,8 @@ fi
 if [ "$WITH_PLUGIN" = 1 ]; then
   echo "setup: the second WebGPU runtime (onnxruntime + onnxruntime-ep-webgpu) in its own venv"
   bash scripts/setup-plugin-runtime.sh
+fi
+if [ "$WITH_WEB" = 1 ]; then
+  echo "setup: the browser WebGPU runtime (chromium + onnxruntime-web) in .web-runtime"
+  bash scripts/setup-web-runtime.sh
 fi

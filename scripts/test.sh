@@ -4,8 +4,9 @@
 #   scripts/test.sh                                  # everything: what CI runs
 #   scripts/test.sh -m "not corpus and not webgpu"   # the fast inner loop (markers: tests/conftest.py)
 # Set-up (scripts/setup.sh, idempotent: an up-to-date .venv is not reinstalled) gives the tests what they need:
-#   the whole suite: .venv, the WebGPU driver when no adapter is found, and the second WebGPU runtime (.venv-plugin);
-#   a marker selection that excludes webgpu (the fast loop): .venv only - no driver, no .venv-plugin
+#   the whole suite: .venv, the WebGPU driver when no adapter is found, the second WebGPU runtime (.venv-plugin) and
+#   the browser runtime (chromium + onnxruntime-web in .web-runtime/);
+#   a marker selection that excludes webgpu (the fast loop): .venv only - no driver, no .venv-plugin, no browser
 #   (tests/conftest.py hides both from such a run, so a test that needs them and lacks the marker fails).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,7 +19,7 @@ for arg in "$@"; do
   prev=$arg
 done
 if [ "$needs_webgpu" = 1 ]; then
-  bash scripts/setup.sh --with-plugin-runtime
+  bash scripts/setup.sh --with-plugin-runtime --with-web-runtime
 else
   bash scripts/setup.sh --no-driver
 fi
