@@ -142,29 +142,38 @@ def remove_dead(graph: ir.Graph, start: Iterable[ir.Value | None]) -> tuple[int,
     """Remove nodes and initializers that became dead, walking up from ``start`` only.
 
     Dead code elsewhere in the graph is left alone, so a pass changes only what it rewrote.
-    Returns (nodes removed, initializers removed).
+    Returns (nodes removed, initializers removed). The dead nodes are found first, then removed in one
+    ``graph.remove`` (each call reads every graph output: one per node was most of a large fold's rewrite).
     """
     work = [v for v in start if v is not None]
-    nodes_removed = inits_removed = 0
+    dead: dict[int, ir.Node] = {}  # in the order found
+
+    def unused(value: ir.Value) -> bool:  # no reader but the dead
+        return all(id(user) in dead for user, _ in value.uses())
+
+    initializers: dict[int, ir.Value] = {}
     while work:
         value = work.pop()
-        if value.uses() or value.is_graph_output() or value.is_graph_input():
+        if not unused(value) or value.is_graph_output() or value.is_graph_input():
             continue
         if value.is_initializer():
-            if graph.initializers.get(value.name) is value:
-                del graph.initializers[value.name]
-                inits_removed += 1
+            initializers[id(value)] = value
             continue
         node = value.producer()
-        if node is None or node.graph is not graph:
+        if node is None or node.graph is not graph or id(node) in dead:
             continue
-        if any(out.uses() or out.is_graph_output() for out in node.outputs):
+        if any(not unused(out) or out.is_graph_output() for out in node.outputs):
             continue
-        inputs = [i for i in node.inputs if i is not None]
-        graph.remove(node, safe=True)
-        nodes_removed += 1
-        work.extend(inputs)
-    return nodes_removed, inits_removed
+        dead[id(node)] = node
+        work.extend(i for i in node.inputs if i is not None)
+    if dead:
+        graph.remove(list(dead.values()), safe=True)  # checks again that nothing else reads them
+    inits_removed = 0
+    for value in initializers.values():
+        if not value.uses() and graph.initializers.get(value.name) is value:
+            del graph.initializers[value.name]
+            inits_removed += 1
+    return len(dead), inits_removed
 
 
 def drop_unused_input(graph: ir.Graph, value: ir.Value, genai_config: GenaiConfig) -> tuple[list[str], list[str]]:
