@@ -259,3 +259,12 @@ def test_every_command_agrees_with_a_capture_session(genai_corpus, tmp_path, run
             if not agree:
                 bad.append(f"{label}: {v}")
     assert not bad, "\n".join(bad)
+
+
+def test_the_verdict_reads_a_model_optimize_hard_linked(tmp_path):
+    """``optimize --weights link`` leaves the data file with two hard links, which plain ``onnx_ir.load`` refuses to
+    read ("may indicate a hard link attack") once a small constant is read; the verdict by path must still come."""
+    src = build_tiny_decoder(tmp_path / "demo")
+    rope_passes.optimize(src, tmp_path / "out", target="webgpu-graph", weights="link", runtime=WEBGPU_127)
+    for path in (src / "model.onnx", tmp_path / "out" / "model.onnx"):
+        assert capture_verdict(path, WEBGPU_127).state in ("ready", "blocked")

@@ -412,7 +412,9 @@ def predict_placement(model: ir.Model | str | os.PathLike, *, graph_capture: boo
     runtime = resolve_target(target)
     if not isinstance(model, ir.Model):
         name = str(model)
-        model = ir.load(model)
+        from rope_passes.io.load import load_model  # lazy external data; reads what `--weights link` leaves
+
+        model = load_model(model)
     else:
         name = model.graph.name or "<model>"
     result = Placement(name, graph_capture, "static", runtime=runtime.name)
