@@ -167,7 +167,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.probe:
         probe = probe_placement(args.model, graph_capture=capture, webgpu_options=json.loads(args.options),
                                 runtime=args.runtime)
-        probe = annotate(probe, ir.load(args.model))
+        from rope_passes.io.load import load_model
+
+        probe = annotate(probe, load_model(args.model))
         print("probe: ", probe.summary())
         for m in probe.memcpy:
             print("  ", m)
