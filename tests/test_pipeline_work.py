@@ -234,3 +234,64 @@ def test_graph_walk_in_onnx_irs_order():
     assert [g.name for g in graph_walk.graphs(model)] == [g.name for g in model.graphs()]
     assert [g.name for g in graph_walk.subgraphs(model.graph)] == [g.name for g in model.graph.subgraphs()]
     assert len(list(graph_walk.subgraphs(model.graph))) == 5  # then, deep, then/e, else, shared (once)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# concat_offset.fit_frequencies: buffers reused, the same bits as the plain formulas
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _reference_fit(cos, sin, rows, tolerance):
+    """fit_frequencies as the plain formulas write it (a fresh array per step)."""
+    from rope_passes.proofs.concat_offset import ANGLE_REL, FIT_CHUNK, Fit
+
+    n = len(rows)
+    scale = cos[rows.start].astype(np.float64)
+    moment = np.zeros(cos.shape[1])
+    last = None
+    for lo in range(0, n, FIT_CHUNK):
+        hi = min(lo + FIT_CHUNK, n)
+        phase = np.arctan2(sin[rows.start + lo : rows.start + hi].astype(np.float64),
+                           cos[rows.start + lo : rows.start + hi].astype(np.float64))
+        prev = phase[:1] if last is None else last[None, :]
+        step = np.diff(phase, axis=0, prepend=prev)
+        step -= (2 * np.pi) * np.round(step / (2 * np.pi))
+        phase = prev + np.cumsum(step, axis=0)
+        last = phase[-1]
+        moment += np.arange(lo, hi, dtype=np.float64) @ phase
+    w = moment / max(float((n - 1) * n * (2 * n - 1) / 6), 1.0)
+    error = excess = 0.0
+    row = 0
+    for lo in range(0, n, FIT_CHUNK):
+        hi = min(lo + FIT_CHUNK, n)
+        angle = np.arange(lo, hi, dtype=np.float64)[:, None] * w
+        allowed = tolerance + np.abs(scale) * np.abs(angle) * ANGLE_REL
+        err = np.maximum(np.abs(scale * np.cos(angle) - cos[rows.start + lo : rows.start + hi]),
+                         np.abs(scale * np.sin(angle) - sin[rows.start + lo : rows.start + hi]))
+        ratio = err / allowed
+        at = int(np.argmax(ratio))
+        error = max(error, float(err.max()))
+        if ratio.flat[at] > excess:
+            excess, row = float(ratio.flat[at]), lo + at // ratio.shape[1]
+    return Fit(w=w, error=error, excess=excess, row=row)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+def test_fit_frequencies_same_bits_as_the_plain_formulas(dtype):
+    from rope_passes.proofs.concat_offset import FIT_CHUNK, fit_frequencies
+
+    rng = np.random.default_rng(0)
+    half, short, rows = 24, 4096, 4096 + 2 * FIT_CHUNK + 123  # a long half over 2 chunks and a piece
+    inv = 1.0 / (10000 ** (np.arange(half) / half))
+    factors = np.where(np.arange(half) < half // 2, 1.0, rng.uniform(1.0, 8.0, half))
+    angles = np.concatenate([np.arange(short)[:, None] * inv, np.arange(rows - short)[:, None] * inv / factors])
+    scale = np.where(np.arange(rows)[:, None] < short, 1.0, 1.19)
+    cos, sin = (scale * np.cos(angles)).astype(dtype), (scale * np.sin(angles)).astype(dtype)
+    noisy_cos = cos.copy()
+    noisy_cos[short + 5000, 3] += dtype(0.25)  # one row off: a large excess there
+    for c, s in ((cos, sin), (noisy_cos, sin)):
+        for span in (range(short), range(short, rows), range(rows), range(7, 8), range(3, 3 + FIT_CHUNK)):
+            got, want = fit_frequencies(c, s, span, 2e-3), _reference_fit(c, s, span, 2e-3)
+            assert np.array_equal(got.w, want.w) and (got.error, got.excess, got.row) == (
+                want.error, want.excess, want.row), (span, got, want)
+    assert fit_frequencies(noisy_cos, sin, range(short, rows), 2e-3).excess > 1.0

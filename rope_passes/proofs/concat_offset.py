@@ -95,30 +95,56 @@ def fit_frequencies(cos: np.ndarray, sin: np.ndarray, rows: range, tolerance: fl
     if n == 0:
         return Fit(w=np.zeros(cos.shape[1]), error=0.0, excess=0.0, row=0)
     scale = cos[rows.start].astype(np.float64)
+    # three [FIT_CHUNK, columns] buffers, reused by every step of both passes (ufuncs with out=): the arithmetic is
+    # the plain formulas' in the same order (the same bits), without a fresh temporary per step (page faults)
+    a, b, c = (np.empty((min(FIT_CHUNK, n), cos.shape[1])) for _ in range(3))
+    two_pi = 2 * np.pi
     # pass 1: sum(p * phase) over the unwrapped phase, carried from piece to piece
     moment = np.zeros(cos.shape[1])
     last = None
     for lo in range(0, n, FIT_CHUNK):
         hi = min(lo + FIT_CHUNK, n)
-        phase = np.arctan2(sin[rows.start + lo : rows.start + hi].astype(np.float64),
-                           cos[rows.start + lo : rows.start + hi].astype(np.float64))
-        prev = phase[:1] if last is None else last[None, :]
-        step = np.diff(phase, axis=0, prepend=prev)
-        step -= (2 * np.pi) * np.round(step / (2 * np.pi))
-        phase = prev + np.cumsum(step, axis=0)
-        last = phase[-1]
+        k = hi - lo
+        sin64, cos64, phase = a[:k], b[:k], c[:k]
+        np.copyto(sin64, sin[rows.start + lo : rows.start + hi])
+        np.copyto(cos64, cos[rows.start + lo : rows.start + hi])
+        np.arctan2(sin64, cos64, out=phase)  # phase = atan2(sin, cos)
+        prev = phase[0].copy() if last is None else last
+        step, turns = sin64, cos64  # step = diff(phase, prepend=prev)
+        np.subtract(phase[:1], prev[None, :], out=step[:1])
+        np.subtract(phase[1:], phase[:-1], out=step[1:])
+        np.divide(step, two_pi, out=turns)  # step -= 2π * round(step / 2π)
+        np.rint(turns, out=turns)
+        np.multiply(two_pi, turns, out=turns)
+        np.subtract(step, turns, out=step)
+        np.cumsum(step, axis=0, out=turns)  # phase = prev + cumsum(step)
+        np.add(prev[None, :], turns, out=phase)
+        last = phase[-1].copy()
         moment += np.arange(lo, hi, dtype=np.float64) @ phase
     w = moment / max(float((n - 1) * n * (2 * n - 1) / 6), 1.0)  # sum of p*p over 0..n-1
     # pass 2: every row against scale * cos/sin(p * w)
     error = excess = 0.0
     row = 0
+    abs_scale = np.abs(scale)
     for lo in range(0, n, FIT_CHUNK):
         hi = min(lo + FIT_CHUNK, n)
-        angle = np.arange(lo, hi, dtype=np.float64)[:, None] * w
-        allowed = tolerance + np.abs(scale) * np.abs(angle) * ANGLE_REL
-        err = np.maximum(np.abs(scale * np.cos(angle) - cos[rows.start + lo : rows.start + hi]),
-                         np.abs(scale * np.sin(angle) - sin[rows.start + lo : rows.start + hi]))
-        ratio = err / allowed
+        k = hi - lo
+        angle, allowed, off = a[:k], b[:k], c[:k]
+        np.multiply(np.arange(lo, hi, dtype=np.float64)[:, None], w, out=angle)  # angle = p * w
+        np.abs(angle, out=allowed)  # allowed = tolerance + |scale| * |angle| * ANGLE_REL
+        np.multiply(abs_scale, allowed, out=allowed)
+        np.multiply(allowed, ANGLE_REL, out=allowed)
+        np.add(tolerance, allowed, out=allowed)
+        np.sin(angle, out=off)  # |scale * sin(angle) - sin row|
+        np.multiply(scale, off, out=off)
+        np.subtract(off, sin[rows.start + lo : rows.start + hi], out=off)
+        np.abs(off, out=off)
+        np.cos(angle, out=angle)  # |scale * cos(angle) - cos row|
+        np.multiply(scale, angle, out=angle)
+        np.subtract(angle, cos[rows.start + lo : rows.start + hi], out=angle)
+        np.abs(angle, out=angle)
+        err = np.maximum(angle, off, out=angle)
+        ratio = np.divide(err, allowed, out=off)
         at = int(np.argmax(ratio))
         error = max(error, float(err.max()))
         if ratio.flat[at] > excess:
