@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import onnx_ir as ir
 
+import rope_passes.graph_walk as graph_walk
 from rope_passes.errors import UsageError
 from rope_passes.io import ModelBundle
 from rope_passes.passes import ALL_PASSES, PassContext, RopePass, RopePassResult
@@ -216,15 +217,34 @@ def placement_count(model: ir.Model, runtime: RuntimeTarget) -> PlacementCount:
 
 
 class _Snapshot:
-    """The graph (weights by reference, not copied) before a pass, to roll the pass back."""
+    """The graph before a pass, to roll the pass back: its structure serialized, every tensor by reference. External
+    weights are references already; in-memory initializers (the tables passes add, ~16-50 MB) are held as the same
+    objects, not copied into the proto (a pass makes new tensors, it never writes into one)."""
 
     def __init__(self, model: ir.Model) -> None:
-        self.proto = ir.serde.serialize_model(model)
         self.base_dirs = {name: v.const_value.base_dir for name, v in model.graph.initializers.items()
                           if isinstance(v.const_value, ir.ExternalTensor)}
+        #: (index of the graph in graph_walk.graphs order, initializer name, its tensor) for each one held
+        self.held: list[tuple[int, str, ir.TensorProtocol]] = []
+        placed: list[tuple[ir.Value, ir.TensorProtocol]] = []
+        for index, graph in enumerate(graph_walk.graphs(model)):
+            for name, value in graph.initializers.items():
+                tensor = value.const_value
+                if tensor is None or isinstance(tensor, ir.ExternalTensor) or tensor.dtype == ir.DataType.STRING:
+                    continue
+                self.held.append((index, name, tensor))
+                placed.append((value, tensor))
+                # in the proto: a reference that names no file (never read; restore() puts the tensor back)
+                value.const_value = ir.ExternalTensor(_HELD, offset=0, length=tensor.nbytes, dtype=tensor.dtype,
+                                                      shape=ir.Shape(tensor.shape.numpy()), name=name)
+        try:
+            self.proto = ir.serde.serialize_model(model)
+        finally:
+            for value, tensor in placed:
+                value.const_value = tensor
 
     def restore(self) -> ir.Model:
-        """The model as it was (a new object)."""
+        """The model as it was (a new object; in-memory initializers: the objects it had)."""
         model = ir.serde.deserialize_model(self.proto)
         dirs = set(self.base_dirs.values())
         if len(dirs) == 1:  # every tensor, subgraphs and attributes included
@@ -232,7 +252,16 @@ class _Snapshot:
         for name, v in model.graph.initializers.items():
             if isinstance(v.const_value, ir.ExternalTensor) and name in self.base_dirs:
                 v.const_value.base_dir = self.base_dirs[name]
+        graphs = list(graph_walk.graphs(model))
+        for index, name, tensor in self.held:
+            value = graphs[index].initializers[name]
+            assert isinstance(value.const_value, ir.ExternalTensor) and str(value.const_value.location) == _HELD
+            value.const_value = tensor
         return model
+
+
+#: the location of a held tensor's stand-in in a snapshot's proto
+_HELD = "rope-passes-snapshot-held-tensor"
 
 
 def _restore_config(config: dict[str, Any] | None, saved: dict[str, Any] | None) -> None:

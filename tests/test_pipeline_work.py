@@ -295,3 +295,40 @@ def test_fit_frequencies_same_bits_as_the_plain_formulas(dtype):
             assert np.array_equal(got.w, want.w) and (got.error, got.excess, got.row) == (
                 want.error, want.excess, want.row), (span, got, want)
     assert fit_frequencies(noisy_cos, sin, range(short, rows), 2e-3).excess > 1.0
+
+
+class _AddsATable(RopePass):
+    """Adds an in-memory 16 MB initializer nothing reads (placement unchanged: accepted)."""
+
+    name = "test-work-adds-table"
+
+    def apply(self, model: ir.Model, report: PassReport) -> None:
+        table = ir.Value(name="test/table", const_value=ir.tensor(np.arange(4 << 20, dtype=np.float32).reshape(-1, 64)))
+        model.graph.register_initializer(table)
+        report.rewritten("test/table", "added a table")
+
+
+def test_snapshot_holds_in_memory_tensors_by_reference(tiny, monkeypatch):
+    """A snapshot taken after a pass added a 16 MB table holds the table object, not a copy of its bytes; the
+    roll-back of the next pass gives the graph with the same table object and values back."""
+    import rope_passes.pipeline as pipeline
+
+    monkeypatch.setitem(ALL_PASSES, _AddsATable.name, _AddsATable)
+    monkeypatch.setitem(ALL_PASSES, _AddsACpuNode.name, _AddsACpuNode)
+    snapshots: list = []
+    real = pipeline._Snapshot
+
+    def kept(model):
+        snapshots.append(real(model))
+        return snapshots[-1]
+
+    monkeypatch.setattr(pipeline, "_Snapshot", kept)
+    bundle = load_bundle(tiny)
+    report = run_pipeline(bundle, passes=[_AddsATable.name, _AddsACpuNode.name], runtime=WEBGPU_127)
+    assert [p.status.startswith("refused") for p in report.passes] == [False, True]
+    after_table = snapshots[1]
+    assert after_table.proto.ByteSize() < (1 << 20)  # the 16 MB table is not in it
+    table = bundle.model.graph.initializers["test/table"].const_value
+    assert table is next(t for _, name, t in after_table.held if name == "test/table")
+    assert table.numpy()[-1, -1] == (4 << 20) - 1
+    assert "test/Mul" not in [n.name for n in bundle.model.graph]
