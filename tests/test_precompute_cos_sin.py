@@ -552,3 +552,70 @@ def test_builder_manual_mrope_rewritten_and_fold_text_mrope_still_folds(tmp_path
         np.testing.assert_array_equal(n, r)
     fold = FoldTextMRoPEPass(PassContext(bundle.genai_config), text_only=True)(bundle.model)
     assert fold.report.status == "rewritten 2"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# A Range position source: its start and limit proved past + c and past + c + length, every call admitted
+# ----------------------------------------------------------------------------------------------------------------
+def _range_product(body: str) -> ir.Node:
+    """``Range(start, limit, 1) → Cast → Mul(0.5)`` after ``body`` (which defines ``start`` and ``limit`` from
+    ``past`` = Shape(past_key)[2] and ``S`` = Shape(input_ids)[1]); the Mul node."""
+    text = f"""<ir_version: 10, opset_import: ["" : 20]>
+    g (int64[B, S] input_ids, float[B, 2, P, 4] past_key, int64[B, T] attention_mask) => (float[L] y) {{
+        i1 = Constant <value = int64 {{1}}> ()
+        i2 = Constant <value = int64 {{2}}> ()
+        pks = Shape (past_key)
+        past = Gather <axis = 0> (pks, i2)
+        ids = Shape (input_ids)
+        S = Gather <axis = 0> (ids, i1)
+        {body}
+        r = Range (start, limit, i1)
+        rf = Cast <to = 1> (r)
+        h = Constant <value = float {{0.5}}> ()
+        y = Mul (rf, h)
+    }}"""
+    model = ir.serde.deserialize_model(onnx.parser.parse_model(text))
+    for node in model.graph:
+        node.name = node.name or f"{node.op_type.lower()}_{node.outputs[0].name}"
+    return next(n for n in model.graph if n.outputs[0].name == "y")
+
+
+def test_a_range_whose_length_is_not_the_call_is_refused():
+    """``Range(past, past + Shape(attention_mask)[1])``: the mask's width is past + S, so positions reach 2·past + S - 1
+    for a call with past + S <= max_positions (the old proof took the limit with every dimension 0: 0 beyond)."""
+    from rope_passes.proofs.positions import range_source
+    from rope_passes.report import MatchFailure
+
+    product = _range_product("""
+        ms = Shape (attention_mask)
+        T = Gather <axis = 0> (ms, i1)
+        start = Identity (past)
+        limit = Add (past, T)
+    """)
+    with pytest.raises(MatchFailure) as refused:
+        range_source(product)
+    assert refused.value.refused and refused.value.target == "range_r"
+    assert "Shape(past_key)[2] .. Shape(attention_mask)[1] + Shape(past_key)[2] - 1" in refused.value.reason
+
+
+def test_a_range_computed_through_a_wrapping_int32_is_refused_where_it_wraps():
+    """``limit = past + (int32(S) + K - K)`` with ``K = 2^31 - 48``: the form is past + S, but ``int32(S) + K`` leaves
+    int32 once S > 47, so the proof holds for max_positions 40 and is refused (naming the Range) for 256."""
+    from rope_passes.proofs.positions import range_source
+
+    product = _range_product("""
+        k = Constant <value = int32 {2147483599}> ()
+        s32 = Cast <to = 6> (S)
+        up = Add (s32, k)
+        back = Sub (up, k)
+        s64 = Cast <to = 7> (back)
+        start = Identity (past)
+        limit = Add (past, s64)
+    """)
+    source = range_source(product)
+    assert source is not None and source.excess == 0
+    assert (source.past, source.length) == ("Shape(past_key)[2]", "Shape(input_ids)[1]")
+    assert source.overflow(40) is None
+    wraps = source.overflow(256)
+    assert wraps is not None and wraps.refused and wraps.target == "range_r"
+    assert "Add 'add_up'" in wraps.reason and "outside int32" in wraps.reason

@@ -43,8 +43,10 @@ around to the end of the table (Gather's negative indices) where the original co
 
 **Positions made in the graph** (optimum's Gemma exports: ``Range(past, past + length, 1)`` from tensor shapes, no
 ``position_ids`` input): the Range output is the chain's position source (:mod:`rope_passes.proofs.positions`: its
-start proved never negative by value, refused otherwise); the tables are gathered by it, with ``max_positions + k``
-rows when the Range's limit exceeds the call's sizes by ``k``: exact while ``past + length <= max_positions``.
+start proved never negative by value, and its start and limit proved, as exact sums of the call's dimensions, to be
+``past + k`` and ``past + k + length`` with ``k >= 0`` a constant, ``past`` a ``past…`` KV cache input's axis 2 and
+``length`` ``input_ids`` / ``inputs_embeds``' axis 1; any other Range is refused); the tables are gathered by it, with
+``max_positions + k`` rows: exact while ``past + length <= max_positions``.
 
 **With a Hugging Face config** beside the model (or the ``hf_config`` option; :mod:`rope_passes.hf_config`): the
 table size defaults to ``max_position_embeddings``, each chain is compared with what the config says (a mismatch is a
@@ -57,7 +59,8 @@ computed is a ModelLoadError (one line, exit 2). **Repair, on request only**: wi
 **Refuses** (graph unchanged at that chain, reason in the report): LongRoPE chosen per call
 (``Where(ReduceMax(position_ids)+1 > original_max, long_inv_freq, short_inv_freq)``, census ``longrope-where``);
 any other op mixing the positions of a call (dynamic NTK spelled out in the graph); rows that do not permute
-with the positions; a Range position source whose start is not proved never negative; an unknown table size.
+with the positions; a Range position source whose start is not proved never negative, or not proved
+``Range(past + k, past + k + length, 1)``; an unknown table size.
 **Not matched**: Cos/Sin not computed from positions × inv_freq;
 chains depending on another graph input, on no graph input, or on a position input that is not an integer
 ``[B,S]`` / ``[3,B,S]``; chains whose end is a graph output. Dynamic NTK and transformers-4 LongRoPE *exported by
@@ -151,8 +154,14 @@ class PrecomputeCosSinPass(RopePass):
         by_positions: dict[int, list[Chain]] = {}
         for c in chains:
             by_positions.setdefault(id(c.positions), []).append(c)
-        for group in by_positions.values():  # a Range source whose limit exceeds the call's sizes: more rows
-            excess = group[0].source.excess if group[0].source is not None else 0
+        for group in by_positions.values():  # a Range source past + c .. past + c + length - 1: c more rows
+            source = group[0].source
+            wraps = source.overflow(max_positions) if source is not None else None
+            if wraps is not None:
+                for c in group:
+                    report.record(wraps, c.trig.name)
+                continue
+            excess = source.excess if source is not None else 0
             tables.update(self._tables(model, group, max_positions + excess, report))
         if ropes and hf is not None:  # a repair only when the user gave the config (--hf-config)
             asked = self.options.hf_config is not None or explicit_hf_config() is not None
@@ -164,11 +173,12 @@ class PrecomputeCosSinPass(RopePass):
         self._rewrite(graph, done, tables, report)
         model.metadata_props[MAX_POSITIONS_KEY] = str(max_positions)
         report.metadata_changes.append(f"metadata_props[{MAX_POSITIONS_KEY!r}] = '{max_positions}'")
-        for source in {id(c.source): c.source for c in done if c.source is not None and c.source.excess}.values():
-            report.note(source.node.name or "<model>", f"Range {source.node.name!r} makes positions up to "
-                        f"{source.excess} beyond the call's past + length: its tables hold max_positions + "
-                        f"{source.excess} = {max_positions + source.excess} rows, so every call with past + length <= "
-                        f"{max_positions} reads inside them", excess=source.excess)
+        for source in {id(c.source.node): c.source for c in done if c.source is not None and c.source.excess}.values():
+            report.note(source.node.name or "<model>", f"Range {source.node.name!r} makes positions past + "
+                        f"{source.excess} .. past + {source.excess} + length - 1 (past = {source.past}, length = "
+                        f"{source.length}): its tables hold max_positions + {source.excess} = "
+                        f"{max_positions + source.excess} rows, so every call with past + length <= {max_positions} "
+                        "reads inside them", excess=source.excess)
         names = ", ".join(sorted({repr(c.positions.name) for c in done}))
         report.note(
             "<model>",
@@ -280,8 +290,11 @@ class PrecomputeCosSinPass(RopePass):
                 table_bytes=int(table.nbytes), inv_freq=c.inv_freq.name, replaced=c.end.name,
                 positions=c.positions.name, chain_nodes=len(c.nodes),
                 exact_when=f"every position in [0, {rows})" + ("" if c.source is None else
-                                                               f" (made by {c.source.node.name!r}, proved never "
-                                                               f"negative: past + length <= {rows - c.source.excess})"),
+                                                               f" (made by {c.source.node.name!r}: past + "
+                                                               f"{c.source.excess} .. past + {c.source.excess} + "
+                                                               "length - 1, proved: every call with past + length "
+                                                               f"<= {rows - c.source.excess}, past = "
+                                                               f"{c.source.past}, length = {c.source.length})"),
             )
         remove_dead(graph, old)
 

@@ -23,19 +23,17 @@ shape as an argument, and only a rewrite that reads the Range output gives it a 
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import numpy as np
 import onnx_ir as ir
 
 from rope_passes.analysis.graph import ancestors, attr
 from rope_passes.proofs.constants import Constants
-from rope_passes.proofs.intervals import ANY_DIMS, Assumptions, Interval, Intervals
+from rope_passes.proofs.intervals import ANY_DIMS, INT32, Interval, Intervals
 from rope_passes.report import MatchFailure
 
 _INT = (ir.DataType.INT64, ir.DataType.INT32)
-#: every dimension 0: what a Range's limit is beyond the call's own sizes
-_ZERO_DIMS = Assumptions(dims=Interval(0, 0), inputs_default=Interval(-math.inf, math.inf))
+_TYPE_RANGE = {ir.DataType.INT64: (-(2**63), 2**63 - 1), ir.DataType.INT32: (-(2**31), 2**31 - 1)}
 
 
 def _dtype(value: ir.Value | None, constants: Constants) -> ir.DataType | None:
@@ -69,24 +67,206 @@ def _reads_values(value: ir.Value) -> bool:
                for v in n.inputs)
 
 
+# -- the Range's start and limit as exact sums of the call's dimensions ------------------------------------------
+#: a graph input whose axis 2 (of ``[batch, heads, past, head_dim]``) is the call's past: the KV cache fed back
+PAST_PREFIX = "past"
+#: graph inputs whose axis 1 is the call's length (its tokens)
+LENGTH_INPUTS = ("input_ids", "inputs_embeds")
+_UNARY_SAME_SHAPE = frozenset({"Cast", "Identity", "Neg", "Abs", "Relu", "Sqrt", "Reciprocal", "Sigmoid", "Tanh",
+                               "Exp", "Log", "Erf", "Softplus", "Gelu"})
+_ONE_ELEMENT = frozenset({"Identity", "Squeeze", "Unsqueeze", "Reshape", "Flatten", "Expand", "Tile"})
+
+Dim = tuple[int, int]  # (id of the tensor, axis)
+
+
+@dataclasses.dataclass(frozen=True)
+class Linear:
+    """Every element of a value is ``const + Σ coeff · dim`` on every call (dims: tensor dimensions)."""
+
+    terms: tuple[tuple[Dim, int], ...]  # sorted, coefficients non-zero
+    const: int
+
+    @staticmethod
+    def of(terms: dict[Dim, int], const: int) -> Linear:
+        return Linear(tuple(sorted((d, c) for d, c in terms.items() if c)), int(const))
+
+    def __add__(self, other: Linear) -> Linear:
+        terms = dict(self.terms)
+        for d, c in other.terms:
+            terms[d] = terms.get(d, 0) + c
+        return Linear.of(terms, self.const + other.const)
+
+    def scale(self, k: int) -> Linear:
+        return Linear.of({d: c * k for d, c in self.terms}, self.const * k)
+
+    def bounds(self, box: dict[Dim, tuple[int, int]], default: tuple[int, int]) -> tuple[int, int]:
+        lo = hi = self.const
+        for d, c in self.terms:
+            a, b = box.get(d, default)
+            lo, hi = lo + min(c * a, c * b), hi + max(c * a, c * b)
+        return lo, hi
+
+
+class _Linearize:
+    """``Linear`` forms of shape arithmetic: constants, ``Shape(x)[i]`` (a static dimension of a graph input is its
+    value), ``Add`` / ``Sub`` / ``Neg`` / ``Mul`` by a constant, ``Cast`` to an integer type and one-element data
+    movement. Anything else (``Max``, ``Where``, a product of dimensions, a value read from a tensor) is None."""
+
+    def __init__(self, constants: Constants) -> None:
+        self.constants = constants
+        self.dims: dict[Dim, tuple[ir.Value, int]] = {}
+        #: (form, element type, node) of every arithmetic result: each must fit its type on every admitted call
+        self.results: list[tuple[Linear, ir.DataType | None, ir.Node]] = []
+
+    def dim(self, tensor: ir.Value, axis: int) -> Linear:
+        """Axis ``axis`` of ``tensor``, followed back through same-shape ops to the graph input it comes from."""
+        while True:
+            shape = tensor.shape
+            if axis < 0 and shape is not None:
+                axis += len(shape)
+            array = self.constants(tensor)
+            if array is not None and 0 <= axis < array.ndim:
+                return Linear((), int(array.shape[axis]))
+            node = tensor.producer()
+            if tensor.is_graph_input() or node is None or node.domain not in ("", "ai.onnx") or axis < 0:
+                static = shape[axis] if shape is not None and 0 <= axis < len(shape) else None
+                if tensor.is_graph_input() and isinstance(static, int):
+                    return Linear((), static)  # a static dimension of an input: onnxruntime checks it
+                self.dims[(id(tensor), axis)] = (tensor, axis)
+                return Linear((((id(tensor), axis), 1),), 0)
+            ins = [i for i in node.inputs if i is not None]
+            if node.op_type in _UNARY_SAME_SHAPE and ins:
+                tensor = ins[0]
+                continue
+            if node.op_type in ("Add", "Sub", "Mul", "Div") and len(ins) == 2:
+                other = [self.constants(i) for i in ins]
+                if other[1] is not None and other[1].ndim == 0:
+                    tensor = ins[0]
+                    continue
+                if other[0] is not None and other[0].ndim == 0:
+                    tensor = ins[1]
+                    continue
+            if (node.op_type == "Gather" and len(ins) == 2 and int(attr(node, "axis", 0) or 0) == 0
+                    and ins[1].shape is not None):
+                rank = len(ins[1].shape)
+                if axis < rank:  # Gather(table, ids): its leading axes are the ids'
+                    tensor = ins[1]
+                    continue
+            self.dims[(id(tensor), axis)] = (tensor, axis)
+            return Linear((((id(tensor), axis), 1),), 0)
+
+    def __call__(self, value: ir.Value | None) -> Linear | None:
+        if value is None:
+            return None
+        array = self.constants(value)
+        if array is not None:
+            if array.size != 1 or array.dtype.kind not in "iu":
+                return None
+            return Linear((), int(array.reshape(-1)[0]))
+        node = value.producer()
+        if node is None or node.domain not in ("", "ai.onnx"):
+            return None
+        op, ins = node.op_type, list(node.inputs)
+        if op == "Gather" and len(ins) == 2 and ins[0] is not None and int(attr(node, "axis", 0) or 0) == 0:
+            shape, index = ins[0].producer(), self.constants(ins[1])
+            if (shape is None or shape.op_type != "Shape" or index is None or index.size != 1
+                    or index.dtype.kind not in "iu"):
+                return None
+            start = int(attr(shape, "start", 0) or 0)
+            i = int(index.reshape(-1)[0])
+            if start < 0 or i < 0:
+                return None
+            return self.dim(shape.inputs[0], start + i)
+        if op in _ONE_ELEMENT and ins and ins[0] is not None:
+            return self(ins[0])  # every element of a one-element value moved: the same form
+        if op == "Cast" and ins:
+            found = self(ins[0])
+            src = _dtype(ins[0], self.constants)
+            if found is None or src is None or not src.is_integer():
+                return None
+            self.results.append((found, ir.DataType(attr(node, "to")), node))
+            return found
+        result: Linear | None = None
+        if op == "Neg" and len(ins) == 1:
+            a = self(ins[0])
+            result = a.scale(-1) if a is not None else None
+        elif op in ("Add", "Sub", "Mul") and len(ins) == 2:
+            a, b = self(ins[0]), self(ins[1])
+            if a is None or b is None:
+                return None
+            if op == "Add":
+                result = a + b
+            elif op == "Sub":
+                result = a + b.scale(-1)
+            elif not a.terms or not b.terms:
+                result = b.scale(a.const) if not a.terms else a.scale(b.const)
+        if result is not None:
+            self.results.append((result, _dtype(value, self.constants), node))
+        return result
+
+    def describe(self, form: Linear) -> str:
+        parts = []
+        for name, c in sorted((f"Shape({self.dims[d][0].name or '?'})[{self.dims[d][1]}]", c) for d, c in form.terms):
+            parts.append(name if c == 1 else f"-{name}" if c == -1 else f"{c}·{name}")
+        if form.const or not parts:
+            parts.append(str(form.const))
+        return " + ".join(parts).replace("+ -", "- ")
+
+
 @dataclasses.dataclass(frozen=True)
 class RangeSource:
-    """A ``Range`` whose output is a chain's positions, with what is proved of it."""
+    """A ``Range`` whose output is a chain's positions, with what is proved of it: its values are exactly
+    ``past + excess .. past + excess + length - 1`` on every call."""
 
     node: ir.Node
     dtype: ir.DataType
     start: Interval  # over every call (every dimension in [0, inf))
-    excess: int  # limit - (the call's sizes): the limit with every dimension 0
+    excess: int  # the constant c of start = past + c (limit = past + c + length)
+    past: str  # the dimension that is the call's past, as Shape(<input>)[axis]
+    length: str  # the dimension that is the call's length
+    #: (form, element type, op) of every integer result computing start and limit: each must fit its type
+    results: tuple[tuple[Linear, ir.DataType | None, str], ...] = ()
+    dims: tuple[Dim, Dim] = ((0, 0), (0, 0))  # (past, length)
 
     @property
     def shape(self) -> list[int | str]:
         return [f"{self.node.name or 'range'}_length"]
 
+    def overflow(self, max_positions: int) -> MatchFailure | None:
+        """MatchFailure.refuse naming the Range when an integer result leaves its type for a call with
+        ``past + length <= max_positions`` (onnxruntime wraps it around: the linear form would not be its value).
+        Other dimensions are taken to fit int32, as everywhere."""
+        box = {self.dims[0]: (0, max_positions), self.dims[1]: (0, max_positions)}
+        for form, dtype, op in self.results:
+            lo, hi = form.bounds(box, (0, INT32[1]))
+            low, high = _TYPE_RANGE.get(dtype, _TYPE_RANGE[ir.DataType.INT32]) if dtype is not None else \
+                _TYPE_RANGE[ir.DataType.INT32]
+            if lo < low or hi > high:
+                return MatchFailure.refuse(
+                    f"Range {self.node.name!r} makes the positions, and {op} computing its start or limit reaches "
+                    f"[{lo}, {hi}] for a call with past + length <= {max_positions}, outside "
+                    f"{dtype.name.lower() if dtype is not None else 'int32'} "
+                    "(onnxruntime wraps it around)", self.node.name or "<model>")
+        return None
+
+
+def _is_past(tensor: ir.Value, axis: int) -> bool:
+    """Axis 2 of a ``[batch, heads, past, head_dim]`` graph input named ``past…`` (the KV cache fed back)."""
+    return (tensor.is_graph_input() and (tensor.name or "").lower().startswith(PAST_PREFIX) and axis == 2
+            and tensor.shape is not None and len(tensor.shape) == 4)
+
+
+def _is_length(tensor: ir.Value, axis: int) -> bool:
+    """Axis 1 of ``input_ids`` / ``inputs_embeds`` (the call's tokens)."""
+    return tensor.is_graph_input() and tensor.name in LENGTH_INPUTS and axis == 1
+
 
 def range_source(product: ir.Node) -> RangeSource | None:
     """The one ``Range(start, limit, 1)`` whose output reaches ``product`` by value (not through Shape); None when
     there is none (or more than one, or it is not an integer Range). MatchFailure.refuse naming the Range when its
-    values are not proved never negative, or its limit is not the call's sizes plus a constant."""
+    values are not proved never negative, or not proved to be ``past + c .. past + c + length - 1`` (``c >= 0`` a
+    constant, ``past`` the KV cache's length, ``length`` the call's tokens), the one form whose every position is
+    below ``max_positions + c`` on every call with ``past + length <= max_positions``."""
     found = [n for n in ancestors(product.inputs, stop=("Shape", "Size", "Range")) if n.op_type == "Range"
              and n.domain in ("", "ai.onnx")]
     if len(found) != 1:
@@ -103,17 +283,34 @@ def range_source(product: ir.Node) -> RangeSource | None:
     if _reads_values(start) or _reads_values(limit):
         return None  # its start or limit is read from a tensor's values: those values are the positions, not this
     where = f"Range {node.name!r} ({', '.join(v.name or '?' for v in node.inputs if v is not None)})"
+    target = node.name or "<model>"
     low = Intervals(ANY_DIMS, constants)(start)
     if not low.lo >= 0:
         raise MatchFailure.refuse(f"{where} makes the positions, and its start is not proved never negative (its "
                                   f"interval over every call is {low}): a negative position would read the table "
-                                  "from its end", node.name or "<model>")
-    excess = Intervals(_ZERO_DIMS, constants)(limit)
-    if math.isinf(excess.hi) or math.isinf(Intervals(ANY_DIMS, constants)(limit).lo):
-        raise MatchFailure.refuse(f"{where} makes the positions, and its limit is not the call's sizes plus a "
-                                  "constant (it reads a value, not only shapes): the largest position is not bounded "
-                                  "by the call", node.name or "<model>")
-    return RangeSource(node, dtype, low, max(int(excess.hi), 0))
+                                  "from its end", target)
+    linear = _Linearize(constants)
+    first, last = linear(start), linear(limit)
+    form = ("the pass proves the table holds every position only for Range(past + c, past + c + length, 1): c >= 0 "
+            "a constant, past = Shape(past…)[2] (a [batch, heads, past, head_dim] KV cache input), length = "
+            f"Shape({' | '.join(LENGTH_INPUTS)})[1]")
+    if first is None or last is None:
+        which = "start" if first is None else "limit"
+        raise MatchFailure.refuse(f"{where} makes the positions, and its {which} is not a sum of the call's "
+                                  f"dimensions and constants (it takes a Max, Where, a product of dimensions or a "
+                                  f"value): its positions are not bounded by past + length; {form}", target)
+    rest = last + first.scale(-1)
+    pasts = [d for d, c in first.terms]
+    if not (len(first.terms) == 1 and first.terms[0][1] == 1 and _is_past(*linear.dims[pasts[0]])
+            and rest.const == 0 and len(rest.terms) == 1 and rest.terms[0][1] == 1
+            and _is_length(*linear.dims[rest.terms[0][0]]) and first.const >= 0):
+        raise MatchFailure.refuse(f"{where} makes the positions {linear.describe(first)} .. "
+                                  f"{linear.describe(last)} - 1: a call with past + length <= max_positions can "
+                                  f"read past the table; {form}", target)
+    (past, _), (length, _) = first.terms[0], rest.terms[0]
+    results = tuple((f, t, f"{n.op_type} {n.name!r}") for f, t, n in linear.results)
+    return RangeSource(node, dtype, low, first.const, linear.describe(Linear(((past, 1),), 0)),
+                       linear.describe(Linear(((length, 1),), 0)), results, (past, length))
 
 
 def probes(rows: int, three: bool, switches: tuple[int, ...] = ()) -> list[tuple[str, np.ndarray]]:
@@ -143,4 +340,4 @@ def probes(rows: int, three: bool, switches: tuple[int, ...] = ()) -> list[tuple
     return [(label, np.stack([p, p, p])) for label, p in out] + shifted
 
 
-__all__ = ["RangeSource", "probes", "range_source"]
+__all__ = ["LENGTH_INPUTS", "PAST_PREFIX", "Linear", "RangeSource", "probes", "range_source"]

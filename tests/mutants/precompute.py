@@ -98,9 +98,10 @@ OFFSET_FORMS = {"initializer": _initializer, "value-int": _value_int, "value-int
                 "cast-float": _cast_float, "gather-concat": _gather_concat, "arithmetic": _arithmetic}
 
 
-def range_positions(offset: int, form=_initializer, delta_form=None):
+def range_positions(offset: int, form=_initializer, delta_form=None, start_form=None):
     """``position_ids`` replaced by ``Unsqueeze(Range(past + offset, past + offset + S, delta), 0)`` (optimum's
-    positions made in the graph; ``delta`` 1 written as ``delta_form``), the input removed."""
+    positions made in the graph; ``delta`` 1 written as ``delta_form``), the input removed. ``start_form(c, graph,
+    past, S)``, when given, is the Range's start instead of ``past + offset`` (the limit stays start + S)."""
     def edit(work: Work) -> list[str]:
         graph = work.graph
         pos = graph_input(graph, "position_ids")
@@ -110,6 +111,8 @@ def range_positions(offset: int, form=_initializer, delta_form=None):
         length = c.op("Gather", c.op("Shape", graph_input(graph, "input_ids"), dtype=ir.DataType.INT64),
                       c.scalar(1), dtype=ir.DataType.INT64, axis=0)
         start = c.op("Add", past, form(c, offset)) if offset else past
+        if start_form is not None:
+            start = start_form(c, graph, past, length)
         limit = c.op("Add", start, length)
         delta = delta_form(c, 1) if delta_form is not None else c.scalar(1)
         made = c.op("Range", start, limit, delta, dtype=ir.DataType.INT64)
@@ -123,6 +126,33 @@ def range_positions(offset: int, form=_initializer, delta_form=None):
         graph.sort()
         return _trig(graph)
     return edit
+
+
+def _dim(c: Chain, graph: ir.Graph, name: str, axis: int) -> ir.Value:
+    return c.op("Gather", c.op("Shape", graph_input(graph, name), dtype=ir.DataType.INT64), c.scalar(axis),
+                dtype=ir.DataType.INT64, axis=0)
+
+
+#: Range starts that grow faster than the call, or read a dimension that is not the past (the red team's
+#: ``precompute_range_past_table`` forms): a table of max_positions (+ the limit with every dimension 0) rows is read
+#: past its end by a call with past + S <= max_positions. (start, why, expect)
+RANGE_STARTS = {
+    "mul2": (lambda c, g, past, s: c.op("Mul", past, c.scalar(2)), "start = 2·past: positions up to 2·past + S - 1",
+             REFUSE),
+    "plus-s": (lambda c, g, past, s: c.op("Add", past, s), "start = past + S: positions up to past + 2S - 1", REFUSE),
+    "mask-total": (lambda c, g, past, s: _dim(c, g, "attention_mask", 1),
+                   "start = Shape(attention_mask)[1] (= past + S): positions up to past + 2S - 1", REFUSE),
+    "mul-s": (lambda c, g, past, s: c.op("Mul", past, s), "start = past·S: positions up to past·S + S - 1", REFUSE),
+    "max-s": (lambda c, g, past, s: c.op("Max", past, s), "start = Max(past, S): positions S..2S-1 when past < S",
+              REFUSE),
+    "plus-static-dim": (lambda c, g, past, s: c.op("Add", past, _dim(c, g, "past_key_values.0.key", 3)),
+                        "start = past + Shape(past_key_values.0.key)[3], a static 16 (the head size): positions up "
+                        "to past + 16 + S - 1, so the table needs max_positions + 16 rows (not + the dimension at 0)",
+                        EQUIVALENT),
+}
+#: calls at the end of a 256-row table (past + S <= 256), and a long prompt (Max(past, S) = S): where a table too
+#: short for the graph's positions fails
+EDGE_CALLS = ((240, 8, 1), (248, 8, 1), (255, 1, 1), (0, 160, 1))
 
 
 # -- semantics changed to match a config: a repair, never an ordinary rewrite ---------------------------------------
@@ -186,6 +216,10 @@ def mutants() -> list[Mutant]:
                          range_positions(300, OFFSET_FORMS[form_name]),
                          f"Range(past + 300, ...) (300 as {form_name}): every position the graph makes is >= 300, "
                          "past a 256-row table"))
+        for start_name, (start_form, why, expect) in RANGE_STARTS.items():
+            mutant = m(base, short, f"range-start-{start_name}", "position-arithmetic", expect,
+                       range_positions(0, start_form=start_form), f"Range(start, start + S): {why}")
+            out.append(dataclasses.replace(mutant, calls=mutant.calls + EDGE_CALLS))
         out += [
             m(base, short, "blend-last", "blend", REFUSE, blend(t.switch_last),
               f"blend by each row's last position (Slice): {never}"),
