@@ -70,8 +70,11 @@ def test_seqlens_matched_and_refusals():
     m = _seqlens()
     found = SeqlensFromMaskSum().match_value(m, _output(m), "seqlens_k")
     assert found.ok and sorted(n.name for n in found.nodes) == ["cast", "sub", "sum"]
+    kept = _seqlens(keepdims=1)  # mobius: [batch, 1], the same numbers GroupQueryAttention reads by flat index
+    found = SeqlensFromMaskSum().match_value(kept, _output(kept), "seqlens_k")
+    assert found.ok and not found.refused, found.reason
     for model, reason in ((_seqlens(one=2), "Sub 'sub' subtracts something other than the constant 1"),
-                          (_seqlens(keepdims=1), "reduces axes [1] with keepdims=1"),
+                          (_seqlens(keepdims=1, axes=(0,)), "reduces axes [0] with keepdims=1"),
                           (_seqlens(axes=(0,)), "reduces axes [0] with keepdims=0")):
         found = SeqlensFromMaskSum().match_value(model, _output(model), "seqlens_k")
         assert found.refused and reason in found.reason, found.reason
