@@ -247,6 +247,37 @@ def test_a_product_of_one_tensors_dims_is_bounded_by_its_element_count():
     assert not iv(_value(model, "bn")).fits_int32()  # dims of two tensors
 
 
+def test_reduceprod_of_a_run_of_one_shape_is_bounded_by_its_element_count():
+    """lower-mrope's token index ``Range(0, ReduceProd(Shape(pos, start=1, end=3)))`` (and the opset < 15 form,
+    ``Slice(Shape(pos), [1], [3])``) fits int32 like ``batch * seq`` does; a ReduceProd of two tensors' shapes, or of
+    a Shape sliced by steps, is not proved."""
+    model = _model("""
+        zero = Constant <value = int64 {0}> ()
+        one = Constant <value = int64 {1}> ()
+        bs = Shape <start = 1, end = 3> (pos)
+        n = ReduceProd <keepdims = 0> (bs)
+        r = Range (zero, n, one)
+        whole = Shape (pos)
+        st = Constant <value = int64[1] {1}> ()
+        en = Constant <value = int64[1] {3}> ()
+        sl = Slice (whole, st, en)
+        n2 = ReduceProd <keepdims = 0> (sl)
+        two = Constant <value = int64[1] {2}> ()
+        stepped = Slice (whole, zero1, en, zero1, two)
+        n3 = ReduceProd <keepdims = 0> (stepped)
+        both = Concat <axis = 0> (bs, xs)
+        n4 = ReduceProd <keepdims = 0> (both)
+        xs = Shape (x)
+        zero1 = Constant <value = int64[1] {0}> ()
+        y = Concat <axis = 0> (r, n2, n3, n4)
+    """, inputs="int64[N] x, int64[3, B, S] pos")
+    iv = Intervals(FITS_INT32)
+    assert iv(_value(model, "n")) == Interval(0, 2**31 - 1) and iv(_value(model, "r")).fits_int32()
+    assert iv(_value(model, "n2")) == Interval(0, 2**31 - 1)
+    assert not iv(_value(model, "n3")).fits_int32()  # every other dim: not a run (stepped)
+    assert not iv(_value(model, "n4")).fits_int32()  # two tensors' shapes
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Positions made by a Range: proved by value
 # ----------------------------------------------------------------------------------------------------------------

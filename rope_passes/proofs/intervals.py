@@ -7,7 +7,8 @@ default an integer input fits int32, as positions and lengths do); ``Shape`` / `
 (:attr:`Assumptions.dims`), and a product of distinct dimensions of one tensor (``batch * seq``: part of its element
 count) is at most :attr:`Assumptions.elements`; the rest follows the ops: data movement (``Gather``, ``Reshape``, ``Concat``, ``Slice``,
 ``Expand``...) keeps its data's interval (the hull of its inputs), ``Add`` / ``Sub`` / ``Mul`` / ``Neg`` / ``Abs`` /
-``Max`` / ``Min`` / ``Div`` / ``Mod`` are interval arithmetic, ``Range(start, limit, delta)`` with a constant
+``Max`` / ``Min`` / ``Div`` / ``Mod`` are interval arithmetic (``ReduceProd`` of a run of one tensor's
+``Shape`` entries - ``Shape(x, start, end)`` or ``Slice(Shape(x))`` by constants - is such a product too), ``Range(start, limit, delta)`` with a constant
 ``delta`` lies between ``start`` and ``limit``, ``Where`` is the hull of its branches, a ``Cast`` to an integer type
 keeps the interval when it fits that type, comparisons are ``[0, 1]``. Anything else (reductions that sum, control
 flow, custom ops, a float computation cast to an integer) is :data:`UNBOUNDED`: nothing is known, and a proof that
@@ -220,6 +221,9 @@ class Intervals:
                     or attr(shape, "start", 0) not in (0, None) or attr(shape, "end", None) is not None):
                 return None
             return id(shape.inputs[0]), frozenset({int(index.reshape(-1)[0])})
+        if op == "ReduceProd" and len(ins) == 1 and not attr(node, "axes", None):
+            # the product of a run of a Shape's entries: Shape(x, start, end), or a Slice of Shape(x) by constants
+            return self._shape_run(ins[0])
         if op in ("Identity", "Squeeze", "Unsqueeze", "Reshape", "Flatten") and ins:
             return self._dims_of.get(id(ins[0]))
         if op == "Cast" and ins and ir.DataType(attr(node, "to")) in (ir.DataType.INT64, ir.DataType.INT32):
@@ -229,6 +233,54 @@ class Intervals:
             if a is not None and b is not None and a[0] == b[0] and not (a[1] & b[1]) and -1 not in a[1] | b[1]:
                 return a[0], a[1] | b[1]
         return None
+
+    def _shape_run(self, value: ir.Value) -> tuple[int, frozenset[int]] | None:
+        """(tensor, axes) when ``value`` is a run of distinct entries of one tensor's shape: ``Shape(x)`` with or
+        without start/end, or ``Slice(Shape(x), start, end)`` by constants (step 1, axis 0); the axes are concrete
+        when x's rank is known, else the every-axis marker."""
+        node = value.producer()
+        if node is None or node.domain not in ("", "ai.onnx"):
+            return None
+        if node.op_type == "Slice":
+            ins = list(node.inputs)
+            if len(ins) < 3 or any(i is None for i in ins[:3]):
+                return None
+            for index, want in ((3, 0), (4, 1)):  # axes [0], steps [1] (absent: the same)
+                if len(ins) > index and ins[index] is not None:
+                    given = self.constants(ins[index])
+                    if given is None or given.size != 1 or int(given.reshape(-1)[0]) != want:
+                        return None
+            starts, ends = self.constants(ins[1]), self.constants(ins[2])
+            if starts is None or ends is None or starts.size != 1 or ends.size != 1:
+                return None
+            if not self._whole_shape(ins[0]):
+                return None
+            shape = ins[0].producer()
+            run = self._axes(shape, int(starts.reshape(-1)[0]), int(ends.reshape(-1)[0]))
+            return None if run is None else (id(shape.inputs[0]), run)
+        if node.op_type != "Shape" or not node.inputs or node.inputs[0] is None:
+            return None
+        start = int(attr(node, "start", 0) or 0)
+        end = attr(node, "end", None)
+        run = self._axes(node, start, None if end is None else int(end))
+        return None if run is None else (id(node.inputs[0]), run)
+
+    @staticmethod
+    def _whole_shape(value: ir.Value) -> bool:
+        node = value.producer()
+        return (node is not None and node.op_type == "Shape" and attr(node, "start", 0) in (0, None)
+                and attr(node, "end", None) is None)
+
+    @staticmethod
+    def _axes(shape_node: ir.Node | None, start: int, end: int | None) -> frozenset[int] | None:
+        """The axes ``start:end`` of the tensor ``shape_node`` reads (Python slice rules, as Shape and Slice
+        clamp), or the every-axis marker when its rank is unknown."""
+        if shape_node is None or not shape_node.inputs or shape_node.inputs[0] is None:
+            return None
+        x_shape = shape_node.inputs[0].shape
+        if x_shape is None:
+            return frozenset({-1})
+        return frozenset(range(len(x_shape))[start:end])
 
     def _node(self, node: ir.Node, out: ir.Value) -> Interval:
         op = node.op_type
