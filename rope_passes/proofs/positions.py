@@ -6,13 +6,20 @@ Exporters of models called without ``position_ids`` (optimum's Gemma family, Tor
 *position source* of the chain: the cos/sin rows are a per-token function of its values (proved from the Range output
 on, by the same cone accounting as for a ``position_ids`` input), and its values are ``start .. limit - 1``.
 
-What the Range makes is proved by value, not by form (:mod:`rope_passes.proofs.intervals` over the one constant
-evaluator; every dimension is taken to fit int32: an axis of 2^31 entries is 2 GiB even at one byte): its
-``delta`` is the constant 1 however it is written; its ``start`` is never negative for any call (its
-interval, every tensor dimension in ``[0, ∞)``, starts at 0 or above: ``past + (-5)`` is refused whether the ``-5`` is
-an initializer, a ``Constant`` ``value_int``, a ``Cast`` or a ``Gather(Concat(...))``); and its ``limit`` exceeds the
-call's ``past + length`` by at most a constant :attr:`RangeSource.excess` (the limit with every dimension 0), so a
-table of ``max_positions + excess`` rows holds every position of the calls with ``past + length <= max_positions``.
+What the Range makes is proved by value, not by form, for every call the report admits (``past >= 0``,
+``length >= 1``, ``past + length <= max_positions``; every other dimension is taken to fit int32: an axis of 2^31
+entries is 2 GiB even at one byte): its ``delta`` is the constant 1 however it is written; its ``start`` is never
+negative for any call (:mod:`rope_passes.proofs.intervals` over the one constant evaluator, every tensor dimension in
+``[0, ∞)``: ``past + (-5)`` is refused whether the ``-5`` is an initializer, a ``Constant`` ``value_int``, a ``Cast``
+or a ``Gather(Concat(...))``); and its start and limit, computed exactly as sums of dimensions and constants
+(:class:`Linear`; a static dimension of a graph input is its value), are ``past + c`` and ``past + c + length`` with
+``c >= 0`` a constant, ``past`` axis 2 of a ``[batch, heads, past, head_dim]`` graph input named ``past…`` (the KV
+cache) and ``length`` axis 1 of ``input_ids`` / ``inputs_embeds`` (through ``Gather(embedding, input_ids)`` and
+same-shape ops). Then every position is in ``[0, max_positions + c)``: a table of
+``max_positions + c`` rows (:attr:`RangeSource.excess` = c) holds every position of every admitted call.
+:meth:`RangeSource.overflow` checks, once ``max_positions`` is known, that no integer result on the way leaves its
+type for those calls. Any other Range (``2·past``, ``past·S``, ``past + S``, ``Shape(attention_mask)[1]``,
+``Max(past, S)``, a length that is not the call's tokens) is refused, naming it.
 
 The Range output has no type in exporter graphs; :attr:`RangeSource.dtype` / :attr:`RangeSource.shape` say what it
 is. Reading the model for a proof never retypes it: the evaluation feeds say the type
@@ -147,7 +154,7 @@ class _Linearize:
                     tensor = ins[1]
                     continue
             if (node.op_type == "Gather" and len(ins) == 2 and int(attr(node, "axis", 0) or 0) == 0
-                    and ins[1].shape is not None):
+                    and ins[1].is_graph_input() and ins[1].shape is not None):  # its rank checked by onnxruntime
                 rank = len(ins[1].shape)
                 if axis < rank:  # Gather(table, ids): its leading axes are the ids'
                     tensor = ins[1]
