@@ -332,3 +332,15 @@ def test_snapshot_holds_in_memory_tensors_by_reference(tiny, monkeypatch):
     assert table is next(t for _, name, t in after_table.held if name == "test/table")
     assert table.numpy()[-1, -1] == (4 << 20) - 1
     assert "test/Mul" not in [n.name for n in bundle.model.graph]
+
+
+def test_run_all_names_an_unknown_command():
+    """bench/run_all --commands (issue 17's short runs: floor,opt-link) refuses a command it does not measure."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    run_all = Path(__file__).resolve().parent.parent / "bench" / "run_all"
+    done = subprocess.run([sys.executable, str(run_all), "--commands", "floor,opt-lnk", "--only", "llama3-8b"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "unknown command 'opt-lnk'" in done.stderr and "opt-link" in done.stderr
