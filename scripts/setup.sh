@@ -28,7 +28,7 @@ done
 stamp="$VENV/.rope-passes-setup"
 inputs=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
 if [ "${ROPE_PASSES_SETUP:-0}" != 1 ] && [ -x "$VENV/bin/python" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$inputs" ] \
-    && "$VENV/bin/python" -c "import rope_passes, onnxruntime, pytest" 2>/dev/null; then
+    && "$VENV/bin/python" -c "import rope_passes, onnxruntime, onnxruntime_genai, pytest" 2>/dev/null; then
   echo "setup: $VENV is up to date (set ROPE_PASSES_SETUP=1 to reinstall)"
 else
   rm -f "$stamp"
@@ -43,7 +43,14 @@ else
     echo "setup: pip install failed (log: $VENV/pip-install.log)" >&2
     exit 1
   fi
-  "$VENV/bin/python" -c "import rope_passes, onnxruntime, pytest" || { echo "setup: install failed" >&2; exit 1; }
+  # onnxruntime-genai's generate loop, for the test that runs optimize's output folders as genai does (--no-deps:
+  # onnxruntime-webgpu stays the onnxruntime module; the package is not a dependency of rope-passes)
+  if ! "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps 'onnxruntime-genai==0.18.*' \
+      >>"$VENV/pip-install.log" 2>&1; then
+    echo "setup: pip install onnxruntime-genai failed (log: $VENV/pip-install.log)" >&2
+    exit 1
+  fi
+  "$VENV/bin/python" -c "import rope_passes, onnxruntime, onnxruntime_genai, pytest" || { echo "setup: install failed" >&2; exit 1; }
   if "$VENV/bin/python" -c "import torch" 2>/dev/null && ! "$PY" -c "import torch" 2>/dev/null; then
     echo "setup: warning: torch got installed into $VENV; rope-passes does not need it" >&2
   fi

@@ -1,0 +1,103 @@
+"""onnxruntime-genai's own generate loop on ``optimize --target webgpu-graph`` outputs, unedited (issue 19).
+
+It needs ``onnxruntime_genai`` in the test venv: scripts/setup.sh installs ``onnxruntime-genai==0.18.*`` with
+``--no-deps`` (onnxruntime-webgpu stays the ``onnxruntime`` module). Each folder's greedy tokens (a 6-token prompt: lavapipe's WebGPU
+GroupQueryAttention prefill is wrong past 8 query rows, docs webgpu-on-cpu trap 7; then 40 new tokens, past
+phi3's LongRoPE switch at 32) from the rewritten folder as optimize wrote it (genai_config.json's
+``enableGraphCapture`` "1": onnxruntime-genai captures the decode; a session it cannot capture fails at creation) are
+compared with the original's: on CPU for fp32 builds, on WebGPU without capture for fp16 builds (fp16 WebGPU vs CPU
+greedy tokens part after ~13 tokens on the tiny corpus models, the EP's own rounding; and a concatenated LongRoPE
+cache is wrong on CPU past its offset, RP204). Measured 2026-11-25 on onnxruntime-webgpu 1.27.0 + onnxruntime-genai
+0.18.0, lavapipe: all equal.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import GENAI
+
+import rope_passes
+
+pytestmark = [pytest.mark.corpus, pytest.mark.webgpu]
+
+#: folder -> how the original runs as the reference ("cpu", or "webgpu0": its WebGPU options, capture off)
+CASES = {
+    "current/llama/cpu_fp32": "cpu",
+    "current/qwen3/cpu_fp32": "cpu",
+    "current/phi3_mini_128k/cpu_fp32": "cpu",
+    "current/phi3_mini_128k/webgpu_fp32": "cpu",
+    "legacy/qwen35/cpu_fp32_text": "cpu",
+    "current/llama/webgpu_fp16": "webgpu0",
+    "current/llama/webgpu_fp16_graph": "webgpu0",
+    "current/phi3_mini_128k/webgpu_fp16_graph": "webgpu0",
+}
+PROMPT, NEW = 6, 40
+
+GENERATE = r'''
+import json, sys
+import onnxruntime_genai as og
+folder, mode, prompt_len, new = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+config = og.Config(folder)
+if mode == "cpu":
+    config.clear_providers()
+elif mode == "webgpu0":
+    options = {}
+    for entry in json.load(open(folder + "/genai_config.json"))["model"]["decoder"]["session_options"].get(
+            "provider_options", []):
+        options.update(entry.get("webgpu", {}))
+    config.clear_providers()
+    config.append_provider("webgpu")
+    for key, value in {**options, "enableGraphCapture": "0"}.items():
+        config.set_provider_option("webgpu", key, str(value))
+model = og.Model(config)
+params = og.GeneratorParams(model)
+params.set_search_options(max_length=prompt_len + new, min_length=prompt_len + new, do_sample=False)
+generator = og.Generator(model, params)
+generator.append_tokens([(7 * i + 11) % 400 + 4 for i in range(prompt_len)])
+while not generator.is_done():
+    generator.generate_next_token()
+print("TOKENS " + json.dumps([int(t) for t in generator.get_sequence(0)]))
+'''
+
+
+def generate(folder: Path, mode: str) -> list[int]:
+    """Greedy tokens from onnxruntime-genai in a child process (a crash there is a failure, not ours)."""
+    proc = subprocess.run([sys.executable, "-c", GENERATE, str(folder), mode, str(PROMPT), str(NEW)],
+                          capture_output=True, text=True, timeout=600, check=False)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("TOKENS ")), None)
+    assert line is not None, f"{folder} ({mode}): exit {proc.returncode}: {proc.stderr.strip()[-600:]}"
+    return json.loads(line.split(" ", 1)[1])
+
+
+@pytest.mark.parametrize("rel", sorted(CASES))
+def test_unedited_output_generates_with_capture_like_the_original(rel, tmp_path):
+    text = {"text_only": True} if "qwen" in rel else None
+    out = tmp_path / "out"
+    report = rope_passes.optimize(GENAI / rel, out, target="webgpu-graph", options=text, weights="copy")
+    assert report.capture is not None and report.capture["state"] == "ready", report.capture
+    config = json.loads((out / "genai_config.json").read_text())
+    webgpu = {k: v for e in config["model"]["decoder"]["session_options"]["provider_options"]
+              for k, v in e.get("webgpu", {}).items()}
+    assert webgpu.get("enableGraphCapture") == "1"
+    reference = generate(GENAI / rel, CASES[rel])
+    assert len(reference) == PROMPT + NEW
+    assert generate(out, "config") == reference
+
+
+def test_capture_on_for_a_graph_that_needs_memcpy_fails_at_session_creation(tmp_path):
+    """The judge behind lint RP221: onnxruntime-genai refuses a capture config on a graph with Memcpy."""
+    import shutil
+
+    folder = tmp_path / "llama"
+    shutil.copytree(GENAI / "current/llama/cpu_fp32", folder)
+    config = json.loads((folder / "genai_config.json").read_text())
+    config["model"]["decoder"]["session_options"]["provider_options"] = [
+        {"webgpu": {"enableGraphCapture": "1", "validationMode": "disabled"}}]
+    (folder / "genai_config.json").write_text(json.dumps(config))
+    with pytest.raises(AssertionError, match="cannot use the graph capture feature"):
+        generate(folder, "config")
