@@ -49,3 +49,57 @@ def test_tables_only_verdict_says_so(tmp_path):
     report = check(src, out, fallback_python=None, isolate=False, sweep=0, schedules=[], steps=1)
     assert report.verdict == EQUIVALENT_TABLES_ONLY and report.exit_code == 0 and report.equivalent
     assert json.loads(report.to_json())["verdict"] == "equivalent (rotation tables only: the original runs nowhere here)"
+
+
+def _evidence(runs, graph_capture=False):
+    from pathlib import Path
+
+    from rope_passes.check.compare import TOLERANCES
+    from rope_passes.check.models import ModelInfo
+    from rope_passes.check.verdict import Evidence
+
+    info = ModelInfo(Path("m"), None, "fp16", {}, None, False)
+    return Evidence(runs=runs, ep="webgpu", orig=info, rew=info, prefill=4, steps=2, tolerance=TOLERANCES["fp16"],
+                    graph_capture=graph_capture, reference_logits=None, positions=[], tables=None,
+                    reference_python=None, fallback_python=None, fallback_wanted=None, notes=[])
+
+
+def _agreeing(actual, reference):
+    from rope_passes.check.compare import TOLERANCES, Comparison, OutputDiff
+
+    return Comparison(actual, reference, TOLERANCES["fp16"], True, [OutputDiff(0, "logits", 0.0, 0.0, True)])
+
+
+def test_rewritten_that_runs_only_on_cpu_is_could_not_run():
+    """An fp16 graph on an adapter without shader-f16 (the browser's SwiftShader): neither graph runs on WebGPU, both
+    run on CPU and agree. Before, the CPU comparison alone made the verdict "equivalent" for WebGPU (exit 0)."""
+    from rope_passes.check.runner import LOAD_FAILED, OK, RunResult
+    from rope_passes.check.verdict import decide
+
+    why = "no shader-f16 on this adapter"
+    runs = [RunResult("original@webgpu", LOAD_FAILED, why), RunResult("original@cpu", OK),
+            RunResult("rewritten@webgpu", LOAD_FAILED, why), RunResult("rewritten@cpu", OK)]
+    verdict, reason, _ = decide(_evidence(runs), [_agreeing("rewritten@cpu", "original@cpu")])
+    assert verdict == COULD_NOT_RUN
+    assert reason.startswith("the rewritten graph does not run on webgpu here (load-failed: ") and why in reason
+
+
+def test_capture_run_failing_as_the_plain_run_does_is_not_a_capture_defect():
+    """The plain rewritten run and its captured twin both fail to load (the same reason): that says nothing about
+    capture. Before, the verdict was "not equivalent: … does not run under [capture]" (exit 1)."""
+    from rope_passes.check.report import NOT_EQUIVALENT
+    from rope_passes.check.runner import LOAD_FAILED, OK, RUN_FAILED, RunResult
+    from rope_passes.check.verdict import decide
+
+    why = "no shader-f16 on this adapter"
+    runs = [RunResult("original@webgpu", LOAD_FAILED, why), RunResult("original@cpu", OK),
+            RunResult("rewritten@webgpu", LOAD_FAILED, why), RunResult("rewritten@cpu", OK),
+            RunResult("rewritten@webgpu+capture", RUN_FAILED, why)]
+    ev = _evidence(runs, graph_capture=True)
+    verdict, _, _ = decide(ev, [_agreeing("rewritten@cpu", "original@cpu")])
+    assert verdict == COULD_NOT_RUN and not any("under it" in n for n in ev.notes)
+    # and when the plain run ran, a failing captured run is still a defect
+    runs[0], runs[2] = RunResult("original@webgpu", OK), RunResult("rewritten@webgpu", OK)
+    verdict, _, _ = decide(_evidence(runs, graph_capture=True),
+                           [_agreeing("rewritten@webgpu", "original@webgpu")])
+    assert verdict == NOT_EQUIVALENT
