@@ -198,7 +198,13 @@ class RuntimeTarget:
         return out
 
     def skip_reason(self, pass_name: str) -> str | None:
-        """Why a preset leaves downlevel pass ``pass_name`` out for this runtime (None: it runs)."""
+        """Why a preset leaves pass ``pass_name`` out for this runtime (None: it runs): a downlevel pass it does not
+        need, or a pass whose rewrite only holds with a session option this runtime does not read
+        (:data:`OPTION_PASSES`)."""
+        option = OPTION_PASSES.get(pass_name)
+        if option is not None and not self.reads_option(option):
+            return (f"not run: {self.label} does not read {option} (probed): a concatenated LongRoPE cache would be "
+                    "read from its short rows past the switch")
         rule = DOWNLEVEL.get(pass_name)
         if rule is None or rule.needed(self) is not None:
             return None
@@ -258,6 +264,12 @@ DOWNLEVEL: dict[str, Downlevel] = {
                    "(fused q/k-norm left fused; probed)"),
         lambda p: p.kind == "gqa-inputs"),
 }
+
+
+#: passes whose rewrite is exact only on a runtime that reads this WebGPU session option (one value for the whole
+#: session); a runtime whose probe shows the option has no effect (onnxruntime-web 1.30) gets the graph unchanged
+OPTION_PASSES: dict[str, str] = {"longrope-concat": "multiRotaryCacheConcatOffset",
+                                 "annotate-cache-offset": "multiRotaryCacheConcatOffset"}
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -263,3 +263,22 @@ def test_onnxruntime_is_the_judge_of_attributes(runtime, tmp_path):
         assert probe.loads == loads, probe.load_error
         if not loads:
             assert "Unrecognized attribute: rotary_embedding_dim" in (probe.load_error or "")
+
+
+def test_offset_passes_skipped_where_the_runtime_does_not_read_the_offset():
+    """onnxruntime-web 1.30's probe shows multiRotaryCacheConcatOffset has no effect (runtime_tables/onnxruntime-web.json):
+    a preset for it leaves out the passes whose rewrite needs the offset read; the Python runtimes read it."""
+    from rope_passes.pipeline import presets_for, skipped_for
+    from rope_passes.targets import OPTION_PASSES, RUNTIMES, WEB, get_target
+
+    web = get_target(WEB)
+    assert not web.reads_option("multiRotaryCacheConcatOffset")
+    assert set(OPTION_PASSES) == {"longrope-concat", "annotate-cache-offset"}
+    for target in ("webgpu", "webgpu-graph"):
+        assert not set(OPTION_PASSES) & set(presets_for(WEB)[target])
+        skipped = skipped_for(target, WEB)
+        assert all("does not read multiRotaryCacheConcatOffset" in skipped[n] for n in OPTION_PASSES if n in skipped)
+        assert "annotate-cache-offset" in skipped
+    for name in RUNTIMES:
+        assert get_target(name).reads_option("multiRotaryCacheConcatOffset")
+        assert "longrope-concat" in presets_for(name)["webgpu-graph"]

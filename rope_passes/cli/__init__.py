@@ -57,6 +57,9 @@ class _Parser(argparse.ArgumentParser):
 #: the WebGPU runtimes ``--runtime`` names (:data:`rope_passes.targets.RUNTIMES`, which imports onnx_ir: spelled out
 #: here so that building the parser imports nothing heavy; tests/test_startup.py checks the two agree)
 RUNTIMES = ("onnxruntime-webgpu", "onnxruntime-ep-webgpu")
+#: the browser runtime (:data:`rope_passes.targets.WEB`): ``optimize --runtime`` may name it (its probed table
+#: says what it loads and reads), ``check --runtime web`` runs it
+BROWSER = "onnxruntime-web"
 
 #: third-party modules each command imports, imported by :func:`main` with Ctrl-C held once the arguments are
 #: parsed (an interrupt inside mpmath's or onnx's own imports is swallowed or aborts the process; the commands
@@ -104,10 +107,11 @@ def add_command(sub: argparse._SubParsersAction, name: str, *, help: str, descri
 
 
 def add_runtime_argument(parser: argparse.ArgumentParser, what: str,
-                         default: str = "the one installed beside rope-passes") -> None:
+                         default: str = "the one installed beside rope-passes", browser: bool = False) -> None:
     """``--runtime onnxruntime-webgpu|onnxruntime-ep-webgpu`` for optimize, lint and inspect
-    (:mod:`rope_passes.targets`); ``default``: what no ``--runtime`` means for that command."""
-    parser.add_argument("--runtime", choices=RUNTIMES, default=None,
+    (:mod:`rope_passes.targets`); ``default``: what no ``--runtime`` means for that command; ``browser``: the
+    browser runtime is a choice too (``optimize``)."""
+    parser.add_argument("--runtime", choices=(*RUNTIMES, BROWSER) if browser else RUNTIMES, default=None,
                         help=f"{what} (default: {default}; see docs/runtimes.md)")
 
 

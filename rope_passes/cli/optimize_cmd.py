@@ -40,7 +40,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="pass preset (default: webgpu; rope-passes passes lists what each runs)")
     p.add_argument("--passes", help="comma-separated pass names, run in this order instead of the preset")
     add_runtime_argument(p, "the WebGPU runtime the output is for: the preset runs the downlevel passes it needs "
-                            "(unfuse-gqa-qk-norm, lower-mrope) and no others")
+                            "(unfuse-gqa-qk-norm, lower-mrope) and no others; onnxruntime-web (the browser) "
+                            "reads no multiRotaryCacheConcatOffset, so longrope-concat does not run for it",
+                         browser=True)
     p.add_argument("--text-only", action="store_true",
                    help="the model will only see text prompts: allows folding mRoPE of 3D-position graphs")
     p.add_argument("--max-positions", type=int, metavar="N",
