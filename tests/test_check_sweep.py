@@ -281,3 +281,32 @@ def test_position_cone_of_an_exporter_graph(tmp_path):
     save_bundle(bundle, tmp_path / "bad.onnx")
     bad = rotation_tables(src, tmp_path / "bad.onnx")
     assert not bad.ok and bad.first.position == 77
+
+
+@pytest.mark.corpus
+@pytest.mark.parametrize("op", ["Mul", "Add"])
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_a_table_the_graph_computes_from_constants_is_compared(precision, op):
+    """Independent set (issue 20): ``cos_cache`` fed to GroupQueryAttention through ``Mul(cos, 1.01)`` or
+    ``Add(cos, delta)`` (one row) is no stored table; before, the comparison skipped it and the decode (fp16: 0.04
+    under the 0.1 tolerance; fp32: row 170 never reached) passed it. Now the one constant evaluator gives its rows."""
+    info = read_model(GENAI / GQA_CACHES[precision])
+    original = graph_tables(info.model, info.genai_config)
+    graph = info.model.graph
+    cos = graph.initializers["cos_cache"]
+    dtype = cos.const_value.numpy().dtype
+    if op == "Mul":
+        other = ir.Value(name="rt_factor", const_value=ir.tensor(np.array(1.01, dtype)))
+    else:
+        delta = np.zeros(cos.const_value.shape.numpy(), dtype)
+        delta[170, :] = 0.01
+        other = ir.Value(name="rt_delta", const_value=ir.tensor(delta))
+    graph.register_initializer(other)
+    node = ir.node(op, [cos, other])
+    gqas = [n for n in graph if n.op_type == "GroupQueryAttention"]
+    graph.insert_before(gqas[0], node)
+    for gqa in gqas:
+        gqa.replace_input_with(7, node.outputs[0])
+    result = compare_tables(original, graph_tables(info.model, info.genai_config), info.context_length)
+    assert result.status == "compared" and not result.ok, result.summary()
+    assert result.first.position == (0 if op == "Mul" else 170) and result.first.table == "cos"

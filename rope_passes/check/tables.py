@@ -120,9 +120,20 @@ def _dtype_name(array: np.ndarray) -> str:
     return str(array.dtype)
 
 
+#: the most elements a cos/sin cache computed from constants is evaluated to (a 128k-position table of 128 columns)
+TABLE_MAX = 1 << 24
+
+
 def _const(value: ir.Value | None) -> np.ndarray | None:
+    """The value of a table input: an initializer, or any cone of constants that computes one (``Mul(cos, 1.01)``,
+    ``Add(cos, delta)``, a Cast...: :func:`rope_passes.proofs.constants.constant`, the one evaluator), so a table a
+    graph computes from constants is compared as one that it stores."""
     tensor = const_tensor(through(value, ("Identity",)))
-    return None if tensor is None else np.asarray(tensor.numpy())
+    if tensor is not None:
+        return np.asarray(tensor.numpy())
+    from rope_passes.proofs.constants import constant
+
+    return constant(value, TABLE_MAX)
 
 
 # ------------------------------------------------------------------------------------------------ GroupQueryAttention
