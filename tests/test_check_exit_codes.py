@@ -103,3 +103,27 @@ def test_capture_run_failing_as_the_plain_run_does_is_not_a_capture_defect():
     verdict, _, _ = decide(_evidence(runs, graph_capture=True),
                            [_agreeing("rewritten@webgpu", "original@webgpu")])
     assert verdict == NOT_EQUIVALENT
+
+
+@pytest.mark.webgpu
+def test_capture_the_output_config_turns_on_is_checked_without_the_flag(tmp_path):
+    """Independent set (issue 20): a rewritten folder whose genai_config.json sets enableGraphCapture=1 for a graph
+    onnxruntime cannot capture (onnxruntime-genai then fails to create its session). Before, ``check`` without
+    ``--graph-capture`` never made a captured run and said "equivalent" (exit 0)."""
+    import shutil
+
+    from rope_passes.check.report import NOT_EQUIVALENT
+    from rope_passes.config import GenaiConfig
+
+    src = build_tiny_decoder(tmp_path / "demo")  # capture is blocked on the unrewritten demo graph (Memcpy)
+    out = tmp_path / "out"
+    shutil.copytree(src, out)
+    config = GenaiConfig.load(out)
+    data = json.loads((out / "genai_config.json").read_text())
+    data["model"]["decoder"]["session_options"]["provider_options"] = [{"webgpu": {"enableGraphCapture": "1"}}]
+    (out / "genai_config.json").write_text(json.dumps(data, indent=4))
+    assert config is not None
+    report = check(src, out, steps=2, sweep=0, schedules=[], isolate=False, tables=False)
+    assert report.verdict == NOT_EQUIVALENT and report.exit_code == 1, report.to_json()
+    assert any("sets enableGraphCapture=1 but onnxruntime refuses graph capture" in n for n in report.notes)
+    assert report.run("rewritten@webgpu+capture").status == "load-failed"

@@ -58,7 +58,7 @@ from rope_passes.check.comparisons import cpu_comparisons, schedule_comparisons
 from rope_passes.check.constants import compare_constants
 from rope_passes.check.explore import command_line, explore
 from rope_passes.check.layers import cut_pair, default_sweep, describe
-from rope_passes.check.models import ModelInfo, embedding_for, load_reference, read_model
+from rope_passes.check.models import ModelInfo, capture_on, embedding_for, load_reference, read_model
 from rope_passes.check.plan import (
     MAX_CROSSING_STEPS,
     PAST_SWITCH,
@@ -70,7 +70,7 @@ from rope_passes.check.plan import (
 )
 from rope_passes.check.report import COULD_NOT_RUN, EQUIVALENT, EXIT_CODES, NOT_EQUIVALENT, EquivalenceReport
 from rope_passes.check.runs import all_runs
-from rope_passes.check.runtimes import fallback_interpreter, interpreter, resolve, runtimes_for
+from rope_passes.check.runtimes import WEB, fallback_interpreter, interpreter, resolve, runtimes_for
 from rope_passes.check.sweep import DEFAULT_SWEEP
 from rope_passes.check.table_diff import TableComparison, compare_tables
 from rope_passes.check.verdict import Evidence, compare_all, decide
@@ -119,9 +119,20 @@ def check(original: str | Path, rewritten: str | Path, options: CheckOptions | N
     runtime = resolve(opts.runtime)
     here = interpreter(runtime)  # None: this process's runtime
     orig, rew = read_model(original), read_model(rewritten)
+    config_capture = None
+    # the output's config turns capture on where the original's did not (optimize does so when capture is ready):
+    # onnxruntime-genai creates its session so, and a session that refuses capture does not load
+    capture_required = opts.ep == "webgpu" and runtime != WEB and capture_on(rew) and not capture_on(orig)
+    if capture_required and not opts.graph_capture:
+        # onnxruntime-genai runs the output as its config says: a capture it turns on is part of what is checked
+        opts = dataclasses.replace(opts, graph_capture=True)
+        config_capture = ("the rewritten genai_config.json turns graph capture on (enableGraphCapture=1): the "
+                          "captured run is checked as onnxruntime-genai makes it, --graph-capture or not")
     ref_logits = None if opts.reference_logits is None else load_reference(opts.reference_logits)
     adapter = adapter_info() if opts.ep == "webgpu" else None
     plan = make_plan(orig, rew, opts, adapter, sweep)
+    if config_capture:
+        plan.notes.append(config_capture)
     fallback = fallback_interpreter(runtime) if opts.fallback_python == "auto" else opts.fallback_python
     with tempfile.TemporaryDirectory(prefix="rope-check-") as tmpdir:
         emb_orig, emb_rew = _embeddings(orig, rew, opts.embeddings, Path(tmpdir))
@@ -139,7 +150,8 @@ def check(original: str | Path, rewritten: str | Path, options: CheckOptions | N
     evidence = Evidence(runs=runs, ep=opts.ep, orig=orig, rew=rew, prefill=plan.prefill, steps=plan.steps,
                         tolerance=plan.tolerance, graph_capture=opts.graph_capture, reference_logits=ref_logits,
                         positions=plan.positions, tables=plan.tables, reference_python=opts.reference_python,
-                        fallback_python=fallback_used, fallback_wanted=fallback, notes=plan.notes)
+                        fallback_python=fallback_used, fallback_wanted=fallback, notes=plan.notes,
+                        capture_required=capture_required)
     comparisons = (compare_all(evidence) + cpu_comparisons(evidence) + schedule_comparisons(evidence, plan)
                    + ([compare_constants(orig, rew)] if opts.tables else []))  # tables=False: what runs only
     if exploration is not None:

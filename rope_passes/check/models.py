@@ -38,6 +38,13 @@ class ModelInfo:
                 "longrope": self.longrope.to_dict() if self.longrope is not None else None}
 
 
+def capture_on(info: ModelInfo) -> bool:
+    """Whether the model's genai_config.json turns WebGPU graph capture on (onnxruntime-genai then creates its
+    session with ``enableGraphCapture=1``, and a session that refuses capture fails to load)."""
+    options = GenaiConfig(info.genai_config).provider_options("webgpu") if info.genai_config else {}
+    return str(options.get("enableGraphCapture", "0")).strip().lower() in ("1", "true")
+
+
 def read_model(path: str | Path) -> ModelInfo:
     import onnx
 

@@ -51,6 +51,9 @@ class Evidence:
     fallback_python: str | None  # the second runtime's interpreter, when the original ran there
     fallback_wanted: str | None  # the one that would have been used
     notes: list[str]
+    #: the rewritten genai_config turns capture on and the original's did not (a Python runtime): a captured session
+    #: that does not load is a defect of the output, not a fact about capture
+    capture_required: bool = False
 
     @property
     def by(self) -> dict[str, RunResult]:
@@ -256,6 +259,11 @@ def decide(ev: Evidence, comparisons: list[Comparison]) -> tuple[str, str, str]:
                             and lab.endswith(ep)):
         verdict = NOT_EQUIVALENT
         ev.notes.append(f"the original runs on {ep} but the rewritten graph does not")
+    elif ev.capture_required and rew.ok and by["rewritten@webgpu+capture"].status == "load-failed":
+        # the output's config turns capture on (the original's did not): onnxruntime-genai cannot create its session
+        verdict = NOT_EQUIVALENT
+        ev.notes.append("the rewritten genai_config.json sets enableGraphCapture=1 but onnxruntime refuses graph "
+                        f"capture for the rewritten graph: {_short(by['rewritten@webgpu+capture'].reason)}")
     elif ev.graph_capture and rew.ok and by["rewritten@webgpu+capture"].status not in ("ok", "load-failed"):
         # only when the plain run ran: a capture run that fails as the plain one does says nothing about capture
         verdict = NOT_EQUIVALENT
