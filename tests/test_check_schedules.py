@@ -26,6 +26,7 @@ from rope_passes.check.schedules import (
     GraphFacts,
     Schedule,
     default_schedules,
+    fits,
     parse,
     random_schedule,
     shrink,
@@ -94,6 +95,23 @@ def prompt_over_8(g, inputs):
 def multi_token_after_past(g, inputs):
     return _op(g, "And", _op(g, "Greater", _dim(g, inputs["input_ids"], 1), _const(g, np.int64(1))),
                _op(g, "Greater", _dim(g, inputs["past_key_values.0.key"], 2), _const(g, np.int64(0))))
+
+
+def batch_is_2(g, inputs):
+    """Exactly two rows (the independent set's case: batches of 1 and 3 passed it)."""
+    return _op(g, "Equal", _dim(g, inputs["input_ids"], 0), _const(g, np.int64(2)))
+
+
+def past_is_12(g, inputs):
+    """One decode step at past 12 only (the 5th step after an 8-token prompt: the decode stopped at past 11)."""
+    return _op(g, "Equal", _dim(g, inputs["past_key_values.0.key"], 2), _const(g, np.int64(12)))
+
+
+def id_496(g, inputs):
+    """Some token is id 496: neither a vocabulary edge nor a likely random draw."""
+    hit = _op(g, "Equal", inputs["input_ids"], _const(g, np.int64(496)))
+    return _op(g, "Greater", _op(g, "ReduceMax", _op(g, "Cast", hit, to=ir.DataType.INT64), keepdims=0),
+               _const(g, np.int64(0)))
 
 
 def embedding_rows_0_3(model: ir.Model, _config) -> None:
@@ -186,6 +204,12 @@ CASES = {
                                {"one-token-prompt", "long-prompt", "long-prompt-chunked"}),
     "ids-0-3": (FP32, embedding_rows_0_3, ([[0, 9]], [[1, 1]], 0), ([[4, 9]], [[1, 1]], 0),
                 {"vocabulary-edges"}),
+    "batch==2": (FP32, logits_plus_half_when(batch_is_2),
+                 ([[5, 6], [7, 8]], [[1, 1], [1, 1]], 0), ([[5, 6]], [[1, 1]], 0), {"two-rows"}),
+    "past==12": (FP32, logits_plus_half_when(past_is_12), ([[5]], [[1] * 13], 12), ([[5]], [[1] * 12], 11),
+                 {"long-decode"}),
+    "id==496": (FP32, logits_plus_half_when(id_496), ([[496, 9]], [[1, 1]], 0), ([[495, 9]], [[1, 1]], 0),
+                {"every-id"}),
     "cpu-only": (FP32, gqa_position_ids_zero, ([[5]], [[1] * 5], 4), ([[5, 6, 7]], [[1] * 3], 0), None),
 }
 
@@ -311,7 +335,13 @@ def test_default_schedules_cover_the_callers():
     facts = GraphFacts(vocab=500, pad=0, switches=(32,), max_call=8, context=256)
     sched = {s.name: s for s in default_schedules(facts)}
     assert set(sched) == {"vocabulary-edges", "one-token-prompt", "left-padded-batch", "right-padded-batch",
-                          "long-prompt", "long-prompt-chunked"}
+                          "two-rows", "long-decode", "every-id", "long-prompt", "long-prompt-chunked"}
+    assert {i for row in sched["every-id"].ids for i in row} == set(range(500))  # every id
+    assert fits(sched["every-id"], 8) and fits(sched["long-decode"], 8)  # single tokens: WebGPU runs them
+    decode = sched["long-decode"]
+    assert decode.lengths == (1,) and decode.then == (1,) * 63  # a step at every position 1..63
+    assert sched["two-rows"].batch == 2
+    assert "every-id" not in {s.name for s in default_schedules(GraphFacts(vocab=32000, max_call=8))}
     ids = {i for s in sched.values() for row in s.ids for i in row}
     assert {0, 1, 2, 3, 499} <= ids and max(ids) < 500
     assert sched["one-token-prompt"].lengths == (1,) and max(sched["one-token-prompt"].then) > 1

@@ -18,7 +18,9 @@ a failure names a schedule that reruns as is.
 
 :func:`default_schedules` is the set every ``check`` runs (the caller classes of issue 20): ids at both ends of the
 vocabulary, a one-token prompt with decode steps and multi-token calls after a past, a left-padded batch of rows of
-different lengths, a right-padded batch, a prompt longer than every fixed window and past every LongRoPE switch (in
+different lengths, a batch of two equal rows, a right-padded batch, a one-token prompt decoded step by step to
+position 63 (every position below it read by a decode step), every token id once where the vocabulary has at most
+4096 (a batch of 256 one-token rows), a prompt longer than every fixed window and past every LongRoPE switch (in
 one call, and chunked where the EP's prefill is capped). :func:`random_schedule` draws one for ``check --budget``,
 :func:`shrink` makes a differing one as small as it stays differing.
 
@@ -49,6 +51,11 @@ ROW = "#row"
 #: the longest prompt a default schedule sends in one call to reach past a switch or window (longer: the sweep's
 #: single steps after a random past stand in, see :mod:`.sweep`)
 LONG_PROMPT_MAX = 512
+#: a one-token prompt then single steps to this many positions: every position below it is read by a decode step
+DENSE_DECODE = 64
+#: vocabularies up to this size get the ``every-id`` schedule (each id once, in a batch of EVERY_ID_ROWS rows)
+EVERY_ID_MAX = 4096
+EVERY_ID_ROWS = 256
 
 
 @dataclasses.dataclass(frozen=True)
@@ -266,6 +273,14 @@ def default_schedules(facts: GraphFacts, seed: int = 0) -> list[Schedule]:
     if facts.no_right_padding is None:
         out.append(Schedule("right-padded-batch", (short, max(1, short - 2)),
                             tuple(_draw(rng, v, n) for n in (short, max(1, short - 2))), RIGHT, pad=pad))
+    out.append(Schedule("two-rows", (short, short), tuple(_draw(rng, v, short + 2) for _ in range(2)), LEFT,
+                        then=(1, 1), pad=pad))
+    steps = DENSE_DECODE - 1
+    if facts.context is not None:
+        steps = max(1, min(steps, facts.context - 2))
+    out.append(Schedule("long-decode", (1,), (_draw(rng, v, 1 + steps),), then=(1,) * steps, pad=pad))
+    if v <= EVERY_ID_MAX:
+        out.append(every_id(v, pad))
     n, _ = facts.long_prompt()
     ids = (_draw(rng, v, n + 3),)
     out.append(Schedule("long-prompt", (n,), ids, then=(1, 2), pad=pad))
@@ -273,6 +288,15 @@ def default_schedules(facts: GraphFacts, seed: int = 0) -> list[Schedule]:
     if facts.context is not None:
         out = [s for s in out if s.width + sum(s.then) <= facts.context]
     return out
+
+
+def every_id(vocab: int, pad: int = 0) -> Schedule:
+    """Every token id (at least once): ``min(vocab, EVERY_ID_ROWS)`` rows of a one-token prompt, then single-token calls, row
+    ``b`` reading ids ``b, b + rows, b + 2 rows, ...`` (single tokens: a WebGPU schedule on any adapter)."""
+    rows = min(vocab, EVERY_ID_ROWS)
+    calls = -(-vocab // rows)
+    ids = tuple(tuple((b + k * rows) % vocab for k in range(calls)) for b in range(rows))
+    return Schedule("every-id", (1,) * rows, ids, LEFT, then=(1,) * (calls - 1), pad=pad)
 
 
 def fits(schedule: Schedule, max_call: int | None) -> bool:
