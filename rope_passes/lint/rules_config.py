@@ -287,9 +287,12 @@ def longrope_frozen(ctx: LintContext) -> Found:
 @rule("RP402", "rope-differs-from-config", Severity.ERROR,
       "The graph's rotation differs from what config.json says",
       """The cos/sin the graph computes (or holds in its caches) are compared row by row with the config's RoPE
-      (theta, linear/llama3/yarn scaling, attention scaling, partial rotary factor). The message names the first
-      wrong position and the likely cause: theta differs, scaling ignored, attention scaling differs, rotary width
-      differs. Re-export, or fix the config if the graph is the truth.""")
+      (theta, linear/llama3/yarn scaling, attention scaling, partial rotary factor). LongRoPE caches part by part:
+      the short table on its first original_max_position_embeddings rows, the long one on all, whether an If
+      switch picks them or one [short; long] concatenation holds them (split at multiRotaryCacheConcatOffset, else at
+      the original context). The message names the first wrong position and the likely cause: theta differs,
+      scaling ignored, attention scaling differs, rotary width differs, a long table holding the short factors.
+      Re-export, or fix the config if the graph is the truth.""")
 def rope_differs(ctx: LintContext) -> Found:
     for c in _checked(ctx):
         if c.verdict is not None and not c.verdict.ok and c.verdict.frozen is None:
@@ -465,7 +468,8 @@ def _conformance(ctx: LintContext) -> Iterator[tuple[str, str]]:
       """Per attention layer (GroupQueryAttention, or RotaryEmbedding on its query and key): its effective rotation -
       whether it rotates at all, the layout flag (rotary_interleaved / interleaved), the rotary width and its cos/sin
       table - against what config.json says that layer computes (rope_passes.hf_config.HFConfig.layer_rope: its layer
-      type's rope, NoPE layers, the family's pair layout), within float32 rounding (Rope.tolerance). The finding
+      type's rope, NoPE layers, the family's pair layout; LongRoPE's short and long tables as RP402 reads them),
+      within float32 rounding (Rope.tolerance). The finding
       names the layer, the node, the first differing position and the size of the difference, and says the graph is
       wrong when the config names its rope explicitly.""")
 def rope_layer_conformance(ctx: LintContext) -> Found:
