@@ -282,6 +282,46 @@ class Rope:
         return (f"{self.layer_type}: " if self.layer_type else "") + ", ".join(parts)
 
 
+#: rope parameters that must be real numbers where a config sets them (None: unset)
+NUMERIC_PARAMS = ("factor", "attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim",
+                  "low_freq_factor", "high_freq_factor")
+#: rope parameters that must be positive integers where a config sets them
+POSITIVE_INT_PARAMS = ("original_max_position_embeddings",)
+
+
+def _show(value: Any) -> str:
+    """``value`` as a short one-line repr for an error message."""
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):
+        text = repr(value)
+    text = " ".join(text.split())
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _number(where: str, key: str, value: Any) -> float:
+    """``value`` as a float when it is a real finite number (bool is not one); ModelLoadError naming ``key`` else."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ModelLoadError(f"{where}: {key} {_show(value)} is not a finite number")
+    return float(value)
+
+
+def _check_numbers(where: str, params: Mapping[str, Any], theta_key: str = "rope_theta") -> None:
+    """ModelLoadError (one line, naming the key) for a rope parameter of the wrong type, before any arithmetic."""
+    if params.get("rope_theta") is not None:
+        _number(where, theta_key, params["rope_theta"])
+    for key in NUMERIC_PARAMS:
+        if params.get(key) is not None:
+            _number(where, key, params[key])
+    for key in POSITIVE_INT_PARAMS:
+        value = params.get(key)
+        if value is None:
+            continue
+        if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+                or value != int(value) or value <= 0):
+            raise ModelLoadError(f"{where}: {key} {_show(value)} is not a positive integer")
+
+
 def _olive_attributes(data: dict[str, Any]) -> dict[str, Any]:
     """Olive's ``model_config.json`` (``{"type": "onnxmodel", "config": {"model_attributes": {...}}}``, written
     beside the graph by ``olive capture-onnx-graph``) holds the Hugging Face config as ``model_attributes``."""
@@ -353,7 +393,7 @@ class HFConfig:
     @property
     def max_position_embeddings(self) -> int | None:
         value = self._first("max_position_embeddings", "n_positions")
-        return int(value) if isinstance(value, int) and value > 0 else None
+        return int(value) if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
     @property
     def head_dim(self) -> int | None:
@@ -422,11 +462,21 @@ class HFConfig:
             raise MatchFailure.refuse(f"{where}: rope_type {kind!r} is not one rope-passes computes "
                                       f"({', '.join(STATIC_TYPES)})", "<model>", rope_type=kind)
         theta = params.get("rope_theta")
+        theta_key = "rope_theta"
+        if (layer_type == "sliding_attention" and not isinstance(self._get("rope_parameters"), dict)
+                and self._get("rope_local_base_freq") is not None):
+            theta_key = "rope_local_base_freq"
+        _check_numbers(where, params, theta_key)
+        raw_max = self._first("max_position_embeddings", "n_positions")
+        if isinstance(raw_max, bool):
+            raise ModelLoadError(f"{where}: max_position_embeddings {_show(raw_max)} is not a positive integer")
         head_dim, max_pos = self.head_dim, self.max_position_embeddings
         if theta is None or head_dim is None or max_pos is None:
             raise MatchFailure.refuse(f"{where}: rope_theta, head_dim (or hidden_size/num_attention_heads) and "
                                       "max_position_embeddings are needed", "<model>")
         partial = params.get("partial_rotary_factor", self._first("partial_rotary_factor", "rotary_pct"))
+        if partial is not None:
+            _number(where, "partial_rotary_factor", partial)
         rotary_dim = self._get("rotary_dim")  # GPT-J / CodeGen: the rotated width itself
         if partial is None and isinstance(rotary_dim, int) and 0 < rotary_dim <= head_dim:
             partial = rotary_dim / head_dim

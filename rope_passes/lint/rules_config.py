@@ -401,7 +401,7 @@ def _conformance(ctx: LintContext) -> Iterator[tuple[str, str]]:
         where = f"layer {rot.layer} ({rot.node.op_type} {rot.node.name!r})"
         try:
             want = hf.layer_rope(rot.layer)
-        except MatchFailure:
+        except (MatchFailure, ModelLoadError):  # malformed: RP403 says why
             continue  # dynamic / unknown types: RP403
         if want is None:
             if rot.rotates:
@@ -453,7 +453,7 @@ def _conformance(ctx: LintContext) -> Iterator[tuple[str, str]]:
                 if layer_type is not None and layer_type != want.layer_type:
                     try:
                         alt = dataclasses.replace(hf.rope(layer_type), table_interleaved=False)
-                    except MatchFailure:
+                    except (MatchFailure, ModelLoadError):
                         continue
                     if alt.rotary_dim == want.rotary_dim and alt.first_beyond_rounding(role, table)[0] is None:
                         other = f"; it is the {layer_type} table ({alt.describe()})"
