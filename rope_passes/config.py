@@ -29,6 +29,14 @@ from rope_passes.errors import ModelLoadError
 GENAI_CONFIG = "genai_config.json"
 #: the WebGPU provider option onnxruntime reads the LongRoPE concatenated-cache offset from
 CONCAT_OFFSET_OPTION = "multiRotaryCacheConcatOffset"
+#: the same offset as a plain session config entry (``model.decoder.session_options[...]``): onnxruntime-genai passes
+#: session_options strings it does not know to onnxruntime as session config entries, and the WebGPU EP reads its
+#: options from those entries (the provider options are stored under this prefix too)
+CONCAT_OFFSET_SESSION_ENTRY = "ep.webgpuexecutionprovider." + CONCAT_OFFSET_OPTION
+#: the largest offset onnxruntime's WebGPU EP holds (a uint32; the TensorRT-RTX EP's int32 range, the smaller)
+MAX_CONCAT_OFFSET = 2**31 - 1
+#: ``model.decoder`` fields rope-passes reads as positive integers (the builder writes JSON integers)
+DECODER_INT_FIELDS = ("head_size", "hidden_size", "num_attention_heads", "num_key_value_heads", "num_hidden_layers")
 #: the WebGPU provider option that turns graph capture on ("1") or off ("0"; absent: off)
 GRAPH_CAPTURE_OPTION = "enableGraphCapture"
 #: the provider name onnxruntime-genai's config uses for the WebGPU EP
@@ -49,6 +57,38 @@ def _int(value: Any) -> int | None:
     if isinstance(value, str) and value.strip().isdigit():
         return int(value) or None
     return None
+
+
+def _show(value: Any) -> str:
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):
+        text = repr(value)
+    text = " ".join(text.split())
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def parse_concat_offset(value: Any, where: str = CONCAT_OFFSET_OPTION) -> int:
+    """The offset a ``multiRotaryCacheConcatOffset`` value sets (0: none), the one parser of it. A JSON integer or a
+    decimal-integer string (spaces around it allowed); an integral float or a string like ``"32.0"`` is the same
+    integer (onnxruntime-webgpu 1.27 applies ``"32.0"`` as 32). Anything else (``true``, ``null``, a list, ``"-32"``,
+    ``"3.2e1"``, past the int32 range): ModelLoadError naming ``where`` and the value, one line."""
+    number: int | None = None
+    if isinstance(value, bool):
+        number = None
+    elif isinstance(value, int):
+        number = value
+    elif isinstance(value, float) and value.is_integer():
+        number = int(value)
+    elif isinstance(value, str):
+        text = value.strip()
+        head, dot, tail = text.partition(".")
+        if head.isascii() and head.isdigit() and (not dot or (tail == "" or set(tail) == {"0"})):
+            number = int(head)
+    if number is None or not 0 <= number <= MAX_CONCAT_OFFSET:
+        raise ModelLoadError(f"{where} = {_show(value)}: not an offset (a non-negative integer "
+                             f"up to {MAX_CONCAT_OFFSET}, e.g. \"32\")")
+    return number
 
 
 class GenaiConfig:
@@ -75,7 +115,47 @@ class GenaiConfig:
             raise ModelLoadError(f"{p}: not valid JSON{where}") from None
         if not isinstance(data, dict):
             raise ModelLoadError(f"{p}: not a genai_config (the top level is not an object)")
-        return cls(data)
+        config = cls(data)
+        config.validate(str(p))
+        return config
+
+    def validate(self, where: str = GENAI_CONFIG) -> None:
+        """ModelLoadError (one line, naming the key) for a config whose parts rope-passes reads or writes have the
+        wrong JSON type: ``model`` / ``model.decoder`` / ``session_options`` not objects, ``provider_options`` not
+        a list of ``{provider: {options}}`` objects, a decoder size that is not a positive integer, or an offset
+        :func:`parse_concat_offset` refuses."""
+        if self.data is None:
+            return
+        model = self.data.get("model")
+        if model is not None and not isinstance(model, dict):
+            raise ModelLoadError(f"{where}: model is {_show(model)}, not an object")
+        decoder = (model or {}).get("decoder")
+        if decoder is None:
+            return
+        if not isinstance(decoder, dict):
+            raise ModelLoadError(f"{where}: model.decoder is {_show(decoder)}, not an object")
+        for key in DECODER_INT_FIELDS:
+            value = decoder.get(key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+                raise ModelLoadError(f"{where}: model.decoder.{key} is {_show(value)}, not a positive integer")
+        session = decoder.get("session_options")
+        if session is None:
+            return
+        if not isinstance(session, dict):
+            raise ModelLoadError(f"{where}: model.decoder.session_options is {_show(session)}, not an object")
+        providers = session.get("provider_options")
+        if providers is not None:
+            if not isinstance(providers, list):
+                raise ModelLoadError(f"{where}: model.decoder.session_options.provider_options is {_show(providers)}, "
+                                     "not a list of {provider: {options}} objects")
+            for i, entry in enumerate(providers):
+                if not isinstance(entry, dict) or not all(isinstance(v, dict) for v in entry.values()):
+                    raise ModelLoadError(f"{where}: model.decoder.session_options.provider_options[{i}] is "
+                                         f"{_show(entry)}, not a {{provider: {{options}}}} object")
+        try:
+            self.concat_offset  # noqa: B018 - parsed for its error
+        except ModelLoadError as exc:
+            raise ModelLoadError(f"{where}: {exc}") from None
 
     def dumps(self) -> str:
         """The text written to disk (the layout onnxruntime-genai's builder uses: 4-space indent)."""
@@ -181,11 +261,28 @@ class GenaiConfig:
 
     @property
     def concat_offset(self) -> int | None:
-        """``multiRotaryCacheConcatOffset`` in any provider's options (0, absent or not a number: None)."""
-        for _provider, options in self._provider_entries():
-            if CONCAT_OFFSET_OPTION in options:
-                return _int(options[CONCAT_OFFSET_OPTION])
-        return None
+        """The ``multiRotaryCacheConcatOffset`` in effect (0 or absent: None): the provider options' (the first
+        provider entry that sets it), else the plain session config entry
+        ``session_options["ep.webgpuexecutionprovider.multiRotaryCacheConcatOffset"]`` (onnxruntime-genai passes it to
+        onnxruntime as the same session config entry). ModelLoadError for a value :func:`parse_concat_offset`
+        refuses, or where the two places set different offsets (which one onnxruntime keeps is not ours to guess)."""
+        found = [(f".provider_options.{provider}.{CONCAT_OFFSET_OPTION}", options[CONCAT_OFFSET_OPTION])
+                 for provider, options in self._provider_entries() if CONCAT_OFFSET_OPTION in options][:1]
+        session = self.decoder.get("session_options")
+        if isinstance(session, dict) and CONCAT_OFFSET_SESSION_ENTRY in session:
+            found.append((f"[{CONCAT_OFFSET_SESSION_ENTRY!r}]", session[CONCAT_OFFSET_SESSION_ENTRY]))
+        where = "model.decoder.session_options"
+        offsets = [parse_concat_offset(value, f"{where}{key}") for key, value in found]
+        if len(set(offsets)) > 1:
+            raise ModelLoadError(f"two different offsets: {where}{found[0][0]} = {offsets[0]} and "
+                                 f"{where}{found[1][0]} = {offsets[1]}")
+        return (offsets[0] or None) if offsets else None
+
+    @property
+    def concat_offset_session_entry(self) -> bool:
+        """Whether the offset is (also) set as the plain session config entry :data:`CONCAT_OFFSET_SESSION_ENTRY`."""
+        session = self.decoder.get("session_options")
+        return isinstance(session, dict) and CONCAT_OFFSET_SESSION_ENTRY in session
 
     @property
     def graph_capture(self) -> bool | None:
@@ -211,7 +308,10 @@ class GenaiConfig:
         if decoder is None:
             return None
         session = decoder.setdefault("session_options", {})
-        providers = session.setdefault("provider_options", [])
+        providers = session.setdefault("provider_options", []) if isinstance(session, dict) else None
+        if not isinstance(providers, list):
+            raise ModelLoadError("genai_config.json: model.decoder.session_options.provider_options is not a list "
+                                 "(or session_options not an object): cannot write a provider option")
         options = next((e[provider] for e in providers if isinstance(e, dict) and isinstance(e.get(provider), dict)),
                        None)
         if options is None:
@@ -246,6 +346,9 @@ class GenaiConfig:
         if decoder is None:
             return None
         session = decoder.setdefault("session_options", {})
+        if not isinstance(session, dict):
+            raise ModelLoadError("genai_config.json: model.decoder.session_options is not an object: cannot write "
+                                 f"{key!r}")
         if session.get(key) == value:
             return None
         session[key] = value

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rope_passes.errors import ModelLoadError, RopePassesError
+from rope_passes.errors import ModelLoadError
 from rope_passes.hf_config import HFConfig
 
 LLAMA = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 2, "max_position_embeddings": 64,
@@ -120,3 +120,131 @@ def test_malformed_hf_config_cli(tmp_path, capsys, edit, says):
     model = FIXTURES / "torch" / "tf4" / "optimum" / "phi3_longrope" / "decode.onnx"
     _one_line_exit_2(capsys, ["optimize", str(model), "-o", str(tmp_path / "o.onnx"), "--target", "exporter",
                               "--max-positions", "128", "--hf-config", str(tmp_path / "config.json")], says)
+
+
+# -- (d) one parser for multiRotaryCacheConcatOffset; (e) the offset as a plain session config entry ------------------
+from rope_passes.config import CONCAT_OFFSET_SESSION_ENTRY, GenaiConfig, parse_concat_offset  # noqa: E402
+
+LLAMA_GENAI = "current/llama/webgpu_fp16"
+
+
+def _genai(options: dict | None = None, session: dict | None = None, **decoder) -> dict:
+    webgpu = {"enableGraphCapture": "0", **(options or {})}
+    return {"model": {"decoder": {"head_size": 32, "session_options": {"provider_options": [{"webgpu": webgpu}],
+                                                                       **(session or {})}, **decoder}}}
+
+
+@pytest.mark.parametrize(("value", "offset"), [(32, 32), ("32", 32), ("32.0", 32), (32.0, 32), (" 32 ", 32),
+                                               ("0", 0), (0, 0)])
+def test_offset_parser_accepts_integers(value, offset):
+    assert parse_concat_offset(value) == offset
+    assert GenaiConfig(_genai({"multiRotaryCacheConcatOffset": value})).concat_offset == (offset or None)
+
+
+@pytest.mark.parametrize("value", ["3.2e1", True, None, [32], "-32", "+32", "32.5", 32.5, "99999999999999999999",
+                                   "abc", "", {"a": 1}])
+def test_offset_parser_refuses_the_rest(tmp_path, value):
+    path = tmp_path / "genai_config.json"
+    path.write_text(json.dumps(_genai({"multiRotaryCacheConcatOffset": value})))
+    with pytest.raises(ModelLoadError) as info:
+        GenaiConfig.load(path)
+    assert "multiRotaryCacheConcatOffset" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_offset_session_entry_is_read():
+    config = GenaiConfig(_genai(session={CONCAT_OFFSET_SESSION_ENTRY: "32"}))
+    assert config.concat_offset == 32 and config.concat_offset_session_entry
+    same = GenaiConfig(_genai({"multiRotaryCacheConcatOffset": "32"}, session={CONCAT_OFFSET_SESSION_ENTRY: 32}))
+    assert same.concat_offset == 32
+    with pytest.raises(ModelLoadError, match="two different offsets"):
+        _ = GenaiConfig(_genai({"multiRotaryCacheConcatOffset": "32"},
+                               session={CONCAT_OFFSET_SESSION_ENTRY: "64"})).concat_offset
+
+
+def _llama(tmp_path: Path, edit) -> Path:
+    import shutil
+
+    from tests.conftest import GENAI
+
+    folder = tmp_path / "llama"
+    shutil.copytree(GENAI / LLAMA_GENAI, folder)
+    for p in folder.iterdir():
+        p.chmod(0o644)
+    path = folder / "genai_config.json"
+    config = json.loads(path.read_text())
+    edit(config["model"]["decoder"])
+    path.write_text(json.dumps(config, indent=4))
+    return folder
+
+
+def _set_option(key, value):
+    return lambda d: d["session_options"]["provider_options"][0]["webgpu"].__setitem__(key, value)
+
+
+@pytest.mark.corpus
+@pytest.mark.parametrize("value", ["32.0", 32.0])
+def test_integral_float_offset_is_32(tmp_path, capsys, value):
+    """G05: "32.0" crashed lint and optimize (int('32.0')); onnxruntime-webgpu applies it as 32: RP208, removed."""
+    folder = _llama(tmp_path, _set_option("multiRotaryCacheConcatOffset", value))
+    code, _ = _cli(capsys, ["lint", str(folder), "--select", "RP208"])
+    assert code == 1
+    code, err = _cli(capsys, ["optimize", str(folder), "-o", str(tmp_path / "out"), "--target", "webgpu"])
+    assert code == 0, err
+    assert "multiRotaryCacheConcatOffset" not in (tmp_path / "out" / "genai_config.json").read_text()
+
+
+@pytest.mark.corpus
+@pytest.mark.parametrize("value", ["3.2e1", True, None, [32]])
+def test_malformed_offset_is_one_line_exit_2(tmp_path, capsys, value):
+    """G05 / X10: the lint and removal paths crashed on int('3.2e1'), int('True'), int('None'), int('[32]')."""
+    folder = _llama(tmp_path, _set_option("multiRotaryCacheConcatOffset", value))
+    _one_line_exit_2(capsys, ["optimize", str(folder), "-o", str(tmp_path / "out"), "--target", "webgpu-graph"],
+                     "multiRotaryCacheConcatOffset")
+    _one_line_exit_2(capsys, ["lint", str(folder)], "multiRotaryCacheConcatOffset")
+
+
+@pytest.mark.corpus
+def test_offset_as_session_entry_is_linted_and_removed(tmp_path, capsys):
+    """G04: session_options["ep.webgpuexecutionprovider.multiRotaryCacheConcatOffset"] on a plain llama: onnxruntime-genai
+    passes it to the WebGPU EP; lint says RP208 and optimize removes it (and reports the removal)."""
+    folder = _llama(tmp_path, lambda d: d["session_options"].__setitem__(CONCAT_OFFSET_SESSION_ENTRY, "32"))
+    from rope_passes.cli import main
+
+    assert main(["lint", str(folder), "--select", "RP208"]) == 1
+    assert "RP208" in capsys.readouterr().out
+    report = tmp_path / "report.json"
+    code, err = _cli(capsys, ["optimize", str(folder), "-o", str(tmp_path / "out"), "--target", "webgpu",
+                              "--report", str(report)])
+    assert code == 0, err
+    assert "multiRotaryCacheConcatOffset" not in (tmp_path / "out" / "genai_config.json").read_text()
+    assert CONCAT_OFFSET_SESSION_ENTRY in report.read_text() and "removed" in report.read_text()
+
+
+# -- (h) genai_config parts of the wrong JSON type: one line, exit 2, naming the key ---------------------------------
+@pytest.mark.parametrize(("edit", "key"), [
+    (lambda d: d["session_options"].__setitem__("provider_options", {"webgpu": {}}), "provider_options"),
+    (lambda d: d["session_options"].__setitem__("provider_options", "webgpu"), "provider_options"),
+    (lambda d: d["session_options"].__setitem__("provider_options", ["webgpu"]), "provider_options[0]"),
+    (lambda d: d.__setitem__("session_options", [{"provider_options": []}]), "session_options"),
+    (lambda d: d.__setitem__("head_size", "32"), "head_size"),
+    (lambda d: d.__setitem__("head_size", True), "head_size"),
+])
+def test_genai_config_wrong_types(tmp_path, edit, key):
+    config = _genai()
+    edit(config["model"]["decoder"])
+    path = tmp_path / "genai_config.json"
+    path.write_text(json.dumps(config))
+    with pytest.raises(ModelLoadError) as info:
+        GenaiConfig.load(path)
+    assert key in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.corpus
+@pytest.mark.parametrize(("edit", "key"), [
+    (lambda d: d["session_options"].__setitem__("provider_options", {"webgpu": {}}), "provider_options"),
+    (lambda d: d.__setitem__("session_options", []), "session_options"),
+    (lambda d: d.__setitem__("head_size", "32"), "head_size"),
+])
+def test_genai_config_wrong_types_cli(tmp_path, capsys, edit, key):
+    folder = _llama(tmp_path, edit)
+    _one_line_exit_2(capsys, ["optimize", str(folder), "-o", str(tmp_path / "out"), "--target", "webgpu-graph"], key)

@@ -38,10 +38,6 @@ def _context_length(ctx: LintContext) -> int | None:
     return ctx.genai_config.context_length
 
 
-def _provider_options(ctx: LintContext) -> dict[str, str]:
-    return ctx.genai_config.all_provider_options()
-
-
 def _load_problems(ctx: LintContext, kind: str) -> list[LoadProblem]:
     return [p for p in ctx.load_problems if p.kind == kind]
 
@@ -250,7 +246,7 @@ def _concat_cache(ctx: LintContext) -> ConcatCache | None:
       fix="annotate-cache-offset")
 def concat_offset(ctx: LintContext) -> Found:
     found = _concat_cache(ctx)
-    if found and not int(_provider_options(ctx).get("multiRotaryCacheConcatOffset", "0") or 0):
+    if found and not ctx.genai_config.concat_offset:
         yield found.gqa.name or "GroupQueryAttention", (
             f"cos_cache has {found.rows} rows > context {found.context_length} (concatenated LongRoPE) and no "
             "multiRotaryCacheConcatOffset")
@@ -261,7 +257,7 @@ def concat_offset(ctx: LintContext) -> Found:
       """multiRotaryCacheConcatOffset is a WebGPU EP option; the CPU EP has none and reads the concatenated
       table from row 0, so CPU results are wrong past the offset. Use this model with the WebGPU EP.""")
 def webgpu_only(ctx: LintContext) -> Found:
-    offset = int(_provider_options(ctx).get("multiRotaryCacheConcatOffset", "0") or 0)
+    offset = ctx.genai_config.concat_offset
     if offset and _concat_cache(ctx):
         yield "<model>", f"multiRotaryCacheConcatOffset={offset}: CPU EP results are wrong past {offset} tokens"
 

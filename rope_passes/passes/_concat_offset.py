@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from rope_passes.config import CONCAT_OFFSET_OPTION, GenaiConfig
+from rope_passes.config import CONCAT_OFFSET_OPTION, CONCAT_OFFSET_SESSION_ENTRY, GenaiConfig
 from rope_passes.report import PassReport
 
 OFFSET_KEY = CONCAT_OFFSET_OPTION
@@ -32,7 +32,9 @@ def record_offset(model: ir.Model, genai_config: GenaiConfig, offset: int, repor
         report.note("<model>", f"no genai_config.json: run with the WebGPU session config entry "
                     f"ep.webgpuexecutionprovider.{OFFSET_KEY}={offset}")
         return
-    for change in (genai_config.set_provider_option("webgpu", OFFSET_KEY, str(offset)),
+    entry = (genai_config.set_session_option(CONCAT_OFFSET_SESSION_ENTRY, str(offset), "the same offset, set there too")
+             if genai_config.concat_offset_session_entry else None)
+    for change in (genai_config.set_provider_option("webgpu", OFFSET_KEY, str(offset)), entry,
                    genai_config.set_session_option(WEBGPU_ONLY_KEY, "1")):
         if change:
             report.genai_config_changes.append(change)
@@ -42,6 +44,7 @@ def remove_offset(model: ir.Model, genai_config: GenaiConfig, why: str, report: 
     """Remove a ``multiRotaryCacheConcatOffset`` no GroupQueryAttention can honour (``why``) from genai_config.json,
     with the metadata and WebGPU-only marks :func:`record_offset` wrote; the change lines (also in ``report``)."""
     changes = genai_config.remove_provider_option(OFFSET_KEY, why)
+    changes += genai_config.remove_session_option(CONCAT_OFFSET_SESSION_ENTRY, why)
     if genai_config.session_option(WEBGPU_ONLY_KEY) is not None:
         changes += genai_config.remove_session_option(WEBGPU_ONLY_KEY, "the offset it marked is removed")
     report.genai_config_changes.extend(changes)
