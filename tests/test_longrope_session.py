@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import onnx_ir as ir
 import pytest
+from conftest import GENAI
 from mutants import Mutant, all_mutants
 
 from rope_passes.analysis.graph import nodes_of
@@ -226,3 +227,72 @@ def test_rewrites_the_session_proof_allows_are_right_on_webgpu(name, tmp_path):
     assert offset == ORIGINAL
     before, after = _errors(_decode(tmp_path / "out", "webgpu", offset), _decode(path, "cpu", None))
     assert before <= DECODE_TOL and after <= DECODE_TOL, (before, after)
+
+
+# --- independent red team (issue 18): consumers in functions, genai_config lengths that do not add up ----------------
+
+
+def _copy(name: str, tmp: Path, **config_edits) -> Path:
+    import shutil
+
+    dst = tmp / "src"
+    shutil.copytree(GENAI / name, dst)
+    for p in dst.iterdir():
+        p.chmod(0o644)
+    path = dst / "genai_config.json"
+    config = json.loads(path.read_text())
+    config["model"].update(config_edits)
+    path.write_text(json.dumps(config, indent=4))
+    return dst
+
+
+@pytest.mark.parametrize("name", ["current/phi3_mini_128k/webgpu_fp16_graph", "current/phi3_mini_128k/webgpu_fp32"])
+def test_a_context_length_past_the_table_keeps_the_offset(name, tmp_path):
+    """genai_config context_length 512 over a [32 short; 256 long] table (G13, G24): the rows decide, not the metadata.
+    Before, annotate-cache-offset read the table as plain and removed the builder's offset 32 (or the one
+    longrope-concat had just written): WebGPU logits off by up to 6.9 from total 33."""
+    src = _copy(name, tmp_path, context_length=512)
+    optimize(str(src), str(tmp_path / "out"), target="webgpu-graph")
+    assert _offset(tmp_path / "out") == "32"
+    assert not [d for d in lint_bundle(tmp_path / "out") if d.code in ("RP208", "RP209")]
+
+
+def test_a_groupqueryattention_in_a_model_local_function_breaks_the_session_proof(tmp_path):
+    """Layer 1's GroupQueryAttention moved into a model-local function (onnxruntime inlines it; WebGPU applies the
+    offset there too). Before, the graph walk never saw it: longrope-concat wrote offset 32 while that layer reads a
+    plain table (G01), and annotate-cache-offset removed the builder's offset from a graph whose layers are all in
+    functions (G02). Now both refuse, naming the function."""
+    import onnx
+    from onnx import helper
+
+    src = _copy("current/phi3_mini_128k/webgpu_fp32", tmp_path)
+    model = onnx.load(src / "model.onnx")
+    nodes = []
+    for node in model.graph.node:
+        if node.op_type == "GroupQueryAttention" and "layers.1/" in node.name:
+            ins = list(node.input)
+            formal = [f"i{k}" if x else "" for k, x in enumerate(ins)]
+            outs = [f"o{k}" for k in range(len(node.output))]
+            inner = helper.make_node("GroupQueryAttention", formal, outs, domain="com.microsoft", name="inner")
+            inner.attribute.extend(node.attribute)
+            model.functions.append(helper.make_function(
+                "rt.fn", "Attn1", [x for x in formal if x], outs, [inner],
+                [helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]))
+            nodes.append(helper.make_node("Attn1", [x for x in ins if x], list(node.output), domain="rt.fn",
+                                          name=node.name + "/call"))
+        else:
+            nodes.append(node)
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    model.opset_import.append(helper.make_opsetid("rt.fn", 1))
+    onnx.save(model, src / "model.onnx")
+    report = optimize(str(src), str(tmp_path / "out"), target="webgpu-graph")
+    assert _pass(report, "longrope-concat").count(Outcome.REWRITTEN) == 0
+    annotate = _pass(report, "annotate-cache-offset")
+    assert annotate.count(Outcome.REFUSED) == 1 and "rt.fn::Attn1" in annotate.status, annotate.status
+    assert _offset(tmp_path / "out") is None
+    # the function's layer reads the If's output through the call: longrope-concat refuses whatever the reason; with
+    # the If proved for every node it sees, the function is what it names
+    from rope_passes.proofs.concat_offset import hidden_attention
+
+    assert hidden_attention(load_bundle(src).model) == "rt.fn::Attn1"

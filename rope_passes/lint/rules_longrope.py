@@ -79,7 +79,7 @@ def _session_verdict(ctx: LintContext) -> tuple[int, MatchFailure | None, int | 
             out = (offset, None, found.offset)
         except MatchFailure as failure:
             real = None
-            if context is not None and no_layer_honours(failure):  # nothing split at the offset: anywhere?
+            if context is not None:  # not split at the offset: split elsewhere (by the context length)?
                 try:
                     real = session_concat(ctx.model, context_length=context).offset
                 except MatchFailure:
@@ -102,11 +102,13 @@ def concat_offset_without_cache(ctx: LintContext) -> Found:
     if verdict is None:
         return
     offset, failure, real = verdict
-    if failure is None or not no_layer_honours(failure):
+    if failure is None:
         return
     if real is not None and real != offset:
         yield "<model>", (f"{OFFSET_KEY}={offset}, but the concatenated cos/sin cache splits at {real}: every "
                           f"layer reads the wrong rows past {min(offset, real)} tokens")
+        return
+    if not no_layer_honours(failure):
         return
     readers = offset_consumers(ctx.model)
     who = (f"{len(readers)} packed-QKV GroupQueryAttention node(s) with do_rotary=1 (first "

@@ -109,11 +109,25 @@ class AnnotateCacheOffsetPass(RopePass):
                              long_fit_error=max(f.long_error for f in fits), consumers=len(found.consumers))
 
     def _remove_stale(self, model: ir.Model, report: PassReport, failure: MatchFailure) -> bool:
-        """No GroupQueryAttention reads a concatenated cache (``failure`` says why): remove a configured offset,
-        which WebGPU would apply to every packed-QKV rotary GroupQueryAttention; True when one was removed."""
+        """No GroupQueryAttention reads a concatenated cache by genai_config's lengths (``failure`` says why): remove a
+        configured offset, which WebGPU would apply to every packed-QKV rotary GroupQueryAttention, unless the tables
+        read at that offset are a [short; long] pair (or the proof there refuses: the offset stays, the refusal is
+        recorded). True when the case is settled here (removed, kept or refused)."""
         configured = self.genai_config.concat_offset
         if not configured:
             return False
+        # the proof read the tables by genai_config's lengths; before removing, read them at the offset itself: a
+        # [short; long] pair split there (whatever context_length says) honours it, and the offset stays
+        try:
+            session_concat(model, context_length=None, offset=configured)
+        except MatchFailure as at_offset:
+            if not no_layer_honours(at_offset):
+                report.record(at_offset)
+                return True
+        else:
+            report.not_matched(failure.target, f"{OFFSET_KEY}={configured} kept: the cos/sin rows are a [short; long] "
+                               f"pair split there ({failure.reason}, by genai_config's lengths)")
+            return True
         readers = rotary_gqas(model)
         who = (f"{len(readers)} GroupQueryAttention node(s) with do_rotary=1, none reading a concatenated [short; "
                f"long] cache ({failure.reason})" if readers else f"no GroupQueryAttention reads a rotary cache "

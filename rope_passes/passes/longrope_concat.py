@@ -57,7 +57,7 @@ from rope_passes.analysis.graph import MS_DOMAIN, const_array, const_tensor
 from rope_passes.analysis.longrope import LongRoPE, if_switch, separate_qkv, switch_offset
 from rope_passes.passes._concat_offset import OFFSET_KEY, OFFSET_METADATA, WEBGPU_ONLY_KEY, pack_qkv, record_offset
 from rope_passes.passes.base import RopePass
-from rope_passes.proofs.concat_offset import consumer_name, offset_consumers, packable
+from rope_passes.proofs.concat_offset import consumer_name, hidden_attention, offset_consumers, packable
 from rope_passes.report import MatchFailure, PassReport
 
 __all__ = ["OFFSET_KEY", "OFFSET_METADATA", "WEBGPU_ONLY_KEY", "LongRoPEConcatPass"]
@@ -113,6 +113,11 @@ def session_offset(model: ir.Model, proved: list[_Proved], refused: list[ir.Node
                 f"{first.offset}: {OFFSET_KEY} is one value for the whole session; no offset serves both",
                 consumer_name(other.gqas[0]))
     offset = first.offset
+    hidden = hidden_attention(model)
+    if hidden is not None:  # onnxruntime inlines it: a consumer of the offset this walk cannot prove
+        raise MatchFailure.refuse(
+            f"model-local function {hidden!r} holds a GroupQueryAttention: {OFFSET_KEY} is one value for the whole "
+            "session and WebGPU applies it there too, and what it reads is not proved here", hidden)
     switched = {id(out) for p in proved for out in p.node.outputs}
     refused_ids = {id(n): n for n in refused}
     consumers = {id(g): g for g in offset_consumers(model)}

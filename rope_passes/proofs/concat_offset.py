@@ -26,6 +26,7 @@ import dataclasses
 import numpy as np
 import onnx_ir as ir
 
+import rope_passes.graph_walk as graph_walk
 from rope_passes.analysis.graph import MS_DOMAIN, attr, const_tensor, flag, nodes_of, table_like
 from rope_passes.analysis.longrope import ConcatCache, separate_qkv
 from rope_passes.config import CONCAT_OFFSET_OPTION
@@ -203,6 +204,17 @@ def rotary_gqas(model: ir.Model) -> list[ir.Node]:
             if flag(n, "do_rotary") and len(n.inputs) > 8 and n.inputs[7] is not None]
 
 
+def hidden_attention(model: ir.Model) -> str | None:
+    """The name of a model-local function that holds a GroupQueryAttention (in its body or a subgraph of it), or
+    None: onnxruntime inlines functions, so such a node is a consumer of the session's offset that the graph walk
+    does not see."""
+    for function in model.functions.values():
+        for node in graph_walk.nodes(function):  # type: ignore[arg-type]  # a Function iterates its nodes
+            if node.op_type == "GroupQueryAttention" and node.domain == MS_DOMAIN:
+                return f"{function.domain}::{function.name}"
+    return None
+
+
 def offset_consumers(model: ir.Model) -> list[ir.Node]:
     """The GroupQueryAttention nodes onnxruntime's WebGPU EP applies ``multiRotaryCacheConcatOffset`` to: do_rotary=1
     with packed QKV (key and value inputs empty) and a cos_cache, in every graph of the model. Each reads row
@@ -247,6 +259,10 @@ def _pair_cache(model: ir.Model, gqas: list[ir.Node], *, context_length: int | N
         raise MatchFailure.refuse("no context_length in genai_config.json to split the cache by", name)
     rows = cos_t.shape[0]
     original = offset if offset is not None else rows - (context_length or 0)
+    if offset is not None and context_length is not None and rows != offset + context_length and rows > offset > 1:
+        # genai_config's numbers do not add up to the table (a context_length past the table, an
+        # original_max_position_embeddings edited): the rows decide (fit_pair), never the metadata
+        context_length = rows - offset
     if rows <= original or original <= 1 or (context_length is not None and rows != original + context_length):
         split = "original" if offset is None else str(offset)
         raise MatchFailure.absent(f"cos_cache {name!r} has {rows} rows, not {split} + context {context_length} "
@@ -275,6 +291,11 @@ def session_concat(model: ir.Model, *, context_length: int | None, offset: int |
     GQAs with separate Q/K/V reading a plain table are not consumers (WebGPU reads row ``position`` there); those
     reading a concatenated table are (:attr:`SessionConcat.to_pack`: they must be packed to read it at the offset).
     """
+    hidden = hidden_attention(model)
+    if hidden is not None:
+        raise MatchFailure.refuse(
+            f"model-local function {hidden!r} holds a GroupQueryAttention: onnxruntime inlines it and WebGPU applies "
+            f"{CONCAT_OFFSET_OPTION} to it too, and what it reads is not proved here", hidden, breaks_session=True)
     by_pair: dict[tuple[int, int], list[ir.Node]] = {}
     for gqa in rotary_gqas(model):
         sin = gqa.inputs[8] if len(gqa.inputs) > 8 else None
