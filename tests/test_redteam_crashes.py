@@ -248,3 +248,12 @@ def test_genai_config_wrong_types(tmp_path, edit, key):
 def test_genai_config_wrong_types_cli(tmp_path, capsys, edit, key):
     folder = _llama(tmp_path, edit)
     _one_line_exit_2(capsys, ["optimize", str(folder), "-o", str(tmp_path / "out"), "--target", "webgpu-graph"], key)
+
+
+# -- (i) --max-positions past any table: a usage error, not numpy's "Maximum allowed size exceeded" ------------------
+@pytest.mark.parametrize("rows", ["99999999999999999999", str(2**31)])
+def test_max_positions_huge(tmp_path, capsys, rows):
+    model = tmp_path / "m.onnx"
+    model.write_bytes(b"")  # never read: the option is checked first
+    _one_line_exit_2(capsys, ["optimize", str(model), "-o", str(tmp_path / "o.onnx"), "--target", "exporter",
+                              "--max-positions", rows], "--max-positions")

@@ -21,6 +21,8 @@ if TYPE_CHECKING:  # the work imports onnx_ir, the passes, rich: only when the c
 #: nothing heavy (tests/test_startup.py checks they agree)
 TARGET_NAMES = ("exporter", "webgpu", "webgpu-graph")
 WEIGHT_MODES = ("reflink", "copy", "link", "rewrite")
+#: the most rows --max-positions may ask for (a position past int32 cannot be fed to GroupQueryAttention)
+MAX_POSITIONS = 2**31 - 1
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -74,6 +76,9 @@ def run(args: argparse.Namespace) -> int:
     passes = args.passes.split(",") if args.passes is not None else None
     if args.max_positions is not None and args.max_positions < 1:
         raise UsageError(f"--max-positions must be a positive number of rows, got {args.max_positions}")
+    if args.max_positions is not None and args.max_positions > MAX_POSITIONS:
+        raise UsageError(f"--max-positions {args.max_positions} is more rows than a table can have (at most "
+                         f"{MAX_POSITIONS}: a position past int32 cannot be indexed)")
     pass_names_for(args.target, passes, args.runtime)  # a bad --passes/--target is one error, not one per model
     if args.report:  # an unwritable --report path fails before any work
         check_report_path(args.report)
