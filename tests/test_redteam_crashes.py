@@ -257,3 +257,92 @@ def test_max_positions_huge(tmp_path, capsys, rows):
     model.write_bytes(b"")  # never read: the option is checked first
     _one_line_exit_2(capsys, ["optimize", str(model), "-o", str(tmp_path / "o.onnx"), "--target", "exporter",
                               "--max-positions", rows], "--max-positions")
+
+
+# -- (f) longrope-concat's Q/K/V pack and (g) unfuse-gqa-qk-norm on graphs without value_info: typed new values -----
+def _copy_corpus(tmp_path: Path, rel: str) -> Path:
+    import shutil
+
+    from tests.conftest import GENAI
+
+    folder = tmp_path / rel.replace("/", "_")
+    shutil.copytree(GENAI / rel, folder)
+    for p in folder.iterdir():
+        p.chmod(0o644)
+    return folder
+
+
+def _save(model, folder: Path) -> None:
+    import onnx
+
+    model.ir_version = 10
+    (folder / "model.onnx.data").unlink()
+    onnx.save(model, str(folder / "model.onnx"), save_as_external_data=True, location="model.onnx.data",
+              size_threshold=1024)
+
+
+def _loads_on_cpu(path: Path) -> None:
+    import onnxruntime as ort
+
+    ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
+@pytest.mark.corpus
+def test_pack_qkv_of_untyped_split(tmp_path, capsys):
+    """X01: phi3 (If short/long) whose GroupQueryAttention reads q/k/v from a Split with no value_info: the packing
+    Concat's output had no dtype -> SerdeError on save (internal error)."""
+    import numpy as np
+    import onnx
+    from onnx import helper, numpy_helper
+
+    folder = _copy_corpus(tmp_path, "current/phi3_mini_128k/webgpu_fp32")
+    head = json.loads((folder / "genai_config.json").read_text())["model"]["decoder"]["head_size"]
+    model = onnx.load(str(folder / "model.onnx"))
+    nodes = []
+    for node in model.graph.node:
+        if node.op_type == "GroupQueryAttention":
+            attrs = {a.name: a.i for a in node.attribute}
+            heads, kv = attrs["num_heads"], attrs["kv_num_heads"]
+            sizes = numpy_helper.from_array(np.array([heads * head, kv * head, kv * head], np.int64),
+                                            node.name + "/split_sizes")
+            model.graph.initializer.append(sizes)
+            qkv = [f"{node.name}/{x}" for x in "qkv"]
+            nodes.append(helper.make_node("Split", [node.input[0], sizes.name], qkv, axis=-1,
+                                          name=node.name + "/split"))
+            node.input[0], node.input[1], node.input[2] = qkv
+        nodes.append(node)
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    del model.graph.value_info[:]
+    _save(model, folder)
+    _loads_on_cpu(folder / "model.onnx")
+    out = tmp_path / "out"
+    code, err = _cli(capsys, ["optimize", str(folder), "-o", str(out), "--target", "webgpu-graph"])
+    assert code == 0, err
+    result = onnx.load(str(out / "model.onnx"), load_external_data=False)
+    packs = [n for n in result.graph.node if "rope_passes_packed_qkv" in n.name]
+    assert packs, "longrope-concat did not pack q/k/v"
+    typed = {v.name: v.type.tensor_type.elem_type for v in result.graph.value_info}
+    assert all(typed.get(n.output[0]) == onnx.TensorProto.FLOAT for n in packs)
+    _loads_on_cpu(out / "model.onnx")
+
+
+@pytest.mark.corpus
+def test_unfuse_qk_norm_without_value_info(tmp_path, capsys):
+    """X03: qwen3 (GQA with fused q/k-norm) saved without value_info: unfuse-gqa-qk-norm's Reshape outputs had no
+    dtype -> SerdeError on save (internal error)."""
+    import onnx
+
+    folder = _copy_corpus(tmp_path, "current/qwen3/webgpu_fp16")
+    model = onnx.load(str(folder / "model.onnx"))
+    del model.graph.value_info[:]
+    _save(model, folder)
+    out = tmp_path / "out"
+    code, err = _cli(capsys, ["optimize", str(folder), "-o", str(out), "--target", "webgpu"])
+    assert code == 0, err
+    result = onnx.load(str(out / "model.onnx"), load_external_data=False)
+    norms = [n for n in result.graph.node if n.op_type == "SimplifiedLayerNormalization" and "q_norm" in n.name]
+    assert norms, "unfuse-gqa-qk-norm did not unfuse"
+    typed = {v.name: v.type.tensor_type.elem_type for v in result.graph.value_info}
+    assert all(typed.get(n.output[0]) == onnx.TensorProto.FLOAT16 for n in norms)
+    _loads_on_cpu(out / "model.onnx")

@@ -66,9 +66,14 @@ def pack_qkv(graph: ir.Graph, gqa: ir.Node) -> ir.Node:
     prefix = f"{gqa.name or 'GroupQueryAttention'}/rope_passes_packed_qkv"
     concat = ir.node("Concat", [q, k, v], attributes={"axis": -1}, name=prefix)
     out = concat.outputs[0]
-    out.name, out.dtype = f"{prefix}/output_0", q.dtype
-    if all(x.shape is not None and isinstance(x.shape[2], int) for x in (q, k, v)):
-        out.shape = ir.Shape([q.shape[0], q.shape[1], q.shape[2] + k.shape[2] + v.shape[2]])
+    out.name = f"{prefix}/output_0"
+    # GQA's T: q's, else any of its inputs of that type (a graph saved without value_info leaves q/k/v untyped)
+    dtype = next((x.dtype for x in (q, k, v, *gqa.inputs[3:5], *gqa.inputs[7:9]) if x is not None
+                  and x.dtype is not None), None)
+    if dtype is not None:
+        out.dtype = dtype
+        if all(x.shape is not None and len(x.shape) == 3 and isinstance(x.shape[2], int) for x in (q, k, v)):
+            out.shape = ir.Shape([q.shape[0], q.shape[1], q.shape[2] + k.shape[2] + v.shape[2]])
     target_graph = gqa.graph if gqa.graph is not None else graph
     target_graph.insert_before(gqa, concat)
     gqa.replace_input_with(0, out)

@@ -69,6 +69,10 @@ class _Builder:
 
     def __init__(self, gqa: ir.Node, fresh: FreshNames):
         self.gqa = gqa
+        # the element type of q/k/v: GQA's T (query, key, past_key/past_value, cos/sin caches), from whichever of
+        # them carries one (a graph saved without value_info leaves intermediate values untyped)
+        self.dtype = next((v.dtype for v in (_present(gqa, i) for i in (0, 1, 2, 3, 4, 7, 8)) if v is not None
+                           and v.dtype is not None), None)
         self.tape = ir.tape.Tape()
         self.base = (gqa.name or "GroupQueryAttention").rsplit("/", 1)[0]
         self.fresh = fresh
@@ -89,7 +93,7 @@ class _Builder:
         out = self.tape.op("Reshape", [normed, self.const(f"{tag}/shape_hidden", [0, -1, heads * head_size])],
                            name=self.name(f"{tag}/Reshape_2"))
         for v, dims in ((per_head, None), (normed, None), (out, heads * head_size)):
-            v.dtype = x.dtype
+            self._type(v, x.dtype)
             if dims is not None and x.shape is not None and len(x.shape) == 3:
                 v.shape = ir.Shape([x.shape[0], x.shape[1], dims])
         return out
@@ -98,15 +102,22 @@ class _Builder:
         outs = self.tape.op_multi_out("Split", [packed, self.const("qkv_split/sizes", sizes)], {"axis": -1},
                                       num_outputs=3, name=self.name("qkv_split/Split"))
         for v, width in zip(outs, sizes):
-            v.dtype = packed.dtype
+            self._type(v, packed.dtype)
             if packed.shape is not None and len(packed.shape) == 3:
                 v.shape = ir.Shape([packed.shape[0], packed.shape[1], width])
         return list(outs)
 
     def concat(self, parts: list[ir.Value], like: ir.Value) -> ir.Value:
         out = self.tape.op("Concat", parts, {"axis": -1}, name=self.name("qkv_concat/Concat"))
-        out.dtype, out.shape = like.dtype, like.shape
+        self._type(out, like.dtype)
+        out.shape = like.shape
         return out
+
+    def _type(self, value: ir.Value, dtype: ir.DataType | None) -> None:
+        """Give ``value`` ``dtype`` (else the GQA's T); a dtype of None is left unset (onnx_ir cannot save it)."""
+        dtype = dtype if dtype is not None else self.dtype
+        if dtype is not None:
+            value.dtype = dtype
 
     def insert(self, graph: ir.Graph) -> None:
         graph.insert_before(self.gqa, self.tape.nodes)
