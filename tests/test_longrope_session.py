@@ -296,3 +296,23 @@ def test_a_groupqueryattention_in_a_model_local_function_breaks_the_session_proo
     from rope_passes.proofs.concat_offset import hidden_attention
 
     assert hidden_attention(load_bundle(src).model) == "rt.fn::Attn1"
+
+
+def test_a_concatenation_the_context_length_cannot_split_is_found_by_its_rows(tmp_path):
+    """mobius-onnx writes context_length 4096 and no offset over its [128 short; 512 long] cache (independent set,
+    issue 21, M11): wrong on WebGPU past 128 tokens. Here the builder's [32; 256] table with context_length 4096 and
+    the offset taken out: the long half starts where sin is 0 in every column again. Before, lint said nothing of it
+    (only RP302) and annotate-cache-offset matched nothing; now RP203 is an error and the pass writes 32."""
+    src = _copy("current/phi3_mini_128k/webgpu_fp16_graph", tmp_path, context_length=4096)
+    path = src / "genai_config.json"
+    config = json.loads(path.read_text())
+    for entry in config["model"]["decoder"]["session_options"]["provider_options"]:
+        for options in entry.values():
+            options.pop(KEY, None)
+    path.write_text(json.dumps(config, indent=4))
+    assert _offset(src) is None
+    (found,) = [d for d in lint_bundle(src) if d.code == "RP203"]
+    assert found.severity == "error" and "32 short + 256 long" in found.message, found.message
+    optimize(str(src), str(tmp_path / "out"), target="webgpu")
+    assert _offset(tmp_path / "out") == "32"
+    assert not [d for d in lint_bundle(tmp_path / "out") if d.code in ("RP203", "RP208", "RP209")]

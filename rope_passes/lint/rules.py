@@ -227,13 +227,21 @@ def capture_ready_but_off(ctx: LintContext) -> Found:
 
 
 def _concat_cache(ctx: LintContext) -> ConcatCache | None:
-    """The GQA cos/sin table longer than the context: a concatenated [short; long] LongRoPE table (the detector's
-    :func:`~rope_passes.analysis.longrope.concat_cache`, the offset read as the rows past the context)."""
+    """The GQA cos/sin table that is a concatenated [short; long] LongRoPE table: longer than the context (the
+    detector's :func:`~rope_passes.analysis.longrope.concat_cache`, the offset read as the rows past the context),
+    or, where genai_config's context_length cannot split it (none, or past the table), the table the session proof
+    reads as one by its rows (:func:`rope_passes.proofs.concat_offset.session_concat`, the proof
+    ``annotate-cache-offset`` writes the offset by)."""
     context = _context_length(ctx)
-    if not context:
-        return None
+    if context:
+        try:
+            return concat_cache(ctx.model, context_length=context)
+        except MatchFailure:
+            pass
+    from rope_passes.proofs.concat_offset import session_concat
+
     try:
-        return concat_cache(ctx.model, context_length=context)
+        return session_concat(ctx.model, context_length=context or None).tables[0]
     except MatchFailure:
         return None
 
@@ -248,8 +256,8 @@ def concat_offset(ctx: LintContext) -> Found:
     found = _concat_cache(ctx)
     if found and not ctx.genai_config.concat_offset:
         yield found.gqa.name or "GroupQueryAttention", (
-            f"cos_cache has {found.rows} rows > context {found.context_length} (concatenated LongRoPE) and no "
-            "multiRotaryCacheConcatOffset")
+            f"cos_cache has {found.rows} rows: a concatenated LongRoPE cache ({found.offset} short + "
+            f"{found.rows - found.offset} long) and no multiRotaryCacheConcatOffset")
 
 
 @rule("RP204", "webgpu-only-cache", Severity.NOTE,

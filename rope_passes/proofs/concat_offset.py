@@ -255,10 +255,16 @@ def _pair_cache(model: ir.Model, gqas: list[ir.Node], *, context_length: int | N
     cos_t = const_tensor(cos)
     if not table_like(cos_t) or not isinstance(cos_t.shape[0], int):
         raise MatchFailure.absent(f"cos_cache {name!r} is not a constant table", name)
-    if context_length is None and offset is None:
-        raise MatchFailure.refuse("no context_length in genai_config.json to split the cache by", name)
     rows = cos_t.shape[0]
     original = offset if offset is not None else rows - (context_length or 0)
+    if offset is None and (context_length is None or original <= 1):
+        # genai_config's context_length cannot split the table (none, or past the table: mobius-onnx writes 4096
+        # over a [128; 512] cache): a second table starts where a row past 0 is position 0 again (sin 0 everywhere)
+        restart = _restart_row(sin)
+        if restart is not None:
+            original, context_length = restart, rows - restart
+    if context_length is None and offset is None:
+        raise MatchFailure.refuse("no context_length in genai_config.json to split the cache by", name)
     if offset is not None and context_length is not None and rows != offset + context_length and rows > offset > 1:
         # genai_config's numbers do not add up to the table (a context_length past the table, an
         # original_max_position_embeddings edited): the rows decide (fit_pair), never the metadata
@@ -272,6 +278,19 @@ def _pair_cache(model: ir.Model, gqas: list[ir.Node], *, context_length: int | N
         raise MatchFailure.absent(f"sin_cache of {consumer_name(gqa)!r} is not a constant table shaped like "
                                   "cos_cache", name)
     return ConcatCache(gqa, cos, sin, rows, original, context_length, list(gqas))
+
+
+def _restart_row(sin: ir.Value | None) -> int | None:
+    """The one row past row 0 of a constant sin table that is zero in every column (a table that starts again at
+    position 0: the long half of a [short; long] concatenation), or None (none, or several). The fit then proves
+    the halves (:func:`fit_pair`)."""
+    tensor = const_tensor(sin)
+    if tensor is None or len(tensor.shape) != 2:
+        return None
+    table = np.abs(tensor.numpy().astype(np.float32))
+    zero = np.flatnonzero(table.max(axis=1) == 0)
+    zero = zero[zero > 1]
+    return int(zero[0]) if len(zero) == 1 else None
 
 
 def session_concat(model: ir.Model, *, context_length: int | None, offset: int | None = None,
