@@ -52,6 +52,10 @@ def _config(ctx: LintContext) -> tuple[HFConfig | None, list[Rope], str]:
             check_rope(hf, rope)
         return hf, ropes, ""
     except MatchFailure as failure:
+        if failure.details.get("rope_type") == "dynamic" and hf.max_position_embeddings:
+            return hf, [], (f"{failure.reason}: calls up to max_position_embeddings {hf.max_position_embeddings} "
+                            "rotate by the default frequencies (RP404 compares each layer's table with them), longer "
+                            "calls by a base rescaled per call, which no static table holds")
         return hf, [], failure.reason
     except ModelLoadError as exc:
         return hf, [], str(exc)
@@ -301,9 +305,12 @@ def rope_differs(ctx: LintContext) -> Found:
 
 @rule("RP403", "rope-config-dynamic", Severity.WARNING,
       "config.json asks for a RoPE no fixed table computes (dynamic NTK), or cannot be read",
-      """Dynamic NTK rescales the frequencies from the call's largest position: an exported graph holds the
-      frequencies of its sample input (right up to max_position_embeddings, wrong after), and precompute-cos-sin
-      refuses to make a table of it.""")
+      """Dynamic NTK rescales the frequencies from the call's largest position once it passes
+      max_position_embeddings: an exported graph holds the frequencies of its sample input, and precompute-cos-sin
+      refuses to make a table of it. Calls up to max_position_embeddings rotate by the default frequencies: RP404
+      compares each layer's table rows below max_position_embeddings with them (an error per layer where they
+      differ, e.g. a table with the NTK-scaled base at every length); this warning is for the longer calls, which
+      no static table serves.""")
 def rope_dynamic(ctx: LintContext) -> Found:
     for c in _checked(ctx):
         if c.verdict is None:
@@ -383,6 +390,37 @@ def _explicit(hf: HFConfig) -> bool:
                                     hf.model_type in ("gptj", "codegen"))
 
 
+def _dynamic_rope(hf: HFConfig, layer: int) -> Rope | None:
+    """Layer ``layer``'s dynamic NTK rope (``kind == "dynamic"``), None where its rope is not dynamic or cannot be
+    read (RP403 says why). Its :meth:`Rope.tables` are the default frequencies: what transformers rotates by in
+    every call up to ``max_position_embeddings`` (``dynamic_rope_update`` rescales only past it)."""
+    try:
+        if not hf.uses_rope(layer):
+            return None
+        rope = hf.rope(hf.layer_type_of(layer), dynamic=True)
+    except (MatchFailure, ModelLoadError):
+        return None
+    return rope if rope.kind == "dynamic" else None
+
+
+def _ntk_cause(rope: Rope, role: str, table: np.ndarray) -> str:
+    """Why a dynamic NTK layer's table differs within ``max_position_embeddings``: the NTK-scaled base
+    ``theta × factor ** (d / (d - 2))`` baked into every row (mobius-onnx), or frequencies of its own."""
+    factor = float(rope.params.get("factor") or 1.0)
+    dim = rope.rotary_dim
+    scaled_theta = rope.theta * factor ** (dim / (dim - 2)) if dim > 2 else rope.theta
+    scaled = dataclasses.replace(rope, kind="default", theta=scaled_theta)
+    cos, sin = scaled.tables(table.shape[0], layout="cache")
+    near = float(np.abs(table.astype(np.float64) - (cos if role == "cos" else sin)).max()) if table.size else 0.0
+    fallback = 10 * scaled.tolerance(table.shape[0], dtype=table.dtype).max() if table.size else 0.0
+    default = (f"config.json's dynamic rope uses the default frequencies (theta {rope.theta:g}) up to "
+               f"max_position_embeddings {rope.max_position_embeddings}")
+    if scaled.first_beyond_rounding(role, table)[0] is None or near <= fallback:
+        return (f"the table uses the NTK-scaled base (theta {rope.theta:g} × factor {factor:g} ** ({dim}/{dim - 2}) "
+                f"= {scaled_theta:.6g}) at every length; {default}")
+    return f"the table is not the default frequencies' table; {default}"
+
+
 def _conformance(ctx: LintContext) -> Iterator[tuple[str, str]]:
     try:
         hf = HFConfig.find(ctx.path)
@@ -401,8 +439,10 @@ def _conformance(ctx: LintContext) -> Iterator[tuple[str, str]]:
         where = f"layer {rot.layer} ({rot.node.op_type} {rot.node.name!r})"
         try:
             want = hf.layer_rope(rot.layer)
-        except (MatchFailure, ModelLoadError):  # malformed: RP403 says why
-            continue  # dynamic / unknown types: RP403
+        except (MatchFailure, ModelLoadError):  # malformed / unknown types: RP403 says why
+            want = _dynamic_rope(hf, rot.layer)  # dynamic NTK: its calls up to max_position_embeddings
+            if want is None:
+                continue
         if want is None:
             if rot.rotates:
                 yield rot.node.name or rot.node.op_type, (
@@ -437,6 +477,9 @@ def _conformance(ctx: LintContext) -> Iterator[tuple[str, str]]:
                 continue
             table = tensor.numpy()
             cache_rope = dataclasses.replace(want, table_interleaved=False)
+            dynamic = want.kind == "dynamic"
+            if dynamic:  # the rows calls up to max_position_embeddings read; longer calls: RP403
+                table = table[:want.max_position_embeddings]
             if table.shape[1] * 2 != want.rotary_dim:
                 yield rot.node.name or rot.node.op_type, (
                     f"{where} reads {role} table {value.name!r} of width {table.shape[1]} (rotary dim "
@@ -449,6 +492,13 @@ def _conformance(ctx: LintContext) -> Iterator[tuple[str, str]]:
             cos_want, sin_want = cache_rope.tables(table.shape[0], layout="cache")
             row = np.abs(table[first].astype(np.float64) - (cos_want if role == "cos" else sin_want)[first]).max()
             other = ""
+            if dynamic:
+                yield rot.node.name or rot.node.op_type, (
+                    f"{where} reads {role} table {value.name!r} (rows by {rot.positions}) that differs from "
+                    f"config.json's {want.describe()}, factor {want.params.get('factor', 1):g} (dynamic NTK) from "
+                    f"position {first} on, in calls up to max_position_embeddings {want.max_position_embeddings} "
+                    f"(by {row:.3g} there, up to {worst:.3g}): {_ntk_cause(cache_rope, role, table)}; {blame}")
+                break
             for layer_type in hf.layer_types():
                 if layer_type is not None and layer_type != want.layer_type:
                     try:
@@ -468,8 +518,9 @@ def _conformance(ctx: LintContext) -> Iterator[tuple[str, str]]:
       """Per attention layer (GroupQueryAttention, or RotaryEmbedding on its query and key): its effective rotation -
       whether it rotates at all, the layout flag (rotary_interleaved / interleaved), the rotary width and its cos/sin
       table - against what config.json says that layer computes (rope_passes.hf_config.HFConfig.layer_rope: its layer
-      type's rope, NoPE layers, the family's pair layout; LongRoPE's short and long tables as RP402 reads them),
-      within float32 rounding (Rope.tolerance). The finding
+      type's rope, NoPE layers, the family's pair layout; LongRoPE's short and long tables as RP402 reads them;
+      dynamic NTK's default frequencies on the rows below max_position_embeddings, what transformers rotates by in
+      every call up to that length), within float32 rounding (Rope.tolerance). The finding
       names the layer, the node, the first differing position and the size of the difference, and says the graph is
       wrong when the config names its rope explicitly.""")
 def rope_layer_conformance(ctx: LintContext) -> Found:
