@@ -18,6 +18,7 @@ from rope_passes.io import ModelBundle, load_bundle
 from rope_passes.lint import rules as _rules  # noqa: F401  (registers the rules)
 from rope_passes.lint import rules_config as _rules_config  # noqa: F401  (RP4xx: graph vs config.json)
 from rope_passes.lint import rules_longrope as _rules_longrope  # noqa: F401  (RP206, RP207)
+from rope_passes.lint import rules_rotation as _rules_rotation  # noqa: F401  (RP405, RP406: rotation probed)
 from rope_passes.lint.core import RULES, Diagnostic, LintContext, Rule, Severity, run_rules
 
 # The passes and the pipeline (onnxscript's rewriter, onnxruntime for the numeric proofs) are imported by

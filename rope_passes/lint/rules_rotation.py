@@ -1,0 +1,482 @@
+"""Per-layer rotation conformance (RP405 error, RP406 note): the rotation each attention layer applies, probed.
+
+RP401-RP404 compare cos/sin *tables* (chains, caches) with config.json; they cannot see a layer whose rotation itself
+is wrong: ``rotate_half`` reversed (a rotation by -angle), two layers reading each other's chain (Gemma 3 sliding
+and full), a layer's private chain, or query and key gathered at different positions. This module probes the rotation
+numerically:
+
+* **Sites.** The torch exporters' form ``Add(Mul(x, cos'), Mul(rotate_half(x), sin'))`` (``cos'``/``sin'`` computed
+  from a ``Cos``/``Sin`` node, ``rotate_half(x)`` made of Slice/Neg/Concat of ``x``; partial rotary: ``x`` a Slice of
+  the head and the result concatenated with the head's other Slice). The site is the rotated value; the layer and
+  whether it is the query or the key come from the attention ``MatMul`` it reaches (input 0: query, 1: key) and the
+  ``present.N`` output the key reaches (else the order of the attention MatMuls).
+* **Probe.** The subgraph from ``x`` and ``position_ids`` to the rotated value is extracted and run once on
+  onnxruntime CPU (all sites in one session), with ``x`` replaced by the basis vectors of the head (one per batch row)
+  at a handful of positions (0, 1, 2, 7, 100, max - 1): column ``b`` of the result is column ``b`` of the layer's
+  ``head_dim x head_dim`` rotation matrix ``R(p)``.
+* **Expected.** ``HFConfig.layer_rope(layer)`` (the layer's type for Gemma 3) gives the angles
+  (:meth:`rope_passes.hf_config.Rope.angles`), the attention scaling and the pair layout.
+
+A site whose matrix is not block-diagonal on the config's pairs, or a graph whose structure is not understood (other
+graph inputs in the subgraph, shapes that do not broadcast, LongRoPE's switch, a dynamic rope), is skipped silently.
+Query and key shifted by the same constant number of positions compute the same attention (RoPE is relative): a note
+(RP406), not an error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Iterator
+
+import numpy as np
+import onnx_ir as ir
+
+from rope_passes.errors import ModelLoadError
+from rope_passes.hf_config import INV_FREQ_ULPS, VALUE_ULPS, HFConfig, Rope
+from rope_passes.lint.core import LintContext, Severity, rule
+from rope_passes.report import MatchFailure
+
+_PRESENT = re.compile(r"present[._](?:key_values[._])?(\d+)[._]")
+#: ops between a Cos/Sin node and the Mul of the rotation
+_TRIG_PATH = {"Unsqueeze", "Squeeze", "Cast", "Mul", "Gather", "Slice", "Expand", "Reshape", "Transpose", "Identity",
+              "Concat", "Where", "GatherElements", "Tile", "Div"}
+#: ops of rotate_half (and of an interleaved rotate_every_two)
+_HALF_PATH = {"Slice", "Neg", "Concat", "Split", "Reshape", "Gather", "Mul", "Unsqueeze", "Squeeze", "Transpose",
+              "Identity", "Stack", "Flatten", "Cast"}
+_ATTENTION = {"GroupQueryAttention", "MultiHeadAttention", "Attention", "SparseAttention", "PagedAttention"}
+_PROBE = (0, 1, 2, 7, 100)
+
+
+@dataclasses.dataclass
+class _Site:
+    pre: ir.Value  # the head before the rotation
+    out: ir.Value  # the rotated head
+    node: ir.Node
+    layer: int = -1
+    role: str = ""  # q | k
+
+
+def _trig_of(value: ir.Value | None, depth: int = 10) -> str | None:
+    """``Cos`` / ``Sin`` where ``value`` is computed from one of them through shape/scaling ops only."""
+    seen = 0
+    stack = [(value, 0)]
+    while stack:
+        v, d = stack.pop()
+        node = v.producer() if v is not None else None
+        if node is None or d > depth or seen > 64:
+            continue
+        seen += 1
+        if node.op_type in ("Cos", "Sin"):
+            return node.op_type
+        if node.op_type in _TRIG_PATH:
+            stack += [(i, d + 1) for i in node.inputs if i is not None]
+    return None
+
+
+def _reaches(target: ir.Value, value: ir.Value | None, depth: int = 8) -> bool:
+    """``value`` computed from ``target`` through rotate_half's ops."""
+    stack = [(value, 0)]
+    while stack:
+        v, d = stack.pop()
+        if v is None or d > depth:
+            continue
+        if v is target:
+            return True
+        node = v.producer()
+        if node is not None and node.op_type in _HALF_PATH:
+            stack += [(i, d + 1) for i in node.inputs if i is not None]
+    return False
+
+
+def _rotation(add: ir.Node) -> tuple[ir.Value, ir.Value] | None:
+    """(x, rotated) for ``Add(Mul(x, cos'), Mul(rotate_half(x), sin'))``."""
+    if len(add.inputs) != 2 or any(i is None or i.producer() is None for i in add.inputs):
+        return None
+    muls = [i.producer() for i in add.inputs]  # type: ignore[union-attr]
+    if any(m.op_type != "Mul" or len(m.inputs) != 2 for m in muls):
+        return None
+    parts: dict[str, ir.Value] = {}
+    for m in muls:
+        kinds = [_trig_of(i) for i in m.inputs]
+        if sum(k is not None for k in kinds) != 1:
+            return None
+        k = 0 if kinds[0] is not None else 1
+        parts[kinds[k]] = m.inputs[1 - k]  # type: ignore[index,assignment]
+    if set(parts) != {"Cos", "Sin"}:
+        return None
+    x, r = parts["Cos"], parts["Sin"]
+    if x is r or not _reaches(x, r):
+        return None
+    return x, add.outputs[0]
+
+
+def _widen(x: ir.Value, out: ir.Value) -> tuple[ir.Value, ir.Value]:
+    """Partial rotary: ``x = Slice(head)``, ``Concat(out, Slice(head))``: the whole head in and out."""
+    node = x.producer()
+    users = list(out.uses())
+    if node is None or node.op_type != "Slice" or len(users) != 1:
+        return x, out
+    cat = users[0][0]
+    if cat.op_type != "Concat" or len(cat.inputs) != 2 or cat.inputs[0] is not out:
+        return x, out
+    other = cat.inputs[1].producer() if cat.inputs[1] is not None else None
+    if other is None or other.op_type != "Slice" or other.inputs[0] is not node.inputs[0]:
+        return x, out
+    return node.inputs[0], cat.outputs[0]  # type: ignore[return-value]
+
+
+def _attention_of(value: ir.Value, depth: int = 30) -> tuple[ir.Node, int, int | None] | None:
+    """The first attention MatMul (or fused attention op) the rotated value reaches: (node, input index, the N of a
+    ``present.N`` output on the way)."""
+    frontier, present, seen = [value], None, set()
+    for _ in range(depth):
+        nxt = []
+        for v in frontier:
+            if v.is_graph_output():
+                found = _PRESENT.search(v.name or "")
+                present = int(found.group(1)) if found and present is None else present
+            for node, index in v.uses():
+                if id(node) in seen:
+                    continue
+                seen.add(id(node))
+                if node.op_type == "MatMul" or node.op_type in _ATTENTION:
+                    return node, index, present
+                if node.op_type in ("Softmax", "Gemm"):
+                    continue
+                nxt += list(node.outputs)
+        frontier = nxt
+        if not frontier:
+            break
+    return None
+
+
+def _sites(model: ir.Model) -> list[_Site]:
+    found = []
+    for node in model.graph:
+        if node.op_type != "Add" or node.domain not in ("", "ai.onnx"):
+            continue
+        rot = _rotation(node)
+        if rot is None:
+            continue
+        pre, out = _widen(*rot)
+        found.append(_Site(pre, out, node))
+    # layers: the attention node each reaches, in graph order; the present.N its key reaches names it
+    order: dict[int, int] = {}
+    named: dict[int, int] = {}
+    kept = []
+    for site in found:
+        att = _attention_of(site.out)
+        if att is None:
+            continue
+        node, index, present = att
+        if node.op_type == "MatMul":
+            if index not in (0, 1):
+                continue
+            site.role = "q" if index == 0 else "k"
+        else:
+            if index not in (0, 1):
+                continue
+            site.role = "q" if index == 0 else "k"
+        order.setdefault(id(node), len(order))
+        if present is not None:
+            named[id(node)] = present
+        site.layer = id(node)
+        kept.append(site)
+    for site in kept:
+        key = site.layer
+        site.layer = named.get(key, order[key])
+    return kept
+
+
+def _position_input(model: ir.Model) -> ir.Value | None:
+    for v in model.graph.inputs:
+        if "position" in (v.name or "") and v.dtype in (ir.DataType.INT64, ir.DataType.INT32):
+            return v
+    return None
+
+
+def _graph_inputs_needed(model: ir.Model, sites: list[_Site]) -> set[str]:
+    """The graph inputs the rotated values are computed from, besides the heads themselves."""
+    inputs = {id(v): v for v in model.graph.inputs}
+    stop = {id(s.pre) for s in sites}
+    needed: set[str] = set()
+    seen: set[int] = set()
+    stack = [s.out for s in sites]
+    while stack:
+        v = stack.pop()
+        if v is None or id(v) in seen or id(v) in stop:
+            continue
+        seen.add(id(v))
+        if id(v) in inputs:
+            needed.add(v.name or "")
+            continue
+        node = v.producer()
+        if node is not None:
+            stack += list(node.inputs)
+    return needed
+
+
+def _probe(model: ir.Model, sites: list[_Site], positions: ir.Value, probe: list[int],
+           head_dim: int) -> dict[int, np.ndarray] | None:
+    """Per site (by index): ``[P, D, D]`` rotation matrices ``R(p)`` (``R[p][row, col]``); None where the graph
+    cannot be probed."""
+    from rope_passes.runtime.sessions import create_session
+
+    try:
+        sub = ir.convenience.extract(model.graph, [*[s.pre for s in sites], positions], [s.out for s in sites])
+    except Exception:  # noqa: BLE001 - not bounded by the heads and the positions: not understood
+        return None
+    pos_rank = len(positions.shape) if positions.shape is not None else 2
+    for value in sub.inputs:
+        rank = len(value.shape) if value.shape is not None else None
+        if rank is None:
+            return None
+        value.shape = ir.Shape([f"d{k}_{value.name}" for k in range(rank)])
+    for value in sub.outputs:
+        value.shape = None
+    for value in sub.initializers.values():
+        if value.const_value is not None:
+            value.const_value = ir.tensor(value.const_value.numpy(), name=value.name)
+    try:
+        proto = ir.serde.serialize_model(ir.Model(sub, ir_version=min(model.ir_version or 10, 10)))
+        sess = create_session(proto.SerializeToString(), "cpu")
+    except Exception:  # noqa: BLE001
+        return None
+    n, count = head_dim, len(probe)
+    pos = np.asarray(probe, dtype=np.int64)
+    pos_feed = np.broadcast_to(pos, (n, count)) if pos_rank == 2 else (pos if pos_rank == 1 else None)
+    if pos_feed is None:
+        return None
+    pos_feed = np.ascontiguousarray(pos_feed).astype(np.int32 if positions.dtype == ir.DataType.INT32 else np.int64)
+    feeds = {}
+    for site, value in zip(sites, sub.inputs[:-1], strict=True):
+        if site.pre.shape is None or len(site.pre.shape) != 4 or site.pre.shape[3] != n:
+            return None
+        dtype = np.float16 if site.pre.dtype == ir.DataType.FLOAT16 else np.float32
+        if site.pre.dtype not in (ir.DataType.FLOAT, ir.DataType.FLOAT16):
+            return None
+        x = np.zeros((n, 1, count, n), dtype=dtype)
+        for b in range(n):
+            x[b, 0, :, b] = 1
+        feeds[value.name] = x
+    feeds[sub.inputs[-1].name] = pos_feed
+    try:
+        outs = sess.run(None, feeds)
+    except Exception:  # noqa: BLE001
+        return None
+    result = {}
+    for k, y in enumerate(outs):
+        if y.shape != (n, 1, count, n):
+            continue
+        result[k] = np.transpose(y[:, 0, :, :].astype(np.float64), (1, 2, 0))  # [P, row, col]
+    return result
+
+
+def _expected(rope: Rope, positions: np.ndarray, head_dim: int) -> np.ndarray | None:
+    """``[P, D, D]``: the rotation config.json's rope applies at ``positions`` (pass-through past the rotary dim)."""
+    half = rope.rotary_dim // 2
+    if rope.rotary_dim > head_dim or half == 0:
+        return None
+    angles = rope.angles(positions).astype(np.float64)
+    scale = float(rope.attention_scaling)
+    c, s = np.cos(angles) * scale, np.sin(angles) * scale
+    out = np.zeros((len(positions), head_dim, head_dim))
+    for d in range(rope.rotary_dim, head_dim):
+        out[:, d, d] = 1.0
+    for j in range(half):
+        a, b = (2 * j, 2 * j + 1) if rope.interleaved else (j, j + half)
+        out[:, a, a], out[:, b, b], out[:, a, b], out[:, b, a] = c[:, j], c[:, j], -s[:, j], s[:, j]
+    return out
+
+
+def _tolerance(rope: Rope, positions: np.ndarray, fp16: bool) -> np.ndarray:
+    """``[P]``: what float32 (float16) rounding lets a correct producer differ by (:meth:`Rope.tolerance`'s terms at
+    these positions), plus the rotation's own products."""
+    inv = rope.inv_freq().astype(np.float64)
+    angles = np.abs(rope.angles(positions))
+    angle_err = positions.astype(np.float64)[:, None] * INV_FREQ_ULPS * np.spacing(inv.astype(np.float32)) \
+        + np.spacing(angles).astype(np.float64)
+    scale = max(abs(float(rope.attention_scaling)), 1.0)
+    tol = scale * (angle_err.max(axis=1) + VALUE_ULPS * float(np.spacing(np.float32(1))))
+    return 2 * tol + (4e-3 if fp16 else 1e-5) * scale
+
+
+@dataclasses.dataclass
+class _Verdict:
+    ok: bool = False
+    shift: int | None = None  # the graph rotates by position + shift everywhere
+    first: int | None = None  # the first probed position where it differs
+    angle: float = 0.0  # the largest angle error there (radians)
+    size: float = 0.0  # the largest |difference| of the matrices there
+    cause: str = ""
+
+
+def _angles_of(m: np.ndarray, rope: Rope) -> np.ndarray:
+    half = rope.rotary_dim // 2
+    js = np.arange(half)
+    a, b = (2 * js, 2 * js + 1) if rope.interleaved else (js, js + half)
+    return np.arctan2(m[:, b, a], m[:, a, a])
+
+
+def _wrap(x: np.ndarray) -> np.ndarray:
+    return (x + np.pi) % (2 * np.pi) - np.pi
+
+
+def _judge(m: np.ndarray, rope: Rope, probe: np.ndarray, head_dim: int, fp16: bool,
+           others: list[Rope]) -> _Verdict | None:
+    """None: not a rotation on the config's pairs (not understood, skipped)."""
+    want = _expected(rope, probe, head_dim)
+    if want is None:
+        return None
+    tol = _tolerance(rope, probe, fp16)
+    mask = (want != 0) | (_expected(rope, probe + 1, head_dim) != 0)  # the pairs' blocks
+    if np.abs(np.where(mask, 0, m)).max() > 1e-3 + tol.max():
+        return None  # off-block entries: other pairs, or a site not understood
+    diff = np.abs(m - want).max(axis=(1, 2))
+    if (diff <= tol).all():
+        return _Verdict(ok=True)
+    # q or k at position + shift (the lowest frequency says by how much)
+    got = _angles_of(m, rope)
+    inv = rope.inv_freq().astype(np.float64)
+    j = int(np.argmin(inv))
+    shift = int(round(float(_wrap(got[0, j] - rope.angles(probe[:1]).astype(np.float64)[0, j])) / inv[j]))
+    if shift:
+        moved = _expected(rope, probe + shift, head_dim)
+        if moved is not None and (np.abs(m - moved).max(axis=(1, 2)) <= _tolerance(rope, probe + abs(shift),
+                                                                                     fp16)).all():
+            return _Verdict(shift=shift)
+    bad = np.flatnonzero(diff > tol)
+    first = int(bad[0])
+    angle_err = np.abs(_wrap(got[first] - rope.angles(probe[first:first + 1]).astype(np.float64)[0]))
+    verdict = _Verdict(first=int(probe[first]), angle=float(angle_err.max()), size=float(diff[first]))
+    if (np.abs(m - np.transpose(want, (0, 2, 1))).max(axis=(1, 2)) <= tol).all():
+        verdict.cause = "it rotates by -angle (rotate_half reversed: the sin term has the wrong sign)"
+        return verdict
+    for other in others:
+        alt = _expected(other, probe, head_dim)
+        if alt is not None and (np.abs(m - alt).max(axis=(1, 2)) <= _tolerance(other, probe, fp16)).all():
+            verdict.cause = f"it rotates by the {other.layer_type} rope ({other.describe()})"
+            return verdict
+    amp = np.hypot(m[first][0, 0], m[first][rope.rotary_dim // 2 if not rope.interleaved else 1, 0])
+    if abs(amp - abs(rope.attention_scaling)) > 1e-3:
+        verdict.cause = f"its cos/sin are scaled by {amp:.6g}, config.json's attention scaling is " \
+                        f"{rope.attention_scaling:.6g}"
+    else:
+        verdict.cause = "its angles differ (another theta, scaling or positions)"
+    return verdict
+
+
+def _findings(ctx: LintContext) -> list[tuple[str, str, str]]:
+    """(severity: error | note, target, message), computed once for RP405 and RP406."""
+    cached = getattr(ctx, "_rp405", None)
+    if cached is not None:
+        return cached
+    out: list[tuple[str, str, str]] = []
+    ctx._rp405 = out  # type: ignore[attr-defined]
+    try:
+        hf = HFConfig.find(ctx.path)
+    except Exception:  # noqa: BLE001 - RP403 says why
+        return out
+    if hf is None or not hf.max_position_embeddings or not hf.head_dim:
+        return out
+    positions = _position_input(ctx.model)
+    if positions is None:
+        return out
+    sites = _sites(ctx.model)
+    if not sites:
+        return out
+    if _graph_inputs_needed(ctx.model, sites) - {positions.name}:
+        return out  # the rotation reads more than the positions: not understood
+    max_pos = hf.max_position_embeddings
+    probe = np.asarray(sorted({p for p in (*_PROBE, max_pos - 1) if 0 <= p < max_pos}), dtype=np.int64)
+    head_dim = int(sites[0].pre.shape[3]) if sites[0].pre.shape is not None and \
+        isinstance(sites[0].pre.shape[3], int) else hf.head_dim
+    try:
+        mats = _probe(ctx.model, sites, positions, [int(p) for p in probe], head_dim)
+    except Exception:  # noqa: BLE001 - never a crash of lint
+        return out
+    if not mats:
+        return out
+    try:
+        all_ropes = [hf.rope(t) for t in hf.layer_types()]
+    except (MatchFailure, ModelLoadError):
+        return out
+    layers: dict[int, dict[str, tuple[_Site, _Verdict]]] = {}
+    for index, site in enumerate(sites):
+        if index not in mats:
+            continue
+        try:
+            rope = hf.layer_rope(site.layer)
+        except (MatchFailure, ModelLoadError):
+            continue
+        if rope is None or rope.switches:
+            continue  # NoPE layers (RP404), LongRoPE's switch (RP401/RP402)
+        others = [r for r in all_ropes if r.layer_type != rope.layer_type]
+        fp16 = site.pre.dtype == ir.DataType.FLOAT16
+        verdict = _judge(mats[index], rope, probe, head_dim, fp16, others)
+        if verdict is not None:
+            layers.setdefault(site.layer, {})[site.role] = (site, verdict)
+    for layer in sorted(layers):
+        roles = layers[layer]
+        rope = hf.layer_rope(layer)
+        assert rope is not None
+        name = (rope.layer_type + " " if rope.layer_type else "")
+        for role in ("q", "k"):
+            if role not in roles:
+                continue
+            site, v = roles[role]
+            if v.first is not None:
+                word = "query" if role == "q" else "key"
+                out.append(("error", site.node.name or site.out.name or "Add", (
+                    f"layer {layer} {word} ({role}, rotated value {site.out.name!r}) rotates differently from "
+                    f"config.json's {name}rope ({rope.describe()}) from position {v.first} on: angle error up to "
+                    f"{v.angle:.3g} rad (matrix entries off by {v.size:.3g}); {v.cause}")))
+        shifts = {r: v.shift or 0 for r, (_, v) in roles.items() if v.first is None}
+        if len(shifts) == 2 and shifts["q"] != shifts["k"]:
+            site = roles["q"][0]
+            out.append(("error", site.node.name or site.out.name or "Add", (
+                f"layer {layer} rotates its query at position + {shifts['q']} and its key at position + "
+                f"{shifts['k']} (probed at positions {', '.join(map(str, probe))}): query and key are "
+                f"{abs(shifts['q'] - shifts['k'])} position(s) apart, so attention differs from config.json's from "
+                f"position {int(probe[0])} on")))
+        elif len(shifts) == 1 and next(iter(shifts.values())):
+            (role, shift), = shifts.items()
+            site = roles[role][0]
+            out.append(("error", site.node.name or site.out.name or "Add", (
+                f"layer {layer} rotates its {'query' if role == 'q' else 'key'} at position + {shift} (the "
+                f"{'key' if role == 'q' else 'query'} could not be probed)")))
+        elif len(shifts) == 2 and shifts["q"]:
+            site = roles["q"][0]
+            out.append(("note", site.node.name or site.out.name or "Add", (
+                f"layer {layer} rotates query and key both at position + {shifts['q']}: attention is unchanged "
+                f"(RoPE is relative), the tables differ from config.json's")))
+    return out
+
+
+@rule("RP405", "rotation-conformance", Severity.ERROR,
+      "An attention layer's query or key rotation, probed numerically, differs from what config.json says",
+      """Per attention layer, the rotation applied to the query and to the key (torch exports' Mul/Add/Neg/Slice/
+      Concat over cos/sin) is evaluated on onnxruntime CPU at a few positions (0, 1, 2, 7, 100, max - 1) with the
+      head replaced by basis vectors, and its 2x2 blocks compared with the rotation config.json prescribes for that
+      layer (its layer type's rope for Gemma 3, attention scaling, partial rotary, pair layout). Finds what the table
+      rules cannot: rotate_half reversed, layers reading each other's (or a private, wrong) cos/sin chain, query and
+      key at different positions. The finding names the layer, query or key, the first differing position and the
+      angle error. Graphs whose rotation is not understood are skipped.""")
+def rotation_conformance(ctx: LintContext) -> Iterator[tuple[str, str]]:
+    for severity, target, message in _findings(ctx):
+        if severity == "error":
+            yield target, message
+
+
+@rule("RP406", "rotation-shifted", Severity.NOTE,
+      "Query and key of a layer are both rotated at position + k: the same attention, other tables",
+      """RoPE is relative: a layer whose query and key are both rotated at position + k (the same k) computes the
+      attention config.json's rope does, though its cos/sin tables differ (RP402 may say so).""")
+def rotation_shifted(ctx: LintContext) -> Iterator[tuple[str, str]]:
+    for severity, target, message in _findings(ctx):
+        if severity == "note":
+            yield target, message
+
+
+__all__ = ["rotation_conformance", "rotation_shifted"]
