@@ -196,11 +196,14 @@ def _position_input(model: ir.Model) -> ir.Value | None:
     return None
 
 
-def _graph_inputs_needed(model: ir.Model, sites: list[_Site]) -> set[str]:
-    """The graph inputs the rotated values are computed from, besides the heads themselves."""
+def _graph_inputs_needed(model: ir.Model, sites: list[_Site]) -> tuple[set[str], set[str], bool]:
+    """The graph inputs the rotated values are computed from, besides the heads themselves: (read for their values,
+    read for their shape only, a Range on the way: positions made in the graph)."""
     inputs = {id(v): v for v in model.graph.inputs}
     stop = {id(s.pre) for s in sites}
-    needed: set[str] = set()
+    values: set[str] = set()
+    shapes: set[str] = set()
+    ranged = False
     seen: set[int] = set()
     stack = [s.out for s in sites]
     while stack:
@@ -208,30 +211,58 @@ def _graph_inputs_needed(model: ir.Model, sites: list[_Site]) -> set[str]:
         if v is None or id(v) in seen or id(v) in stop:
             continue
         seen.add(id(v))
-        if id(v) in inputs:
-            needed.add(v.name or "")
-            continue
         node = v.producer()
-        if node is not None:
+        if node is None:
+            continue
+        ranged = ranged or node.op_type == "Range"
+        for i in node.inputs:
+            if i is not None and id(i) in inputs and id(i) not in stop:
+                (shapes if node.op_type == "Shape" else values).add(i.name or "")
+        if node.op_type != "Shape":
             stack += list(node.inputs)
-    return needed
+    return values, shapes - values, ranged
+
+
+def _shape_feed(value: ir.Value, positions: ir.Value, n: int, count: int) -> np.ndarray | None:
+    """A zero tensor of ``value``'s declared shape read only by Shape: batch ``n``, the positions' dims ``count``,
+    ``past`` dims 0."""
+    if value.shape is None or value.dtype is None:
+        return None
+    names = [str(d) for d in positions.shape] if positions.shape is not None else []
+    dims = []
+    for k, d in enumerate(value.shape):
+        if isinstance(d, int):
+            dims.append(d)
+        elif k == 0:
+            dims.append(n)
+        elif "past" in str(d):
+            dims.append(0)
+        elif str(d) in names[1:] or "seq" in str(d) or len(value.shape) == 2:
+            dims.append(count)
+        else:
+            return None
+    try:
+        return np.zeros(dims, dtype=value.dtype.numpy())
+    except Exception:  # noqa: BLE001
+        return None
 
 
 def _probe(model: ir.Model, sites: list[_Site], positions: ir.Value, probe: list[int],
-           head_dim: int) -> dict[int, np.ndarray] | None:
+           head_dim: int, extra: list[ir.Value]) -> dict[int, np.ndarray] | None:
     """Per site (by index): ``[P, D, D]`` rotation matrices ``R(p)`` (``R[p][row, col]``); None where the graph
     cannot be probed."""
-    from rope_passes.runtime.sessions import create_session
+    from rope_passes.runtime.sessions import create_session, session_options
 
     try:
-        sub = ir.convenience.extract(model.graph, [*[s.pre for s in sites], positions], [s.out for s in sites])
+        sub = ir.convenience.extract(model.graph, [*[s.pre for s in sites], positions, *extra],
+                                     [s.out for s in sites])
     except Exception:  # noqa: BLE001 - not bounded by the heads and the positions: not understood
         return None
     pos_rank = len(positions.shape) if positions.shape is not None else 2
-    for value in sub.inputs:
-        rank = len(value.shape) if value.shape is not None else None
-        if rank is None:
-            return None
+    for value in sub.inputs[:len(sites) + 1]:
+        rank = len(value.shape) if value.shape is not None else (4 if value is not sub.inputs[len(sites)] else 2)
+        if value.type is None:
+            value.type = ir.TensorType(ir.DataType.FLOAT if value is not sub.inputs[len(sites)] else ir.DataType.INT64)
         value.shape = ir.Shape([f"d{k}_{value.name}" for k in range(rank)])
     for value in sub.outputs:
         value.shape = None
@@ -240,7 +271,9 @@ def _probe(model: ir.Model, sites: list[_Site], positions: ir.Value, probe: list
             value.const_value = ir.tensor(value.const_value.numpy(), name=value.name)
     try:
         proto = ir.serde.serialize_model(ir.Model(sub, ir_version=min(model.ir_version or 10, 10)))
-        sess = create_session(proto.SerializeToString(), "cpu")
+        so = session_options("cpu")
+        so.log_severity_level = 4  # a probe that fails is skipped: no error lines from onnxruntime
+        sess = create_session(proto.SerializeToString(), "cpu", so=so)
     except Exception:  # noqa: BLE001
         return None
     n, count = head_dim, len(probe)
@@ -250,25 +283,34 @@ def _probe(model: ir.Model, sites: list[_Site], positions: ir.Value, probe: list
         return None
     pos_feed = np.ascontiguousarray(pos_feed).astype(np.int32 if positions.dtype == ir.DataType.INT32 else np.int64)
     feeds = {}
-    for site, value in zip(sites, sub.inputs[:-1], strict=True):
-        if site.pre.shape is None or len(site.pre.shape) != 4 or site.pre.shape[3] != n:
+    heads = []
+    for site, value in zip(sites, sub.inputs[:len(sites)], strict=True):
+        if site.pre.shape is not None and (len(site.pre.shape) != 4 or site.pre.shape[3] not in (n, None) and
+                                           isinstance(site.pre.shape[3], int)):
             return None
         dtype = np.float16 if site.pre.dtype == ir.DataType.FLOAT16 else np.float32
-        if site.pre.dtype not in (ir.DataType.FLOAT, ir.DataType.FLOAT16):
+        if site.pre.dtype not in (ir.DataType.FLOAT, ir.DataType.FLOAT16, None):
             return None
-        x = np.zeros((n, 1, count, n), dtype=dtype)
+        h = site.pre.shape[1] if site.pre.shape is not None and isinstance(site.pre.shape[1], int) else 1
+        heads.append(h)
+        x = np.zeros((n, h, count, n), dtype=dtype)
         for b in range(n):
-            x[b, 0, :, b] = 1
+            x[b, :, :, b] = 1
         feeds[value.name] = x
-    feeds[sub.inputs[-1].name] = pos_feed
+    feeds[sub.inputs[len(sites)].name] = pos_feed
+    for value, original in zip(sub.inputs[len(sites) + 1:], extra, strict=True):
+        feed = _shape_feed(original, positions, n, count)
+        if feed is None:
+            return None
+        feeds[value.name] = feed
     try:
         outs = sess.run(None, feeds)
     except Exception:  # noqa: BLE001
         return None
     result = {}
     for k, y in enumerate(outs):
-        if y.shape != (n, 1, count, n):
-            continue
+        if y.shape != (n, heads[k], count, n) or np.abs(y - y[:, :1]).max() > 0:
+            continue  # not [batch, heads, positions, head_dim], or heads rotated differently: not understood
         result[k] = np.transpose(y[:, 0, :, :].astype(np.float64), (1, 2, 0))  # [P, row, col]
     return result
 
@@ -386,14 +428,16 @@ def _findings(ctx: LintContext) -> list[tuple[str, str, str]]:
     sites = _sites(ctx.model)
     if not sites:
         return out
-    if _graph_inputs_needed(ctx.model, sites) - {positions.name}:
-        return out  # the rotation reads more than the positions: not understood
+    values, shapes, ranged = _graph_inputs_needed(ctx.model, sites)
+    if values != {positions.name} or ranged:
+        return out  # the rotation reads more than the positions, or makes its own: not understood
+    extra = [v for v in ctx.model.graph.inputs if v.name in shapes]
     max_pos = hf.max_position_embeddings
     probe = np.asarray(sorted({p for p in (*_PROBE, max_pos - 1) if 0 <= p < max_pos}), dtype=np.int64)
-    head_dim = int(sites[0].pre.shape[3]) if sites[0].pre.shape is not None and \
+    head_dim = int(sites[0].pre.shape[3]) if sites[0].pre.shape is not None and len(sites[0].pre.shape) == 4 and \
         isinstance(sites[0].pre.shape[3], int) else hf.head_dim
     try:
-        mats = _probe(ctx.model, sites, positions, [int(p) for p in probe], head_dim)
+        mats = _probe(ctx.model, sites, positions, [int(p) for p in probe], head_dim, extra)
     except Exception:  # noqa: BLE001 - never a crash of lint
         return out
     if not mats:
