@@ -37,7 +37,7 @@ from rope_passes.hf_config import INV_FREQ_ULPS, VALUE_ULPS, HFConfig, Rope
 from rope_passes.lint.core import LintContext, Severity, rule
 from rope_passes.report import MatchFailure
 
-_PRESENT = re.compile(r"present[._](?:key_values[._])?(\d+)[._]")
+_PRESENT = re.compile(r"(?:present|key_values)[._](?:key_values[._]|layers[._])?(\d+)[._]")
 #: ops between a Cos/Sin node and the Mul of the rotation
 _TRIG_PATH = {"Unsqueeze", "Squeeze", "Cast", "Mul", "Gather", "Slice", "Expand", "Reshape", "Transpose", "Identity",
               "Concat", "Where", "GatherElements", "Tile", "Div"}
