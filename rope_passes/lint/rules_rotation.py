@@ -55,6 +55,7 @@ class _Site:
     node: ir.Node
     layer: int = -1
     role: str = ""  # q | k
+    heads: int = 0  # RotaryEmbedding on [batch, seq, heads * head_dim]: its num_heads (0: [batch, heads, seq, head_dim])
 
 
 def _trig_of(value: ir.Value | None, depth: int = 10) -> str | None:
@@ -151,9 +152,21 @@ def _attention_of(value: ir.Value, depth: int = 30) -> tuple[ir.Node, int, int |
     return None
 
 
+_LAYER = re.compile(r"(?:^|[./_])(?:layers|h|blocks?)[./_](\d+)(?:[./_]|$)")
+
+
 def _sites(model: ir.Model) -> list[_Site]:
     found = []
     for node in model.graph:
+        if node.op_type == "RotaryEmbedding" and node.domain in ("", "ai.onnx", "com.microsoft") and node.inputs and \
+                node.inputs[0] is not None:
+            rank = len(node.inputs[0].shape) if node.inputs[0].shape is not None else None
+            heads = int(node.attributes["num_heads"].value) if "num_heads" in node.attributes else 0
+            if rank == 3 and heads > 0:
+                found.append(_Site(node.inputs[0], node.outputs[0], node, heads=heads))
+            elif rank == 4:
+                found.append(_Site(node.inputs[0], node.outputs[0], node))
+            continue
         if node.op_type != "Add" or node.domain not in ("", "ai.onnx"):
             continue
         rot = _rotation(node)
@@ -179,8 +192,11 @@ def _sites(model: ir.Model) -> list[_Site]:
                 continue
             site.role = "q" if index == 0 else "k"
         order.setdefault(id(node), len(order))
+        by_name = _LAYER.search(site.node.name or "") or _LAYER.search(node.name or "")
         if present is not None:
             named[id(node)] = present
+        elif by_name:
+            named[id(node)] = int(by_name.group(1))
         site.layer = id(node)
         kept.append(site)
     for site in kept:
@@ -285,11 +301,18 @@ def _probe(model: ir.Model, sites: list[_Site], positions: ir.Value, probe: list
     feeds = {}
     heads = []
     for site, value in zip(sites, sub.inputs[:len(sites)], strict=True):
-        if site.pre.shape is not None and (len(site.pre.shape) != 4 or site.pre.shape[3] not in (n, None) and
-                                           isinstance(site.pre.shape[3], int)):
-            return None
         dtype = np.float16 if site.pre.dtype == ir.DataType.FLOAT16 else np.float32
         if site.pre.dtype not in (ir.DataType.FLOAT, ir.DataType.FLOAT16, None):
+            return None
+        if site.heads:  # [batch, seq, heads * head_dim]
+            x = np.zeros((n, count, site.heads, n), dtype=dtype)
+            for b in range(n):
+                x[b, :, :, b] = 1
+            heads.append(site.heads)
+            feeds[value.name] = x.reshape(n, count, site.heads * n)
+            continue
+        if site.pre.shape is not None and (len(site.pre.shape) != 4 or site.pre.shape[3] not in (n, None) and
+                                           isinstance(site.pre.shape[3], int)):
             return None
         h = site.pre.shape[1] if site.pre.shape is not None and isinstance(site.pre.shape[1], int) else 1
         heads.append(h)
@@ -309,6 +332,8 @@ def _probe(model: ir.Model, sites: list[_Site], positions: ir.Value, probe: list
         return None
     result = {}
     for k, y in enumerate(outs):
+        if sites[k].heads and y.shape == (n, count, heads[k] * n):
+            y = np.transpose(y.reshape(n, count, heads[k], n), (0, 2, 1, 3))
         if y.shape != (n, heads[k], count, n) or np.abs(y - y[:, :1]).max() > 0:
             continue  # not [batch, heads, positions, head_dim], or heads rotated differently: not understood
         result[k] = np.transpose(y[:, 0, :, :].astype(np.float64), (1, 2, 0))  # [P, row, col]
@@ -436,10 +461,15 @@ def _findings(ctx: LintContext) -> list[tuple[str, str, str]]:
     probe = np.asarray(sorted({p for p in (*_PROBE, max_pos - 1) if 0 <= p < max_pos}), dtype=np.int64)
     head_dim = int(sites[0].pre.shape[3]) if sites[0].pre.shape is not None and len(sites[0].pre.shape) == 4 and \
         isinstance(sites[0].pre.shape[3], int) else hf.head_dim
-    try:
-        mats = _probe(ctx.model, sites, positions, [int(p) for p in probe], head_dim, extra)
-    except Exception:  # noqa: BLE001 - never a crash of lint
-        return out
+    mats = None
+    for tried in (probe, probe[probe < max_pos - 8]):  # a table one row short of a shifted read: the others
+        try:
+            mats = _probe(ctx.model, sites, positions, [int(p) for p in tried], head_dim, extra)
+        except Exception:  # noqa: BLE001 - never a crash of lint
+            mats = None
+        if mats:
+            probe = tried
+            break
     if not mats:
         return out
     try:
