@@ -166,6 +166,9 @@ def _all_ahead(model: ir.Model, hf: HFConfig) -> None:
 
 def _logits(model: ir.Model, seq: int = 6) -> np.ndarray:
     """A prefill of ``seq`` tokens from an empty cache (positions 0..seq-1) on onnxruntime CPU."""
+    for value in model.graph.initializers.values():  # external data (mobius) into the bytes
+        if value.const_value is not None and isinstance(value.const_value, ir.ExternalTensor):
+            value.const_value = ir.tensor(value.const_value.numpy(), name=value.name)
     proto = ir.serde.serialize_model(ir.Model(model.graph, ir_version=10))
     sess = create_session(proto.SerializeToString(), "cpu")
     rng = np.random.default_rng(0)
@@ -278,3 +281,57 @@ def test_no_finding_on_correct_fixtures(name, path, cfg):
     with use_hf_config(str(cfg) if cfg is not None else None):
         found = lint_bundle(str(path), select=RULES)
     assert found == [], [(d.code, d.message) for d in found]
+
+
+# -- RotaryEmbedding (mobius gpt_oss): the query of one layer one position ahead of its key (red team 21 M35) --------
+def _mobius_gpt_oss():
+    folder = FIXTURES / "mobius" / "gpt_oss" / "webgpu_f32"
+    if not (folder / "model.onnx").is_file():
+        pytest.skip("no mobius gpt_oss fixture")
+    bundle = load_bundle(str(folder))
+    cfg = folder / "hf_config.json"
+    hf = HFConfig.load(cfg)
+    # mobius 0.1.0's YaRN table is wrong (RP404, tests/test_conformance.py): config.json's table in its place
+    rope = dataclasses.replace(hf.rope(), table_interleaved=False)
+    for name in ("model.rotary_emb.cos_cache", "model.rotary_emb.sin_cache"):
+        value = bundle.model.graph.initializers[name]
+        cos, sin = rope.tables(value.const_value.shape[0], layout="cache")
+        value.const_value = ir.tensor(cos if "cos" in name else sin, name=name)
+    return bundle, cfg
+
+
+def _gather_ahead(model: ir.Model, rotary: ir.Node) -> None:
+    """``rotary``'s cos/sin Gathers read ``position_ids + 1``."""
+    positions = next(v for v in model.graph.inputs if v.name == "position_ids")
+    moved = _add(model, "Add", [positions, _const(model, f"one_{rotary.name}", np.array(1, np.int64))],
+                 next(iter(model.graph)))
+    for index in (1, 2):
+        gather = rotary.inputs[index].producer()
+        assert gather.op_type == "Gather"
+        new = _add(model, "Gather", [gather.inputs[0], moved], rotary)
+        rotary.replace_input_with(index, new)
+
+
+def test_rotary_embedding_query_ahead():
+    bundle, cfg = _mobius_gpt_oss()
+    assert _lint(bundle, cfg) == []  # the repaired graph conforms
+    before = _logits(bundle.model)
+    rotaries = [n for n in bundle.model.graph if n.op_type == "RotaryEmbedding"]
+    assert len(rotaries) == 4 and "layers.1" in rotaries[2].name
+    _gather_ahead(bundle.model, rotaries[2])  # layer 1's query
+    bundle.model.graph.sort()
+    assert float(np.abs(_logits(bundle.model) - before).max()) > 1e-3  # 0.41 here (M35's checkpoint: 1.6e-4, near-uniform attention)
+    found = _lint(bundle, cfg)
+    assert [d.code for d in found] == ["RP405"], found
+    assert found[0].message.startswith("layer 1 rotates its query at position + 1 and its key at position + 0")
+
+
+def test_rotary_embedding_all_ahead_is_a_note():
+    bundle, cfg = _mobius_gpt_oss()
+    before = _logits(bundle.model)
+    for rotary in [n for n in bundle.model.graph if n.op_type == "RotaryEmbedding"]:
+        _gather_ahead(bundle.model, rotary)
+    bundle.model.graph.sort()
+    assert float(np.abs(_logits(bundle.model) - before).max()) < 1e-5
+    found = _lint(bundle, cfg)
+    assert [d.code for d in found] == ["RP406", "RP406"], found
