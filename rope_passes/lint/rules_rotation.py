@@ -263,14 +263,49 @@ def _shape_feed(value: ir.Value, positions: ir.Value, n: int, count: int) -> np.
         return None
 
 
+def _heads(site: _Site) -> int:
+    """The site's static head count (1 where not declared)."""
+    if site.heads:
+        return site.heads
+    shape = site.pre.shape
+    return shape[1] if shape is not None and len(shape) == 4 and isinstance(shape[1], int) and shape[1] > 0 else 1
+
+
+#: the most head elements one probe session is fed (the sites of a graph are probed in groups below it)
+_PROBE_ELEMENTS = 1 << 23
+
+
 def _probe(model: ir.Model, sites: list[_Site], positions: ir.Value, probe: list[int],
            head_dim: int, extra: list[ir.Value]) -> dict[int, np.ndarray] | None:
     """Per site (by index): ``[P, D, D]`` rotation matrices ``R(p)`` (``R[p][row, col]``); None where the graph
-    cannot be probed."""
+    cannot be probed. The ``head_dim`` basis vectors are spread over the heads (head ``h`` of batch row ``r`` holds
+    basis vector ``r * heads + h``), so a site costs ``head_dim² × positions`` elements whatever its head count;
+    sites with the same number of batch rows share a session, up to :data:`_PROBE_ELEMENTS`."""
+    n = head_dim
+    groups: dict[int, list[list[int]]] = {}
+    for index, site in enumerate(sites):
+        rows = -(-n // _heads(site))
+        chunks = groups.setdefault(rows, [[]])
+        if len(chunks[-1]) * n * n * len(probe) * 2 > _PROBE_ELEMENTS:
+            chunks.append([])
+        chunks[-1].append(index)
+    result: dict[int, np.ndarray] = {}
+    for rows, chunks in groups.items():
+        for chunk in chunks:
+            found = _probe_group(model, [sites[i] for i in chunk], positions, probe, n, rows, extra)
+            if found is None:
+                return None
+            result.update({chunk[k]: m for k, m in found.items()})
+    return result
+
+
+def _probe_group(model: ir.Model, sites: list[_Site], positions: ir.Value, probe: list[int], n: int, rows: int,
+                 extra: list[ir.Value]) -> dict[int, np.ndarray] | None:
     from rope_passes.runtime.sessions import create_session, session_options
 
+    needed = [v for v in extra if v.name in _graph_inputs_needed(model, sites)[1]]
     try:
-        sub = ir.convenience.extract(model.graph, [*[s.pre for s in sites], positions, *extra],
+        sub = ir.convenience.extract(model.graph, [*[s.pre for s in sites], positions, *needed],
                                      [s.out for s in sites])
     except Exception:  # noqa: BLE001 - not bounded by the heads and the positions: not understood
         return None
@@ -292,9 +327,9 @@ def _probe(model: ir.Model, sites: list[_Site], positions: ir.Value, probe: list
         sess = create_session(proto.SerializeToString(), "cpu", so=so)
     except Exception:  # noqa: BLE001
         return None
-    n, count = head_dim, len(probe)
+    count = len(probe)
     pos = np.asarray(probe, dtype=np.int64)
-    pos_feed = np.broadcast_to(pos, (n, count)) if pos_rank == 2 else (pos if pos_rank == 1 else None)
+    pos_feed = np.broadcast_to(pos, (rows, count)) if pos_rank == 2 else (pos if pos_rank == 1 else None)
     if pos_feed is None:
         return None
     pos_feed = np.ascontiguousarray(pos_feed).astype(np.int32 if positions.dtype == ir.DataType.INT32 else np.int64)
@@ -304,25 +339,19 @@ def _probe(model: ir.Model, sites: list[_Site], positions: ir.Value, probe: list
         dtype = np.float16 if site.pre.dtype == ir.DataType.FLOAT16 else np.float32
         if site.pre.dtype not in (ir.DataType.FLOAT, ir.DataType.FLOAT16, None):
             return None
-        if site.heads:  # [batch, seq, heads * head_dim]
-            x = np.zeros((n, count, site.heads, n), dtype=dtype)
-            for b in range(n):
-                x[b, :, :, b] = 1
-            heads.append(site.heads)
-            feeds[value.name] = x.reshape(n, count, site.heads * n)
-            continue
-        if site.pre.shape is not None and (len(site.pre.shape) != 4 or site.pre.shape[3] not in (n, None) and
-                                           isinstance(site.pre.shape[3], int)):
+        if not site.heads and site.pre.shape is not None and (
+                len(site.pre.shape) != 4 or isinstance(site.pre.shape[3], int) and site.pre.shape[3] != n):
             return None
-        h = site.pre.shape[1] if site.pre.shape is not None and isinstance(site.pre.shape[1], int) else 1
+        h = _heads(site)
         heads.append(h)
-        x = np.zeros((n, h, count, n), dtype=dtype)
+        x = np.zeros((rows, h, count, n), dtype=dtype)  # [batch, heads, seq, head_dim]
         for b in range(n):
-            x[b, :, :, b] = 1
-        feeds[value.name] = x
+            x[b // h, b % h, :, b] = 1
+        feeds[value.name] = np.ascontiguousarray(np.transpose(x, (0, 2, 1, 3))).reshape(rows, count, h * n) \
+            if site.heads else x
     feeds[sub.inputs[len(sites)].name] = pos_feed
-    for value, original in zip(sub.inputs[len(sites) + 1:], extra, strict=True):
-        feed = _shape_feed(original, positions, n, count)
+    for value, original in zip(sub.inputs[len(sites) + 1:], needed, strict=True):
+        feed = _shape_feed(original, positions, rows, count)
         if feed is None:
             return None
         feeds[value.name] = feed
@@ -332,11 +361,13 @@ def _probe(model: ir.Model, sites: list[_Site], positions: ir.Value, probe: list
         return None
     result = {}
     for k, y in enumerate(outs):
-        if sites[k].heads and y.shape == (n, count, heads[k] * n):
-            y = np.transpose(y.reshape(n, count, heads[k], n), (0, 2, 1, 3))
-        if y.shape != (n, heads[k], count, n) or np.abs(y - y[:, :1]).max() > 0:
-            continue  # not [batch, heads, positions, head_dim], or heads rotated differently: not understood
-        result[k] = np.transpose(y[:, 0, :, :].astype(np.float64), (1, 2, 0))  # [P, row, col]
+        h = heads[k]
+        if sites[k].heads and y.shape == (rows, count, h * n):
+            y = np.transpose(y.reshape(rows, count, h, n), (0, 2, 1, 3))
+        if y.shape != (rows, h, count, n):
+            continue  # not [batch, heads, positions, head_dim]: not understood
+        cols = np.stack([y[b // h, b % h] for b in range(n)], axis=-1)  # [P, row, col]
+        result[k] = cols.astype(np.float64)
     return result
 
 
