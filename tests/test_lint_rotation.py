@@ -14,7 +14,7 @@ import dataclasses
 import numpy as np
 import onnx_ir as ir
 import pytest
-from conftest import FIXTURES
+from conftest import FIXTURES, TORCH as CORPUS
 
 from rope_passes.hf_config import HFConfig, use_hf_config
 from rope_passes.io import load_bundle
@@ -273,6 +273,10 @@ def _fixtures() -> list[tuple[str, object, object]]:
         out.append((str(m.parent.relative_to(FIXTURES)), m, m.parent / "config.json"))
     for m in sorted([*(FIXTURES / "optimum").glob("*/model.onnx"), *(FIXTURES / "olive").glob("*/*/model.onnx")]):
         out.append((str(m.parent.relative_to(FIXTURES)), m.parent, None))
+    for m in sorted(CORPUS.glob("*/*/*/*.onnx")):  # the shared torch corpus: decode and prefill graphs
+        cfg = FIXTURES / "hf_rope" / m.parts[-4] / m.parent.name / "config.json"
+        if cfg.is_file():
+            out.append((f"corpus/{m.relative_to(CORPUS)}", m, cfg))
     return out
 
 
