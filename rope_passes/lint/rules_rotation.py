@@ -371,12 +371,12 @@ def _probe_group(model: ir.Model, sites: list[_Site], positions: ir.Value, probe
     return result
 
 
-def _expected(rope: Rope, positions: np.ndarray, head_dim: int) -> np.ndarray | None:
+def _expected(rope: Rope, positions: np.ndarray, head_dim: int, long: bool = False) -> np.ndarray | None:
     """``[P, D, D]``: the rotation config.json's rope applies at ``positions`` (pass-through past the rotary dim)."""
     half = rope.rotary_dim // 2
     if rope.rotary_dim > head_dim or half == 0:
         return None
-    angles = rope.angles(positions).astype(np.float64)
+    angles = rope.angles(positions, long).astype(np.float64)
     scale = float(rope.attention_scaling)
     c, s = np.cos(angles) * scale, np.sin(angles) * scale
     out = np.zeros((len(positions), head_dim, head_dim))
@@ -388,11 +388,11 @@ def _expected(rope: Rope, positions: np.ndarray, head_dim: int) -> np.ndarray | 
     return out
 
 
-def _tolerance(rope: Rope, positions: np.ndarray, fp16: bool) -> np.ndarray:
+def _tolerance(rope: Rope, positions: np.ndarray, fp16: bool, long: bool = False) -> np.ndarray:
     """``[P]``: what float32 (float16) rounding lets a correct producer differ by (:meth:`Rope.tolerance`'s terms at
     these positions), plus the rotation's own products."""
-    inv = rope.inv_freq().astype(np.float64)
-    angles = np.abs(rope.angles(positions))
+    inv = rope.inv_freq(long).astype(np.float64)
+    angles = np.abs(rope.angles(positions, long))
     angle_err = positions.astype(np.float64)[:, None] * INV_FREQ_ULPS * np.spacing(inv.astype(np.float32)) \
         + np.spacing(angles).astype(np.float64)
     scale = max(abs(float(rope.attention_scaling)), 1.0)
@@ -422,13 +422,13 @@ def _wrap(x: np.ndarray) -> np.ndarray:
 
 
 def _judge(m: np.ndarray, rope: Rope, probe: np.ndarray, head_dim: int, fp16: bool,
-           others: list[Rope]) -> _Verdict | None:
+           others: list[Rope], long: bool = False) -> _Verdict | None:
     """None: not a rotation on the config's pairs (not understood, skipped)."""
-    want = _expected(rope, probe, head_dim)
+    want = _expected(rope, probe, head_dim, long)
     if want is None:
         return None
-    tol = _tolerance(rope, probe, fp16)
-    mask = (want != 0) | (_expected(rope, probe + 1, head_dim) != 0)  # the pairs' blocks
+    tol = _tolerance(rope, probe, fp16, long)
+    mask = (want != 0) | (_expected(rope, probe + 1, head_dim, long) != 0)  # the pairs' blocks
     if np.abs(np.where(mask, 0, m)).max() > 1e-3 + tol.max():
         return None  # off-block entries: other pairs, or a site not understood
     diff = np.abs(m - want).max(axis=(1, 2))
@@ -436,24 +436,33 @@ def _judge(m: np.ndarray, rope: Rope, probe: np.ndarray, head_dim: int, fp16: bo
         return _Verdict(ok=True)
     # q or k at position + shift (the lowest frequency says by how much)
     got = _angles_of(m, rope)
-    inv = rope.inv_freq().astype(np.float64)
+    inv = rope.inv_freq(long).astype(np.float64)
     j = int(np.argmin(inv))
-    shift = int(round(float(_wrap(got[0, j] - rope.angles(probe[:1]).astype(np.float64)[0, j])) / inv[j]))
+    shift = int(round(float(_wrap(got[0, j] - rope.angles(probe[:1], long).astype(np.float64)[0, j])) / inv[j]))
     if shift:
-        moved = _expected(rope, probe + shift, head_dim)
+        moved = _expected(rope, probe + shift, head_dim, long)
         if moved is not None and (np.abs(m - moved).max(axis=(1, 2)) <= _tolerance(rope, probe + abs(shift),
-                                                                                     fp16)).all():
+                                                                                     fp16, long)).all():
             return _Verdict(shift=shift)
     bad = np.flatnonzero(diff > tol)
     first = int(bad[0])
-    angle_err = np.abs(_wrap(got[first] - rope.angles(probe[first:first + 1]).astype(np.float64)[0]))
+    angle_err = np.abs(_wrap(got[first] - rope.angles(probe[first:first + 1], long).astype(np.float64)[0]))
     verdict = _Verdict(first=int(probe[first]), angle=float(angle_err.max()), size=float(diff[first]))
     if (np.abs(m - np.transpose(want, (0, 2, 1))).max(axis=(1, 2)) <= tol).all():
         verdict.cause = "it rotates by -angle (rotate_half reversed: the sin term has the wrong sign)"
         return verdict
+    if rope.switches:
+        frozen = _expected(rope, probe, head_dim, not long)
+        if frozen is not None and (np.abs(m - frozen).max(axis=(1, 2)) <= _tolerance(rope, probe, fp16,
+                                                                                       not long)).all():
+            verdict.cause = (f"it rotates by the {'short' if long else 'long'} factors in a call "
+                             f"{'past' if long else 'within'} original_max_position_embeddings {rope.original_max} "
+                             f"(LongRoPE frozen)")
+            return verdict
     for other in others:
-        alt = _expected(other, probe, head_dim)
-        if alt is not None and (np.abs(m - alt).max(axis=(1, 2)) <= _tolerance(other, probe, fp16)).all():
+        alt = _expected(other, probe, head_dim, long and other.switches)
+        if alt is not None and (np.abs(m - alt).max(axis=(1, 2)) <= _tolerance(other, probe, fp16,
+                                                                                 long and other.switches)).all():
             verdict.cause = f"it rotates by the {other.layer_type} rope ({other.describe()})"
             return verdict
     amp = np.hypot(m[first][0, 0], m[first][rope.rotary_dim // 2 if not rope.interleaved else 1, 0])
@@ -508,6 +517,7 @@ def _findings(ctx: LintContext) -> list[tuple[str, str, str]]:
     except (MatchFailure, ModelLoadError):
         return out
     layers: dict[int, dict[str, tuple[_Site, _Verdict]]] = {}
+    short: dict[int, np.ndarray] | None = None  # LongRoPE: a second call within original_max_position_embeddings
     for index, site in enumerate(sites):
         if index not in mats:
             continue
@@ -515,11 +525,39 @@ def _findings(ctx: LintContext) -> list[tuple[str, str, str]]:
             rope = hf.layer_rope(site.layer)
         except (MatchFailure, ModelLoadError):
             continue
-        if rope is None or rope.switches:
-            continue  # NoPE layers (RP404), LongRoPE's switch (RP401/RP402)
+        if rope is None:
+            continue  # NoPE layers (RP404)
         others = [r for r in all_ropes if r.layer_type != rope.layer_type]
         fp16 = site.pre.dtype == ir.DataType.FLOAT16
-        verdict = _judge(mats[index], rope, probe, head_dim, fp16, others)
+        if not rope.switches:
+            verdict = _judge(mats[index], rope, probe, head_dim, fp16, others)
+        else:  # transformers: the long factors when the call's largest position + 1 > original, else the short
+            original = rope.original_max or 0
+            within = probe[probe < original]
+            if short is None and within.size:
+                try:
+                    short = _probe(ctx.model, sites, positions, [int(p) for p in within], head_dim, extra) or {}
+                except Exception:  # noqa: BLE001
+                    short = {}
+            long = int(probe.max()) + 1 > original
+            verdict = _judge(mats[index], rope, probe, head_dim, fp16, others, long)
+            calls = [(verdict, probe, long)]
+            if within.size and long:
+                if not short or index not in short:
+                    continue
+                calls.insert(0, (_judge(short[index], rope, within, head_dim, fp16, others, False), within, False))
+            if any(v is None for v, _, _ in calls):
+                continue
+            bad = next(((v, p, lg) for v, p, lg in calls if not v.ok), None)  # type: ignore[union-attr]
+            if bad is None:
+                verdict = calls[0][0]
+            elif bad[0].first is None and len({v.shift for v, _, _ in calls}) > 1:  # type: ignore[union-attr]
+                continue  # shifted differently in the two calls: not understood
+            else:
+                verdict = bad[0]
+                assert verdict is not None
+                verdict.cause = (f"in a call of positions {', '.join(map(str, bad[1]))} ("
+                                 f"{'long' if bad[2] else 'short'} factors): ") + verdict.cause
         if verdict is not None:
             layers.setdefault(site.layer, {})[site.role] = (site, verdict)
     for layer in sorted(layers):
