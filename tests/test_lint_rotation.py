@@ -352,3 +352,17 @@ def test_rotary_embedding_all_ahead_is_a_note():
     assert float(np.abs(_logits(bundle.model) - before).max()) < 1e-5
     found = _lint(bundle, cfg)
     assert [d.code for d in found] == ["RP406", "RP406"], found
+
+
+def test_rotary_embedding_layout_flipped():
+    """Layer 0's RotaryEmbeddings rotate interleaved pairs where gpt_oss rotates halves (red team 21 M27)."""
+    bundle, cfg = _mobius_gpt_oss()
+    before = _logits(bundle.model)
+    for rotary in [n for n in bundle.model.graph if n.op_type == "RotaryEmbedding"][:2]:
+        rotary.attributes["interleaved"] = ir.AttrInt64("interleaved", 1)
+    assert float(np.abs(_logits(bundle.model) - before).max()) > 1e-3
+    found = _lint(bundle, cfg)
+    assert [d.code for d in found] == ["RP405", "RP405"], found
+    for d, words in zip(found, ("layer 0 query", "layer 0 key"), strict=True):
+        assert d.message.startswith(words) and "from position 1 on" in d.message
+        assert "it rotates interleaved pairs (2i, 2i+1), config.json's family rotates halves" in d.message

@@ -430,7 +430,16 @@ def _judge(m: np.ndarray, rope: Rope, probe: np.ndarray, head_dim: int, fp16: bo
     tol = _tolerance(rope, probe, fp16, long)
     mask = (want != 0) | (_expected(rope, probe + 1, head_dim, long) != 0)  # the pairs' blocks
     if np.abs(np.where(mask, 0, m)).max() > 1e-3 + tol.max():
-        return None  # off-block entries: other pairs, or a site not understood
+        flipped = dataclasses.replace(rope, interleaved=not rope.interleaved)
+        alt = _expected(flipped, probe, head_dim, long)
+        if alt is None or not (np.abs(m - alt).max(axis=(1, 2)) <= tol).all():
+            return None  # off-block entries: other pairs, or a site not understood
+        diff = np.abs(m - want).max(axis=(1, 2))
+        first = int(np.flatnonzero(diff > tol)[0])
+        return _Verdict(first=int(probe[first]), angle=float(np.abs(rope.angles(probe[first:first + 1], long)).max()),
+                        size=float(diff[first]), cause=(
+                            f"it rotates {'interleaved pairs (2i, 2i+1)' if flipped.interleaved else 'halves (i, i + d/2)'}"
+                            f", config.json's family rotates {'interleaved pairs' if rope.interleaved else 'halves'}"))
     diff = np.abs(m - want).max(axis=(1, 2))
     if (diff <= tol).all():
         return _Verdict(ok=True)
@@ -446,7 +455,7 @@ def _judge(m: np.ndarray, rope: Rope, probe: np.ndarray, head_dim: int, fp16: bo
             return _Verdict(shift=shift)
     bad = np.flatnonzero(diff > tol)
     first = int(bad[0])
-    angle_err = np.abs(_wrap(got[first] - rope.angles(probe[first:first + 1], long).astype(np.float64)[0]))
+    angle_err = np.abs(_wrap(got - rope.angles(probe, long).astype(np.float64)))  # [P, pairs]
     verdict = _Verdict(first=int(probe[first]), angle=float(angle_err.max()), size=float(diff[first]))
     if (np.abs(m - np.transpose(want, (0, 2, 1))).max(axis=(1, 2)) <= tol).all():
         verdict.cause = "it rotates by -angle (rotate_half reversed: the sin term has the wrong sign)"
@@ -468,7 +477,8 @@ def _judge(m: np.ndarray, rope: Rope, probe: np.ndarray, head_dim: int, fp16: bo
     amp = np.hypot(m[first][0, 0], m[first][rope.rotary_dim // 2 if not rope.interleaved else 1, 0])
     if abs(amp - abs(rope.attention_scaling)) > 1e-3:
         verdict.cause = f"its cos/sin are scaled by {amp:.6g}, config.json's attention scaling is " \
-                        f"{rope.attention_scaling:.6g}"
+                        f"{rope.attention_scaling:.6g}" + (
+                            "; its angles differ too" if verdict.angle > 1e-3 + tol.max() else "")
     else:
         verdict.cause = "its angles differ (another theta, scaling or positions)"
     return verdict
@@ -573,8 +583,8 @@ def _findings(ctx: LintContext) -> list[tuple[str, str, str]]:
                 word = "query" if role == "q" else "key"
                 out.append(("error", site.node.name or site.out.name or "Add", (
                     f"layer {layer} {word} ({role}, rotated value {site.out.name!r}) rotates differently from "
-                    f"config.json's {name}rope ({rope.describe()}) from position {v.first} on: angle error up to "
-                    f"{v.angle:.3g} rad (matrix entries off by {v.size:.3g}); {v.cause}")))
+                    f"config.json's {name}rope ({rope.describe()}) from position {v.first} on (matrix entries off by "
+                    f"{v.size:.3g} there; angle error up to {v.angle:.3g} rad at the positions probed): {v.cause}")))
         shifts = {r: v.shift or 0 for r, (_, v) in roles.items() if v.first is None}
         if len(shifts) == 2 and shifts["q"] != shifts["k"]:
             site = roles["q"][0]
