@@ -7,20 +7,22 @@ numerically:
 
 * **Sites.** The torch exporters' form ``Add(Mul(x, cos'), Mul(rotate_half(x), sin'))`` (``cos'``/``sin'`` computed
   from a ``Cos``/``Sin`` node, ``rotate_half(x)`` made of Slice/Neg/Concat of ``x``; partial rotary: ``x`` a Slice of
-  the head and the result concatenated with the head's other Slice). The site is the rotated value; the layer and
-  whether it is the query or the key come from the attention ``MatMul`` it reaches (input 0: query, 1: key) and the
-  ``present.N`` output the key reaches (else the order of the attention MatMuls).
-* **Probe.** The subgraph from ``x`` and ``position_ids`` to the rotated value is extracted and run once on
-  onnxruntime CPU (all sites in one session), with ``x`` replaced by the basis vectors of the head (one per batch row)
-  at a handful of positions (0, 1, 2, 7, 100, max - 1): column ``b`` of the result is column ``b`` of the layer's
-  ``head_dim x head_dim`` rotation matrix ``R(p)``.
+  the head and the result concatenated with the head's other Slice), and RotaryEmbedding nodes (ONNX and
+  com.microsoft: mobius). The site is the rotated value; the layer and whether it is the query or the key come from
+  the attention node it reaches (MatMul or a fused attention op; input 0: query, 1: key), the ``present.N`` /
+  ``key_values.layers.N`` output the key reaches or a ``layers.N`` name (else the order of the attention nodes).
+* **Probe.** The subgraph from ``x`` and ``position_ids`` (and inputs read for their shape only) to the rotated values
+  is extracted and run on onnxruntime CPU (sites grouped into few sessions), with ``x`` replaced by the head's basis
+  vectors spread over heads and batch rows, at a handful of positions (0, 1, 2, 7, 100, max - 1): column ``b`` of
+  the result is column ``b`` of the layer's ``head_dim x head_dim`` rotation matrix ``R(p)``. LongRoPE: a second call
+  with the positions below ``original_max_position_embeddings`` alone (the short factors).
 * **Expected.** ``HFConfig.layer_rope(layer)`` (the layer's type for Gemma 3) gives the angles
   (:meth:`rope_passes.hf_config.Rope.angles`), the attention scaling and the pair layout.
 
-A site whose matrix is not block-diagonal on the config's pairs, or a graph whose structure is not understood (other
-graph inputs in the subgraph, shapes that do not broadcast, LongRoPE's switch, a dynamic rope), is skipped silently.
-Query and key shifted by the same constant number of positions compute the same attention (RoPE is relative): a note
-(RP406), not an error.
+A site whose matrix is not block-diagonal on the config's pairs (nor on the other layout's), or a graph whose structure
+is not understood (positions made in the graph, other graph inputs read for their values, shapes that do not
+broadcast, a dynamic rope), is skipped silently. Query and key shifted by the same constant number of positions
+compute the same attention (RoPE is relative): a note (RP406), not an error.
 """
 
 from __future__ import annotations
