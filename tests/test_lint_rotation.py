@@ -366,3 +366,27 @@ def test_rotary_embedding_layout_flipped():
     for d, words in zip(found, ("layer 0 query", "layer 0 key"), strict=True):
         assert d.message.startswith(words) and "from position 1 on" in d.message
         assert "it rotates interleaved pairs (2i, 2i+1), config.json's family rotates halves" in d.message
+
+
+def test_positions_plus_one_in_the_chain_is_no_table_error():
+    """T17: the cos/sin chain reads position_ids + 1 (query and key alike): attention is unchanged (logits within
+    1e-4, checked here on onnxruntime); before, RP402 called the computed table wrong "from position 0 on". Now
+    the chain's rows are recognised as the config's rows one position on: no RP402, RP406 notes it per layer."""
+    bundle, cfg = _case("llama")
+    model = bundle.model
+    before = _logits(model)
+    pos = next(v for v in model.graph.inputs if v.name == "position_ids")
+    one = ir.Value(name="rt_one", const_value=ir.tensor(np.array(1, np.int64)))
+    model.graph.register_initializer(one)
+    shift = ir.node("Add", [pos, one])
+    shift.outputs[0].dtype, shift.outputs[0].shape = pos.dtype, pos.shape
+    users = [(u, i) for u, i in pos.uses() if u is not shift]
+    model.graph.insert_before(model.graph.node(0), shift)
+    for user, index in users:
+        user.replace_input_with(index, shift.outputs[0])
+    model.graph.sort()
+    assert float(np.abs(_logits(model) - before).max()) < 1e-4
+    with use_hf_config(str(cfg)):
+        found = lint_bundle(bundle, select=["RP402", "RP405", "RP406"])
+    assert not [d for d in found if d.code in ("RP402", "RP405")], [d.message for d in found]
+    assert len([d for d in found if d.code == "RP406"]) == 2

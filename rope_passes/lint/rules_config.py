@@ -71,8 +71,34 @@ def _chains(ctx: LintContext, ropes: list[Rope], rows: int) -> Iterator[_Checked
             verdict = _rounding_verdict(best_verdict(ctx.model, chain, table, ropes), chain.role, table)
         except MatchFailure:
             continue
+        if not verdict.ok and verdict.frozen is None and _shifted(verdict.rope, chain.role, table):
+            continue  # every row is the config's row k positions on: RP405/RP406 judge query and key together
         yield _Checked(node.name or node.op_type,
                        f"{node.op_type} ({chain.role} computed from {chain.positions.name!r})", verdict, role=chain.role)
+
+
+#: the largest uniform position shift a computed chain is tested for (:func:`_shifted`)
+MAX_SHIFT = 8
+
+
+def _shifted(rope: Rope, role: str, table: np.ndarray) -> int | None:
+    """``k`` when row ``p`` of a computed ``table`` is the config's row ``p + k`` for every ``p`` (``1 <= k <=
+    MAX_SHIFT``, within float32 rounding): a chain that reads ``position_ids + k``. Where query and key both read it,
+    attention is unchanged (RoPE is relative), so it is not a table error; RP405/RP406 (the per-layer rotation
+    probe) say which it is. None otherwise (and for LongRoPE, whose switch a shift moves)."""
+    rows, width = table.shape
+    if rope.switches or rows <= MAX_SHIFT + 1:
+        return None
+    layout = "cache" if width == rope.rotary_dim // 2 else None
+    for k in range(1, MAX_SHIFT + 1):
+        cos, sin = rope.tables(k, layout=layout)
+        head = cos if role == "cos" else sin
+        if head.shape[1] != width:
+            return None
+        probe = np.concatenate([head.astype(table.dtype), table[:-k]])
+        if rope.first_beyond_rounding(role, probe)[0] is None:
+            return k
+    return None
 
 
 def _rounding_verdict(verdict: Verdict, role: str, table: np.ndarray) -> Verdict:
