@@ -114,6 +114,25 @@ def id_496(g, inputs):
                _const(g, np.int64(0)))
 
 
+def logits_plus_half_on_padded_rows(model: ir.Model, _config) -> None:
+    """logits + 0.5 on the rows whose attention mask has a 0 (padded rows), their real tokens included (the
+    independent set's case: the checker left such rows out wherever the runtime computes them unlike each row
+    alone, whatever the rewrite)."""
+    g = model.graph
+    inputs = {v.name: v for v in g.inputs}
+    out = next(v for v in g.outputs if v.name == "logits")
+    out.name = "logits_before"
+    dtype = out.dtype
+    lowest = _op(g, "ReduceMin", inputs["attention_mask"], _const(g, np.array([1], np.int64)), keepdims=1)  # [B, 1]
+    padded = _op(g, "Cast", _op(g, "Equal", lowest, _const(g, np.int64(0))), to=dtype)
+    bump = _op(g, "Mul", _op(g, "Unsqueeze", padded, _const(g, np.array([2], np.int64))),
+               _const(g, np.array(0.5, dtype.numpy())))  # [B, 1, 1]
+    new = _op(g, "Add", out, bump)
+    new.name = "logits"
+    new.dtype, new.shape = dtype, out.shape
+    g.outputs[[v.name for v in g.outputs].index("logits_before")] = new
+
+
 def embedding_rows_0_3(model: ir.Model, _config) -> None:
     """Token ids 0..3 embed differently (special tokens sit there)."""
     value = model.graph.initializers["model.embed_tokens.weight"]
@@ -210,6 +229,9 @@ CASES = {
                  {"long-decode"}),
     "id==496": (FP32, logits_plus_half_when(id_496), ([[496, 9]], [[1, 1]], 0), ([[495, 9]], [[1, 1]], 0),
                 {"every-id"}),
+    "padded-rows": (FP32, logits_plus_half_on_padded_rows,
+                    ([[0, 6], [7, 8]], [[0, 1], [1, 1]], 0), ([[5, 6], [7, 8]], [[1, 1], [1, 1]], 0),
+                    {"left-padded-batch"}),
     "cpu-only": (FP32, gqa_position_ids_zero, ([[5]], [[1] * 5], 4), ([[5, 6, 7]], [[1] * 3], 0), None),
 }
 
@@ -288,6 +310,33 @@ def test_fp16_weight_one_percent(tmp_path):
     assert [d.output for d in constants.diffs if not d.ok] == ["model.layers.0.attn.qkv_proj.MatMul.weight"]
     assert any(line.startswith("constant model.layers.0.attn.qkv_proj.MatMul.weight: ")
                for line in report.first_differences())
+
+
+def qkv_one_percent_node(model: ir.Model, _config) -> None:
+    """Layer 1's packed Q/K/V times 1.01 through a Mul node: no stored constant changes (independent set)."""
+    g = model.graph
+    gqa = [n for n in g if n.op_type == "GroupQueryAttention"][1]
+    qkv = gqa.inputs[0]
+    scaled = ir.node("Mul", [qkv, ir.Value(name="rt_101", const_value=ir.tensor(np.array(1.01, np.float16)))])
+    g.register_initializer(scaled.inputs[1])
+    g.insert_before(gqa, scaled)
+    scaled.outputs[0].dtype, scaled.outputs[0].shape = qkv.dtype, qkv.shape
+    gqa.replace_input_with(0, scaled.outputs[0])
+
+
+def test_fp16_one_percent_inside_a_layer(tmp_path):
+    """1 % on one layer's Q/K/V (a node, no constant changed) moves fp16 logits by ~0.03: under the end-to-end fp16
+    tolerance (0.1), which the independent set's case passed. The CPU EP's two graphs (same runtime, fp32
+    accumulation) differ by at most 0.0049 on a correct rewrite of any corpus folder: compared at 0.02 + 0.4 %."""
+    wrong = mutate(FP16, tmp_path / "wrong", qkv_one_percent_node)
+    orig = str(GENAI / FP16)
+    ids, mask = [[5, 9, 17, 300]], [[1] * 4]
+    moved = max_diff(cpu_run(wrong, ids, mask), cpu_run(orig, ids, mask), mask)
+    assert 0.01 < moved < 0.1, moved  # different (independent run), and within the end-to-end fp16 atol
+    report = check(orig, wrong, isolate=False, sweep=0)
+    assert report.verdict == NOT_EQUIVALENT, report.first_differences()
+    failing = [c for c in report.comparisons if c.counts and c.status == "compared" and not c.ok]
+    assert failing and all(c.actual == "rewritten@cpu" and c.reference == "original@cpu" for c in failing)
 
 
 def test_correct_rewrite_still_passes(tmp_path):
