@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from rope_passes.errors import ModelLoadError
+from rope_passes.errors import show_value as _show
 
 #: the file name onnxruntime-genai reads beside the model
 GENAI_CONFIG = "genai_config.json"
@@ -57,15 +58,6 @@ def _int(value: Any) -> int | None:
     if isinstance(value, str) and value.strip().isdigit():
         return int(value) or None
     return None
-
-
-def _show(value: Any) -> str:
-    try:
-        text = json.dumps(value)
-    except (TypeError, ValueError):
-        text = repr(value)
-    text = " ".join(text.split())
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def parse_concat_offset(value: Any, where: str = CONCAT_OFFSET_OPTION) -> int:

@@ -22,3 +22,15 @@ class ModelSaveError(RopePassesError):
 
 class UsageError(RopePassesError):
     """Bad option values or combinations."""
+
+
+def show_value(value: object) -> str:
+    """``value`` as a short one-line JSON (else repr) for an error message about a config entry."""
+    import json
+
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):
+        text = repr(value)
+    text = " ".join(text.split())
+    return text if len(text) <= 60 else text[:57] + "..."

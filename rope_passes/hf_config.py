@@ -53,6 +53,7 @@ from typing import Any
 import numpy as np
 
 from rope_passes.errors import ModelLoadError
+from rope_passes.errors import show_value as _show
 from rope_passes.report import MatchFailure
 
 #: file names exporters write the model's config under, in the order they are looked for
@@ -287,16 +288,6 @@ NUMERIC_PARAMS = ("factor", "attention_factor", "beta_fast", "beta_slow", "mscal
                   "low_freq_factor", "high_freq_factor")
 #: rope parameters that must be positive integers where a config sets them
 POSITIVE_INT_PARAMS = ("original_max_position_embeddings",)
-
-
-def _show(value: Any) -> str:
-    """``value`` as a short one-line repr for an error message."""
-    try:
-        text = json.dumps(value)
-    except (TypeError, ValueError):
-        text = repr(value)
-    text = " ".join(text.split())
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _number(where: str, key: str, value: Any) -> float:

@@ -10,6 +10,8 @@
 * :func:`exporter_feeds` / :func:`exporter_outputs`: fixed-seed calls of an exporter decoder (any batch, length and
   past; 3D ``position_ids`` for mRoPE graphs), for comparing an export with its rewrite on the CPU EP.
 * :func:`realsize`: ``bench/realsize.py`` as a module (the real-size graph builder the bench and its tests share).
+* :func:`copy_folder`: a writable copy of a read-only model folder (the shared corpus) with its genai_config.json
+  edited.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ from rope_passes.check.compare import TOLERANCES, Tolerance
 from rope_passes.io import MAX_IR_VERSION
 from rope_passes.runtime.sessions import create_session
 
-__all__ = ["TOLERANCES", "Tolerance", "exporter_feeds", "exporter_outputs", "realsize", "run", "save", "serialize"]
+__all__ = ["TOLERANCES", "Tolerance", "copy_folder", "exporter_feeds", "exporter_outputs", "realsize", "run", "save",
+           "serialize"]
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -92,3 +95,21 @@ def realsize() -> ModuleType:
         sys.modules["realsize"] = module
         spec.loader.exec_module(module)
     return sys.modules["realsize"]
+
+
+def copy_folder(src: str | os.PathLike, dst: str | os.PathLike, edit: Any = None) -> Path:
+    """A writable copy of model folder ``src`` at ``dst`` (the corpus files are read-only); ``edit(config)`` changes
+    its genai_config.json's JSON in place first."""
+    import json
+    import shutil
+
+    folder = Path(dst)
+    shutil.copytree(src, folder)
+    for p in folder.iterdir():
+        p.chmod(0o644)
+    if edit is not None:
+        path = folder / "genai_config.json"
+        config = json.loads(path.read_text())
+        edit(config)
+        path.write_text(json.dumps(config, indent=4))
+    return folder

@@ -233,17 +233,9 @@ def test_rewrites_the_session_proof_allows_are_right_on_webgpu(name, tmp_path):
 
 
 def _copy(name: str, tmp: Path, **config_edits) -> Path:
-    import shutil
+    from _utils import copy_folder
 
-    dst = tmp / "src"
-    shutil.copytree(GENAI / name, dst)
-    for p in dst.iterdir():
-        p.chmod(0o644)
-    path = dst / "genai_config.json"
-    config = json.loads(path.read_text())
-    config["model"].update(config_edits)
-    path.write_text(json.dumps(config, indent=4))
-    return dst
+    return copy_folder(GENAI / name, tmp / "src", lambda config: config["model"].update(config_edits))
 
 
 @pytest.mark.parametrize("name", ["current/phi3_mini_128k/webgpu_fp16_graph", "current/phi3_mini_128k/webgpu_fp32"])

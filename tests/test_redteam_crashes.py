@@ -162,19 +162,10 @@ def test_offset_session_entry_is_read():
 
 
 def _llama(tmp_path: Path, edit) -> Path:
-    import shutil
+    from _utils import copy_folder
+    from conftest import GENAI
 
-    from tests.conftest import GENAI
-
-    folder = tmp_path / "llama"
-    shutil.copytree(GENAI / LLAMA_GENAI, folder)
-    for p in folder.iterdir():
-        p.chmod(0o644)
-    path = folder / "genai_config.json"
-    config = json.loads(path.read_text())
-    edit(config["model"]["decoder"])
-    path.write_text(json.dumps(config, indent=4))
-    return folder
+    return copy_folder(GENAI / LLAMA_GENAI, tmp_path / "llama", lambda config: edit(config["model"]["decoder"]))
 
 
 def _set_option(key, value):
