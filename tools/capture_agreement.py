@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="capture-agreement-"))
     sources = inputs()
-    sources["demo"] = build_tiny_decoder(work / "demo")
+    sources["demo"] = build_tiny_decoder(work / "demo-src")  # not work / "demo": that is its output
     if args.only:
         sources = {k: v for k, v in sources.items() if any(o in k for o in args.only.split(","))}
     models: dict[str, Path] = {}
