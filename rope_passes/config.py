@@ -48,23 +48,35 @@ BUILDER_GRAPH_ENTRY = {GRAPH_CAPTURE_OPTION: "1", "validationMode": "disabled"}
 
 
 def _int(value: Any) -> int | None:
-    """A positive int from a JSON value (ints, or strings of digits as provider options are), else None."""
+    """A positive int from a JSON value (ints, or strings of ASCII digits as provider options are), else None."""
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
         return value if value > 0 else None
     if isinstance(value, float) and value.is_integer() and value > 0:
         return int(value)
-    if isinstance(value, str) and value.strip().isdigit():
+    if isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():
         return int(value) or None
     return None
 
 
+#: the genai_config keys a context length is read from (``model.context_length``, else ``search.max_length``)
+CONTEXT_LENGTH_FIELDS = (("model", "context_length"), ("search", "max_length"))
+#: the largest context length rope-passes takes (a table row count: onnxruntime's int32 sizes)
+MAX_CONTEXT_LENGTH = 2**31 - 1
+
+
+def _is_provider(name: Any, provider: str) -> bool:
+    """Whether a provider_options key names ``provider`` (onnxruntime-genai matches provider names ignoring case)."""
+    return isinstance(name, str) and name.lower() == provider.lower()
+
+
 def parse_concat_offset(value: Any, where: str = CONCAT_OFFSET_OPTION) -> int:
     """The offset a ``multiRotaryCacheConcatOffset`` value sets (0: none), the one parser of it. A JSON integer or a
-    decimal-integer string (spaces around it allowed); an integral float or a string like ``"32.0"`` is the same
-    integer (onnxruntime-webgpu 1.27 applies ``"32.0"`` as 32). Anything else (``true``, ``null``, a list, ``"-32"``,
-    ``"3.2e1"``, past the int32 range): ModelLoadError naming ``where`` and the value, one line."""
+    decimal-integer string (trailing spaces allowed, leading ones not: onnxruntime-webgpu 1.27 takes ``"32 "`` and
+    refuses ``" 32"``, falling back to the CPU EP); an integral float or a string like ``"32.0"`` is the same integer
+    (onnxruntime-webgpu 1.27 applies ``"32.0"`` as 32). Anything else (``true``, ``null``, a list, ``"-32"``,
+    ``" 32"``, ``"3.2e1"``, past the int32 range): ModelLoadError naming ``where`` and the value, one line."""
     number: int | None = None
     if isinstance(value, bool):
         number = None
@@ -73,7 +85,7 @@ def parse_concat_offset(value: Any, where: str = CONCAT_OFFSET_OPTION) -> int:
     elif isinstance(value, float) and value.is_integer():
         number = int(value)
     elif isinstance(value, str):
-        text = value.strip()
+        text = value.rstrip()
         head, dot, tail = text.partition(".")
         if head.isascii() and head.isdigit() and (not dot or (tail == "" or set(tail) == {"0"})):
             number = int(head)
@@ -121,6 +133,11 @@ class GenaiConfig:
         model = self.data.get("model")
         if model is not None and not isinstance(model, dict):
             raise ModelLoadError(f"{where}: model is {_show(model)}, not an object")
+        for section, key in CONTEXT_LENGTH_FIELDS:
+            value = self._section(section).get(key)
+            if value is not None and (_int(value) is None or _int(value) > MAX_CONTEXT_LENGTH):
+                raise ModelLoadError(f"{where}: {section}.{key} is {_show(value)}, not a positive integer "
+                                     f"(at most {MAX_CONTEXT_LENGTH})")
         decoder = (model or {}).get("decoder")
         if decoder is None:
             return
@@ -240,7 +257,7 @@ class GenaiConfig:
         """The decoder's options for ``provider`` as strings (what onnxruntime receives); {} when none."""
         out: dict[str, str] = {}
         for name, options in self._provider_entries():
-            if name == provider:
+            if _is_provider(name, provider):
                 out.update({k: str(v) for k, v in options.items()})
         return out
 
@@ -253,13 +270,15 @@ class GenaiConfig:
 
     @property
     def concat_offset(self) -> int | None:
-        """The ``multiRotaryCacheConcatOffset`` in effect (0 or absent: None): the provider options' (the first
-        provider entry that sets it), else the plain session config entry
+        """The ``multiRotaryCacheConcatOffset`` in effect (0 or absent: None): the WebGPU provider options' (the first
+        WebGPU entry that sets it; another provider's options never reach the WebGPU EP), else the plain session
+        config entry
         ``session_options["ep.webgpuexecutionprovider.multiRotaryCacheConcatOffset"]`` (onnxruntime-genai passes it to
         onnxruntime as the same session config entry). ModelLoadError for a value :func:`parse_concat_offset`
         refuses, or where the two places set different offsets (which one onnxruntime keeps is not ours to guess)."""
         found = [(f".provider_options.{provider}.{CONCAT_OFFSET_OPTION}", options[CONCAT_OFFSET_OPTION])
-                 for provider, options in self._provider_entries() if CONCAT_OFFSET_OPTION in options][:1]
+                 for provider, options in self._provider_entries()
+                 if _is_provider(provider, WEBGPU_PROVIDER) and CONCAT_OFFSET_OPTION in options][:1]
         session = self.decoder.get("session_options")
         if isinstance(session, dict) and CONCAT_OFFSET_SESSION_ENTRY in session:
             found.append((f"[{CONCAT_OFFSET_SESSION_ENTRY!r}]", session[CONCAT_OFFSET_SESSION_ENTRY]))
@@ -280,7 +299,7 @@ class GenaiConfig:
     def graph_capture(self) -> bool | None:
         """Whether the WebGPU provider options turn graph capture on (``enableGraphCapture`` "1"); False: a WebGPU
         entry without it or with "0"; None: no WebGPU provider entry (onnxruntime-genai does not use WebGPU)."""
-        if not any(name == WEBGPU_PROVIDER for name, _ in self._provider_entries()):
+        if not any(_is_provider(name, WEBGPU_PROVIDER) for name, _ in self._provider_entries()):
             return None
         return self.provider_options(WEBGPU_PROVIDER).get(GRAPH_CAPTURE_OPTION, "0").strip() == "1"
 
@@ -295,7 +314,8 @@ class GenaiConfig:
         return decoder if isinstance(decoder, dict) else None
 
     def set_provider_option(self, provider: str, key: str, value: str) -> str | None:
-        """Set ``model.decoder.session_options.provider_options[{provider: {key: value}}]`` (created if missing)."""
+        """Set ``model.decoder.session_options.provider_options[{provider: {key: value}}]`` (created if missing; an
+        existing entry is found ignoring case, as onnxruntime-genai matches it, and keeps its spelling)."""
         decoder = self._writable_decoder()
         if decoder is None:
             return None
@@ -304,8 +324,8 @@ class GenaiConfig:
         if not isinstance(providers, list):
             raise ModelLoadError("genai_config.json: model.decoder.session_options.provider_options is not a list "
                                  "(or session_options not an object): cannot write a provider option")
-        options = next((e[provider] for e in providers if isinstance(e, dict) and isinstance(e.get(provider), dict)),
-                       None)
+        name, options = next(((k, v) for e in providers if isinstance(e, dict) for k, v in e.items()
+                              if _is_provider(k, provider) and isinstance(v, dict)), (provider, None))
         if options is None:
             options = {}
             providers.append({provider: options})
@@ -313,7 +333,7 @@ class GenaiConfig:
         if old == value:
             return None
         options[key] = value
-        return (f"model.decoder.session_options.provider_options.{provider}.{key} = '{value}'"
+        return (f"model.decoder.session_options.provider_options.{name}.{key} = '{value}'"
                 + (f" (was {old!r})" if old is not None else ""))
 
     def set_graph_capture(self, on: bool) -> str | None:
@@ -346,14 +366,15 @@ class GenaiConfig:
         session[key] = value
         return f"model.decoder.session_options[{key!r}] = '{value}'" + (f" ({why})" if why else "")
 
-    def remove_provider_option(self, key: str, why: str = "") -> list[str]:
-        """Remove ``key`` from every provider's options in ``model.decoder.session_options.provider_options``
-        (a provider entry left empty is kept: onnxruntime-genai reads its presence as "use this provider")."""
+    def remove_provider_option(self, key: str, why: str = "", provider: str = WEBGPU_PROVIDER) -> list[str]:
+        """Remove ``key`` from ``provider``'s options (every entry naming it, ignoring case) in
+        ``model.decoder.session_options.provider_options``; another provider's options are not ours to change (a
+        provider entry left empty is kept: onnxruntime-genai reads its presence as "use this provider")."""
         changes = []
-        for provider, options in list(self._provider_entries()):
-            if key in options:
+        for name, options in list(self._provider_entries()):
+            if _is_provider(name, provider) and key in options:
                 old = options.pop(key)
-                changes.append(f"removed model.decoder.session_options.provider_options.{provider}.{key} (was "
+                changes.append(f"removed model.decoder.session_options.provider_options.{name}.{key} (was "
                                f"{str(old)!r})" + (f": {why}" if why else ""))
         return changes
 

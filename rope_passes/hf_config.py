@@ -288,6 +288,8 @@ NUMERIC_PARAMS = ("factor", "attention_factor", "beta_fast", "beta_slow", "mscal
                   "low_freq_factor", "high_freq_factor")
 #: rope parameters that must be positive integers where a config sets them
 POSITIVE_INT_PARAMS = ("original_max_position_embeddings",)
+#: the largest position count rope-passes takes from a config (a cos/sin table's rows: onnxruntime's int32 sizes)
+MAX_POSITIONS = 2**31 - 1
 
 
 def _number(where: str, key: str, value: Any) -> float:
@@ -309,8 +311,8 @@ def _check_numbers(where: str, params: Mapping[str, Any], theta_key: str = "rope
         if value is None:
             continue
         if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
-                or value != int(value) or value <= 0):
-            raise ModelLoadError(f"{where}: {key} {_show(value)} is not a positive integer")
+                or value != int(value) or not 0 < value <= MAX_POSITIONS):
+            raise ModelLoadError(f"{where}: {key} {_show(value)} is not a positive integer (at most {MAX_POSITIONS})")
 
 
 def _olive_attributes(data: dict[str, Any]) -> dict[str, Any]:
@@ -459,15 +461,17 @@ class HFConfig:
             theta_key = "rope_local_base_freq"
         _check_numbers(where, params, theta_key)
         raw_max = self._first("max_position_embeddings", "n_positions")
-        if isinstance(raw_max, bool):
-            raise ModelLoadError(f"{where}: max_position_embeddings {_show(raw_max)} is not a positive integer")
+        if isinstance(raw_max, bool) or (isinstance(raw_max, int) and not 0 < raw_max <= MAX_POSITIONS):
+            raise ModelLoadError(f"{where}: max_position_embeddings {_show(raw_max)} is not a positive integer "
+                                 f"(at most {MAX_POSITIONS})")
         head_dim, max_pos = self.head_dim, self.max_position_embeddings
         if theta is None or head_dim is None or max_pos is None:
             raise MatchFailure.refuse(f"{where}: rope_theta, head_dim (or hidden_size/num_attention_heads) and "
                                       "max_position_embeddings are needed", "<model>")
         partial = params.get("partial_rotary_factor", self._first("partial_rotary_factor", "rotary_pct"))
-        if partial is not None:
-            _number(where, "partial_rotary_factor", partial)
+        if partial is not None and not 0 < _number(where, "partial_rotary_factor", partial) <= 1:
+            raise ModelLoadError(f"{where}: partial_rotary_factor {_show(partial)} is not in (0, 1] (the rotated "
+                                 "fraction of head_dim)")
         rotary_dim = self._get("rotary_dim")  # GPT-J / CodeGen: the rotated width itself
         if partial is None and isinstance(rotary_dim, int) and 0 < rotary_dim <= head_dim:
             partial = rotary_dim / head_dim

@@ -134,14 +134,14 @@ def _genai(options: dict | None = None, session: dict | None = None, **decoder) 
                                                                        **(session or {})}, **decoder}}}
 
 
-@pytest.mark.parametrize(("value", "offset"), [(32, 32), ("32", 32), ("32.0", 32), (32.0, 32), (" 32 ", 32),
+@pytest.mark.parametrize(("value", "offset"), [(32, 32), ("32", 32), ("32.0", 32), (32.0, 32), ("32 ", 32),
                                                ("0", 0), (0, 0)])
 def test_offset_parser_accepts_integers(value, offset):
     assert parse_concat_offset(value) == offset
     assert GenaiConfig(_genai({"multiRotaryCacheConcatOffset": value})).concat_offset == (offset or None)
 
 
-@pytest.mark.parametrize("value", ["3.2e1", True, None, [32], "-32", "+32", "32.5", 32.5, "99999999999999999999",
+@pytest.mark.parametrize("value", ["3.2e1", True, None, [32], "-32", "+32", "32.5", 32.5, "99999999999999999999", " 32", " 32 ", "\t32", "²",
                                    "abc", "", {"a": 1}])
 def test_offset_parser_refuses_the_rest(tmp_path, value):
     path = tmp_path / "genai_config.json"
@@ -337,3 +337,139 @@ def test_unfuse_qk_norm_without_value_info(tmp_path, capsys):
     typed = {v.name: v.type.tensor_type.elem_type for v in result.graph.value_info}
     assert all(typed.get(n.output[0]) == onnx.TensorProto.FLOAT16 for n in norms)
     _loads_on_cpu(out / "model.onnx")
+
+
+# -- round 2 (issue 18b) ---------------------------------------------------------------------------------------------
+# N02 / N03 / N04: only the WebGPU provider's options carry the offset the WebGPU EP gets; another provider's comes
+# first in provider_options and is not read (onnxruntime-genai hands the webgpu entry to the WebGPU EP)
+def _two_providers(cuda: str, webgpu: str) -> dict:
+    config = _genai({"multiRotaryCacheConcatOffset": webgpu})
+    config["model"]["decoder"]["session_options"]["provider_options"].insert(
+        0, {"cuda": {"multiRotaryCacheConcatOffset": cuda}})
+    return config
+
+
+@pytest.mark.parametrize("cuda", ["0", "16", "32"])
+def test_offset_read_from_webgpu_provider_only(cuda):
+    assert GenaiConfig(_two_providers(cuda, "32")).concat_offset == 32
+    only_cuda = _two_providers(cuda, "0")
+    del only_cuda["model"]["decoder"]["session_options"]["provider_options"][1]["webgpu"]["multiRotaryCacheConcatOffset"]
+    assert GenaiConfig(only_cuda).concat_offset is None
+
+
+def test_offset_removed_from_webgpu_provider_only():
+    config = GenaiConfig(_two_providers("16", "32"))
+    changes = config.remove_provider_option("multiRotaryCacheConcatOffset", "why")
+    assert len(changes) == 1 and ".webgpu." in changes[0]
+    providers = config.data["model"]["decoder"]["session_options"]["provider_options"]
+    assert providers[0] == {"cuda": {"multiRotaryCacheConcatOffset": "16"}}
+    assert "multiRotaryCacheConcatOffset" not in providers[1]["webgpu"]
+
+
+@pytest.mark.corpus
+def test_other_provider_offset_first_lint_and_optimize(tmp_path, capsys):
+    """N02: a plain llama with cuda's offset "0" before webgpu's "32": RP208, and optimize removes webgpu's 32."""
+    def edit(d):
+        providers = d["session_options"]["provider_options"]
+        providers[0]["webgpu"]["multiRotaryCacheConcatOffset"] = "32"
+        providers.insert(0, {"cuda": {"multiRotaryCacheConcatOffset": "0"}})
+
+    folder = _llama(tmp_path, edit)
+    code, _ = _cli(capsys, ["lint", str(folder), "--select", "RP208"])
+    assert code == 1
+    code, err = _cli(capsys, ["optimize", str(folder), "-o", str(tmp_path / "out"), "--target", "webgpu"])
+    assert code == 0, err
+    providers = json.loads((tmp_path / "out" / "genai_config.json").read_text())["model"]["decoder"][
+        "session_options"]["provider_options"]
+    webgpu = next(e["webgpu"] for e in providers if "webgpu" in e)
+    assert "multiRotaryCacheConcatOffset" not in webgpu
+
+
+# N22: a provider entry spelled "WebGPU" (onnxruntime-genai matches provider names ignoring case) is read and written
+# in place: no second "webgpu" entry (onnxruntime-genai: "Provider WebGpuExecutionProvider has already been registered")
+def test_provider_name_case_insensitive():
+    config = GenaiConfig({"model": {"decoder": {"session_options": {"provider_options": [
+        {"WebGPU": {"enableGraphCapture": "0", "multiRotaryCacheConcatOffset": "32"}}]}}}})
+    assert config.graph_capture is False and config.concat_offset == 32
+    assert config.provider_options("webgpu")["enableGraphCapture"] == "0"
+    line = config.set_graph_capture(True)
+    assert line and "WebGPU" in line
+    providers = config.data["model"]["decoder"]["session_options"]["provider_options"]
+    assert providers == [{"WebGPU": {"enableGraphCapture": "1", "multiRotaryCacheConcatOffset": "32"}}]
+    assert config.remove_provider_option("multiRotaryCacheConcatOffset") and providers == [
+        {"WebGPU": {"enableGraphCapture": "1"}}]
+
+
+@pytest.mark.corpus
+def test_provider_name_case_optimize_writes_one_entry(tmp_path, capsys):
+    def edit(d):
+        providers = d["session_options"]["provider_options"]
+        providers[0] = {"WebGPU": providers[0]["webgpu"]}
+
+    folder = _llama(tmp_path, edit)
+    code, err = _cli(capsys, ["optimize", str(folder), "-o", str(tmp_path / "out"), "--target", "webgpu-graph"])
+    assert code == 0, err
+    providers = json.loads((tmp_path / "out" / "genai_config.json").read_text())["model"]["decoder"][
+        "session_options"]["provider_options"]
+    assert len(providers) == 1 and list(providers[0]) == ["WebGPU"], providers
+    assert providers[0]["WebGPU"]["enableGraphCapture"] == "1"
+
+
+# N01: a context length that is not a positive (ASCII-digit) integer: one line, exit 2 (not int('²') crashing)
+@pytest.mark.parametrize(("section", "key"), [("model", "context_length"), ("search", "max_length")])
+@pytest.mark.parametrize("value", ["²", "x", 0, -4096, True, "0", 4096.5, [4096], 2**31])
+def test_context_length_garbage(tmp_path, section, key, value):
+    config = _genai()
+    config.setdefault(section, {})[key] = value
+    path = tmp_path / "genai_config.json"
+    path.write_text(json.dumps(config))
+    with pytest.raises(ModelLoadError) as info:
+        GenaiConfig.load(path)
+    assert f"{section}.{key}" in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("value", [4096, "4096", 4096.0])
+def test_context_length_accepted(value):
+    config = _genai()
+    config["model"]["context_length"] = value
+    GenaiConfig(config).validate()
+    assert GenaiConfig(config).context_length == 4096
+
+
+@pytest.mark.corpus
+def test_context_length_superscript_cli(tmp_path, capsys):
+    folder = _llama(tmp_path, lambda d: None)
+    path = folder / "genai_config.json"
+    config = json.loads(path.read_text())
+    config["model"]["context_length"] = "²"
+    path.write_text(json.dumps(config))
+    _one_line_exit_2(capsys, ["lint", str(folder)], "context_length")
+    _one_line_exit_2(capsys, ["optimize", str(folder), "-o", str(tmp_path / "out"), "--target", "webgpu"],
+                     "context_length")
+
+
+# C01 / C02: config.json max_position_embeddings past int32 (numpy's "Maximum allowed size exceeded") and a
+# partial_rotary_factor outside (0, 1] (1e308: OverflowError in int(head_dim * factor)): one line
+@pytest.mark.parametrize("value", [10**30, 2**31, 0, -64])
+def test_max_position_embeddings_out_of_range(tmp_path, value):
+    assert f"max_position_embeddings {value}" in _rope_error(tmp_path, max_position_embeddings=value)
+
+
+def test_original_max_position_embeddings_huge(tmp_path):
+    scaling = {"rope_type": "longrope", "short_factor": [1.0] * 16, "long_factor": [2.0] * 16,
+               "original_max_position_embeddings": 10**30}
+    assert "original_max_position_embeddings" in _rope_error(tmp_path, rope_scaling=scaling)
+
+
+@pytest.mark.parametrize("value", [1e308, 2.0, 0, 0.0, -0.5])
+def test_partial_rotary_factor_out_of_range(tmp_path, value):
+    assert "partial_rotary_factor" in _rope_error(tmp_path, partial_rotary_factor=value)
+
+
+@pytest.mark.corpus
+@pytest.mark.parametrize(("edit", "says"), [
+    (lambda c: c.update(max_position_embeddings=10**30), "max_position_embeddings"),
+    (lambda c: c.update(partial_rotary_factor=1e308), "partial_rotary_factor"),
+])
+def test_out_of_range_hf_config_cli(tmp_path, capsys, edit, says):
+    test_malformed_hf_config_cli(tmp_path, capsys, edit, says)
