@@ -308,3 +308,54 @@ def test_a_concatenation_the_context_length_cannot_split_is_found_by_its_rows(tm
     optimize(str(src), str(tmp_path / "out"), target="webgpu")
     assert _offset(tmp_path / "out") == "32"
     assert not [d for d in lint_bundle(tmp_path / "out") if d.code in ("RP203", "RP208", "RP209")]
+
+
+@pytest.mark.parametrize("op", ["Identity", "Add0"])
+def test_a_cache_read_through_a_node_keeps_the_offset(op, tmp_path):
+    """Round 2 of the independent red team (W01): the builder's [32; 256] cache fed to GroupQueryAttention through
+    one node (Identity, or Add of 0). Before, "not a constant table" was read as "no layer can honour it" and the
+    offset removed (WebGPU logits off by 6.9 from total 33); now the one constant evaluator reads the table through
+    the node (the offset stays, no RP208), and a table it cannot read is a refusal, never proof of a plain one."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    src = _copy("current/phi3_mini_128k/webgpu_fp16_graph", tmp_path)
+    model = onnx.load(src / "model.onnx")
+    gqas = [n for n in model.graph.node if n.op_type == "GroupQueryAttention"]
+    added = []
+    for index, name in ((7, "cos"), (8, "sin")):
+        table = gqas[0].input[index]
+        wrapped = f"rt_{name}_wrapped"
+        if op == "Identity":
+            added.append(helper.make_node("Identity", [table], [wrapped]))
+        else:
+            zero = f"rt_{name}_zero"
+            model.graph.initializer.append(numpy_helper.from_array(np.zeros((), np.float16), zero))
+            added.append(helper.make_node("Add", [table, zero], [wrapped]))
+        for gqa in gqas:
+            gqa.input[index] = wrapped
+    for node in reversed(added):
+        model.graph.node.insert(0, node)
+    onnx.save(model, src / "model.onnx")
+    assert _offset(src) == "32"
+    assert not [d for d in lint_bundle(src) if d.code in ("RP208", "RP209")]
+    optimize(str(src), str(tmp_path / "out"), target="webgpu")
+    assert _offset(tmp_path / "out") == "32"
+
+
+def test_an_offset_one_row_off_without_a_context_length_is_rp208(tmp_path):
+    """Round 2 (N20): offset 33 on the builder's [32; 256] cache with no context_length in genai_config: before, no
+    RP208 (the real split was looked for by the context length only); now the rows say where it is."""
+    def edit(config):
+        config["model"].pop("context_length", None)
+        config.get("search", {}).pop("max_length", None)
+        for entry in config["model"]["decoder"]["session_options"]["provider_options"]:
+            for options in entry.values():
+                if KEY in options:
+                    options[KEY] = "33"
+
+    from _utils import copy_folder
+
+    src = copy_folder(GENAI / "current/phi3_mini_128k/webgpu_fp16_graph", tmp_path / "src", edit)
+    (found,) = [d for d in lint_bundle(src) if d.code == "RP208"]
+    assert f"{KEY}=33" in found.message and "splits at 32" in found.message, found.message

@@ -79,11 +79,10 @@ def _session_verdict(ctx: LintContext) -> tuple[int, MatchFailure | None, int | 
             out = (offset, None, found.offset)
         except MatchFailure as failure:
             real = None
-            if context is not None:  # not split at the offset: split elsewhere (by the context length)?
-                try:
-                    real = session_concat(ctx.model, context_length=context).offset
-                except MatchFailure:
-                    real = None
+            try:  # not split at the offset: split elsewhere (by the context length, else where sin restarts)?
+                real = session_concat(ctx.model, context_length=context).offset
+            except MatchFailure:
+                real = None
             out = (offset, failure, real)
     ctx._rp208 = out or ()  # type: ignore[attr-defined]
     return out

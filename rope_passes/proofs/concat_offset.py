@@ -27,7 +27,7 @@ import numpy as np
 import onnx_ir as ir
 
 import rope_passes.graph_walk as graph_walk
-from rope_passes.analysis.graph import MS_DOMAIN, attr, const_tensor, flag, nodes_of, table_like
+from rope_passes.analysis.graph import MS_DOMAIN, attr, const_tensor, flag, nodes_of
 from rope_passes.analysis.longrope import ConcatCache, separate_qkv
 from rope_passes.config import CONCAT_OFFSET_OPTION
 from rope_passes.report import MatchFailure
@@ -161,6 +161,24 @@ class PairFit:
     long_error: float
 
 
+#: the most elements a cos/sin cache computed from constants is evaluated to (a 128k-position, 128-column table)
+TABLE_MAX = 1 << 24
+
+
+def table_value(value: ir.Value | None) -> np.ndarray | None:
+    """The value of a GroupQueryAttention cos/sin cache input: an initializer, or any cone of constants that gives
+    one (an Identity, a Cast, a Slice of the table, an ``Add`` of 0: :func:`rope_passes.proofs.constants.constant`,
+    the one evaluator); None when it is not a constant."""
+    if value is None:
+        return None
+    tensor = const_tensor(value)
+    if tensor is not None:
+        return np.asarray(tensor.numpy())
+    from rope_passes.proofs.constants import constant
+
+    return constant(value, TABLE_MAX)
+
+
 def fit_pair(found: ConcatCache) -> PairFit:
     """Prove the rows of ``found`` are two RoPE tables split at ``found.offset``, with different factors:
     ``MatchFailure.refuse`` (target: the cos table) otherwise. The refusal carries ``details["plain"]`` when the
@@ -168,12 +186,10 @@ def fit_pair(found: ConcatCache) -> PairFit:
     it at an offset is wrong); halves that restart at position 0 with the same factors are not plain (they need the
     offset as much as a LongRoPE pair does)."""
     target = found.cos.name or "cos_cache"
-    cos = const_tensor(found.cos)
-    sin = const_tensor(found.sin)
-    if cos is None or sin is None:
-        raise MatchFailure.absent("cos/sin are not constant tables", target)
-    cos_t, sin_t = cos.numpy(), sin.numpy()
-    tolerance = ROW_TOLERANCE.get(cos.dtype, 2e-3)
+    cos_t, sin_t = table_value(found.cos), table_value(found.sin)
+    if cos_t is None or sin_t is None:
+        raise MatchFailure.refuse("cos/sin are not constant tables: which rows a layer reads is not known", target)
+    tolerance = ROW_TOLERANCE.get(ir.DataType.from_numpy(cos_t.dtype), 2e-3)
     short = fit_frequencies(cos_t, sin_t, range(found.offset), tolerance)
     long = fit_frequencies(cos_t, sin_t, range(found.offset, found.rows), tolerance)
 
@@ -252,9 +268,15 @@ def _pair_cache(model: ir.Model, gqas: list[ir.Node], *, context_length: int | N
     fed = [v.name for v in (cos, sin) if v is not None and v.is_graph_input()]
     if fed:  # the caller may feed a concatenation: whether an offset is honoured is the caller's to say
         raise MatchFailure.absent(f"{fed[0]!r} is a graph input: the caller chooses the table", name, caller_table=True)
-    cos_t = const_tensor(cos)
-    if not table_like(cos_t) or not isinstance(cos_t.shape[0], int):
-        raise MatchFailure.absent(f"cos_cache {name!r} is not a constant table", name)
+    cos_t = table_value(cos)
+    if cos_t is None or cos_t.ndim != 2 or cos_t.shape[0] < 2:
+        producer = cos.producer() if cos is not None else None
+        if cos_t is None and producer is not None and producer.op_type in ("If", "Where"):
+            # a LongRoPE switch's output: each branch is a table read from row 0 (what longrope-concat replaces)
+            raise MatchFailure.absent(f"cos_cache {name!r} is the output of {producer.op_type} "
+                                      f"{producer.name or ''!r}, not one constant table", name)
+        # not knowing the table proves nothing about it: a refusal keeps a configured offset as it is
+        raise MatchFailure.refuse(f"cos_cache {name!r} is not a constant table the proof can read", name)
     rows = cos_t.shape[0]
     original = offset if offset is not None else rows - (context_length or 0)
     if offset is None and (context_length is None or original <= 1):
@@ -273,9 +295,9 @@ def _pair_cache(model: ir.Model, gqas: list[ir.Node], *, context_length: int | N
         split = "original" if offset is None else str(offset)
         raise MatchFailure.absent(f"cos_cache {name!r} has {rows} rows, not {split} + context {context_length} "
                                   "(not a concatenated cache)", name)
-    sin_t = const_tensor(sin)
+    sin_t = table_value(sin)
     if sin is None or sin_t is None or sin_t.shape != cos_t.shape:
-        raise MatchFailure.absent(f"sin_cache of {consumer_name(gqa)!r} is not a constant table shaped like "
+        raise MatchFailure.refuse(f"sin_cache of {consumer_name(gqa)!r} is not a constant table shaped like "
                                   "cos_cache", name)
     return ConcatCache(gqa, cos, sin, rows, original, context_length, list(gqas))
 
@@ -284,10 +306,10 @@ def _restart_row(sin: ir.Value | None) -> int | None:
     """The one row past row 0 of a constant sin table that is zero in every column (a table that starts again at
     position 0: the long half of a [short; long] concatenation), or None (none, or several). The fit then proves
     the halves (:func:`fit_pair`)."""
-    tensor = const_tensor(sin)
-    if tensor is None or len(tensor.shape) != 2:
+    value = table_value(sin)
+    if value is None or value.ndim != 2:
         return None
-    table = np.abs(tensor.numpy().astype(np.float32))
+    table = np.abs(value.astype(np.float32))
     zero = np.flatnonzero(table.max(axis=1) == 0)
     zero = zero[zero > 1]
     return int(zero[0]) if len(zero) == 1 else None
