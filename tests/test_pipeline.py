@@ -39,6 +39,34 @@ def test_cleanup_removes_dead_nodes_and_initializers_and_reports_it():
     assert r.status == "rewritten 1" and r.findings[0].outcome is Outcome.REWRITTEN
 
 
+def test_cleanup_keeps_a_loop_s_empty_condition_input():
+    """Red team round 2 (L01): a "for" Loop(M, "") — its optional condition given as empty. onnx_ir's
+    RemoveUnusedNodesPass drops trailing empty inputs, and Loop(M) does not load on onnxruntime ("input size 1 not in
+    range [min=2"): every output of a graph with such a loop was unloadable. Cleanup keeps kept nodes' inputs."""
+    import onnxruntime as ort
+
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["c"], ["c_out"]), helper.make_node("Cast", ["i"], ["s"], to=TensorProto.FLOAT)],
+        "body", [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+                 helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("c_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("s", TensorProto.FLOAT, [])])
+    graph = helper.make_graph(
+        [helper.make_node("Loop", ["M", ""], ["y"], "loop", body=body),  # a scan of the iteration count, no state
+         helper.make_node("Cos", ["M"], ["dead"], "dead")], "g",
+        [helper.make_tensor_value_info("M", TensorProto.INT64, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None])])
+    model = ir.from_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10))
+    result = CleanupPass()(model)
+    assert result.report.nodes_removed == 1
+    loop = next(n for n in model.graph if n.op_type == "Loop")
+    assert len(loop.inputs) == 2 and loop.inputs[1] is None
+    proto = ir.to_proto(model)
+    sess = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    out = sess.run(None, {"M": np.array(3, np.int64)})[0]
+    assert out.tolist() == [0.0, 1.0, 2.0]
+
+
 def test_cleanup_on_clean_graph_says_why_nothing_changed():
     model = model_with_dead_code()
     CleanupPass()(model)

@@ -26,7 +26,13 @@ class CleanupPass(RopePass):
     def apply(self, model: ir.Model, report: PassReport) -> None:
         nodes_before = sum(1 for _ in graph_walk.nodes(model.graph))
         inits_before = len(model.graph.initializers)
+        arity = {id(node): (node, len(node.inputs)) for node in graph_walk.nodes(model.graph)}
         RemoveUnusedNodesPass()(model)
+        for node, count in arity.values():
+            # onnx_ir's pass also drops trailing empty inputs: Loop(M, "") left as Loop(M) does not load
+            # (onnxruntime: "input size 1 not in range [min=2"); a kept node keeps its inputs as they were
+            if len(node.inputs) < count and node.graph is not None:
+                node.resize_inputs(count)
         nodes_removed = nodes_before - sum(1 for _ in graph_walk.nodes(model.graph))
         inits_removed = inits_before - len(model.graph.initializers)
         if nodes_removed or inits_removed:
