@@ -17,6 +17,8 @@ Exit 1 when a graph disagrees. About 10 minutes per runtime on 2 cores (one sess
 from __future__ import annotations
 
 import argparse
+import atexit
+import shutil
 import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
@@ -50,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-v", action="store_true", help="print every graph, not only disagreements")
     args = ap.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="capture-agreement-"))
+    # the outputs hard-link the corpus's weights (--weights link), and onnx refuses to load a file with several
+    # links: the folder must not outlive the run
+    atexit.register(shutil.rmtree, work, True)
     sources = inputs()
     sources["demo"] = build_tiny_decoder(work / "demo-src")  # not work / "demo": that is its output
     if args.only:
