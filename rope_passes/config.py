@@ -135,7 +135,8 @@ class GenaiConfig:
             raise ModelLoadError(f"{where}: model is {_show(model)}, not an object")
         for section, key in CONTEXT_LENGTH_FIELDS:
             value = self._section(section).get(key)
-            if value is not None and (_int(value) is None or _int(value) > MAX_CONTEXT_LENGTH):
+            number = _int(value) if value is not None else None
+            if value is not None and (number is None or number > MAX_CONTEXT_LENGTH):
                 raise ModelLoadError(f"{where}: {section}.{key} is {_show(value)}, not a positive integer "
                                      f"(at most {MAX_CONTEXT_LENGTH})")
         decoder = (model or {}).get("decoder")

@@ -126,8 +126,9 @@ def _caches(ctx: LintContext, ropes: list[Rope]) -> Iterator[_Checked]:
             faults = [_longrope_fault(ctx, r, gqa.inputs[7], gqa.inputs[8]) for r in long_ropes]
             if any(f is None or f.row is None for f in faults):
                 continue  # not a LongRoPE form (a plain table: RP401/RP203), or it conforms
-            fault = max(faults, key=lambda f: f.row)  # type: ignore[union-attr,return-value]
-            verdict = Verdict(fault.rope, False, fault.position, fault.worst, fault.cause)
+            found = [f for f in faults if f is not None and f.row is not None]
+            fault = max(found, key=lambda f: f.row or 0)
+            verdict = Verdict(fault.rope, False, fault.position or 0, fault.worst, fault.cause)
             yield _Checked(fault.name, f"GroupQueryAttention's {fault.role}_cache {fault.name!r} "
                                        f"({fault.what})", verdict, role=fault.role)
             continue
@@ -214,10 +215,12 @@ def _longrope_parts(ctx: LintContext, rope: Rope, cos: ir.Value, sin: ir.Value
                                                                                                    array.shape[0])))
             parts[role] = sorted(tables, key=lambda p: p.long)
         return f"If {switch.name!r}", parts
-    tensors = [const_tensor(v) for v in (cos, sin)]
-    if any(t is None or len(t.shape) != 2 for t in tensors):
+    read = [const_tensor(v) for v in (cos, sin)]
+    tensors = [t for t in read if t is not None and len(t.shape) == 2 and isinstance(t.shape[0], int)]
+    if len(tensors) != 2:
         return None
     rows = tensors[0].shape[0]
+    assert isinstance(rows, int)  # checked above
     configured = ctx.genai_config.concat_offset
     lengths = {n for n in (rope.max_position_embeddings, ctx.genai_config.context_length) if n}
     splits = [s for s in dict.fromkeys([configured, orig]) if s and 0 < s < rows]

@@ -96,8 +96,8 @@ def _rotation(add: ir.Node) -> tuple[ir.Value, ir.Value] | None:
     """(x, rotated) for ``Add(Mul(x, cos'), Mul(rotate_half(x), sin'))``."""
     if len(add.inputs) != 2 or any(i is None or i.producer() is None for i in add.inputs):
         return None
-    muls = [i.producer() for i in add.inputs]  # type: ignore[union-attr]
-    if any(m.op_type != "Mul" or len(m.inputs) != 2 for m in muls):
+    muls = [p for i in add.inputs if i is not None and (p := i.producer()) is not None]
+    if len(muls) != 2 or any(m.op_type != "Mul" or len(m.inputs) != 2 for m in muls):
         return None
     parts: dict[str, ir.Value] = {}
     for m in muls:
@@ -237,7 +237,7 @@ def _graph_inputs_needed(model: ir.Model, sites: list[_Site]) -> tuple[set[str],
             if i is not None and id(i) in inputs and id(i) not in stop:
                 (shapes if node.op_type == "Shape" else values).add(i.name or "")
         if node.op_type != "Shape":
-            stack += list(node.inputs)
+            stack += [i for i in node.inputs if i is not None]
     return values, shapes - values, ranged
 
 
@@ -335,7 +335,7 @@ def _probe_group(model: ir.Model, sites: list[_Site], positions: ir.Value, probe
     if pos_feed is None:
         return None
     pos_feed = np.ascontiguousarray(pos_feed).astype(np.int32 if positions.dtype == ir.DataType.INT32 else np.int64)
-    feeds = {}
+    feeds: dict[str, np.ndarray] = {}
     heads = []
     for site, value in zip(sites, sub.inputs[:len(sites)], strict=True):
         dtype = np.float16 if site.pre.dtype == ir.DataType.FLOAT16 else np.float32
@@ -349,14 +349,14 @@ def _probe_group(model: ir.Model, sites: list[_Site], positions: ir.Value, probe
         x = np.zeros((rows, h, count, n), dtype=dtype)  # [batch, heads, seq, head_dim]
         for b in range(n):
             x[b // h, b % h, :, b] = 1
-        feeds[value.name] = np.ascontiguousarray(np.transpose(x, (0, 2, 1, 3))).reshape(rows, count, h * n) \
+        feeds[value.name or ""] = np.ascontiguousarray(np.transpose(x, (0, 2, 1, 3))).reshape(rows, count, h * n) \
             if site.heads else x
-    feeds[sub.inputs[len(sites)].name] = pos_feed
+    feeds[sub.inputs[len(sites)].name or ""] = pos_feed
     for value, original in zip(sub.inputs[len(sites) + 1:], needed, strict=True):
         feed = _shape_feed(original, positions, rows, count)
         if feed is None:
             return None
-        feeds[value.name] = feed
+        feeds[value.name or ""] = feed
     try:
         outs = sess.run(None, feeds)
     except Exception:  # noqa: BLE001
