@@ -56,8 +56,25 @@ def _row_changed(src: Path, dst: Path, row: int) -> Path:
     return dst
 
 
-def test_web_runtime_is_named_and_refused_without_its_setup(monkeypatch):
+def test_web_runtime_is_named_and_refused_without_its_setup(monkeypatch, tmp_path):
+    """Each missing piece is named with the command that sets it up, whatever else is there (a fresh clone has no
+    .web-runtime/node_modules: the fast test loop runs this without the browser set-up)."""
+    import shutil
+
+    from rope_passes.runtime.web import WEB_RUNTIME_ENV
+
     assert resolve("web") == resolve("onnxruntime-web") == WEB
+    monkeypatch.setenv(WEB_RUNTIME_ENV, str(tmp_path / "nothing"))
+    if shutil.which("node") is None:
+        with pytest.raises(UsageError, match="browser runtime is not set up.*no node"):
+            interpreter(WEB)
+        return
+    with pytest.raises(UsageError, match="browser runtime is not set up.*onnxruntime-web is missing: run "
+                                         "scripts/setup-web-runtime.sh"):
+        interpreter(WEB)
+    for package in ("onnxruntime-web", "playwright-core"):  # the packages there, no chromium
+        (tmp_path / "nothing" / "node_modules" / package).mkdir(parents=True)
+        (tmp_path / "nothing" / "node_modules" / package / "package.json").write_text("{}")
     monkeypatch.setenv("ROPE_PASSES_CHROMIUM", "/nonexistent/chromium")
     with pytest.raises(UsageError, match="browser runtime is not set up.*no chromium at /nonexistent/chromium"):
         interpreter(WEB)
