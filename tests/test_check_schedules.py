@@ -10,6 +10,7 @@ Budget (2 cores): ~2 min.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 
@@ -29,6 +30,7 @@ from rope_passes.check.schedules import (
     fits,
     parse,
     random_schedule,
+    runs_on,
     shrink,
 )
 from rope_passes.cli import main
@@ -95,6 +97,14 @@ def prompt_over_8(g, inputs):
 def multi_token_after_past(g, inputs):
     return _op(g, "And", _op(g, "Greater", _dim(g, inputs["input_ids"], 1), _const(g, np.int64(1))),
                _op(g, "Greater", _dim(g, inputs["past_key_values.0.key"], 2), _const(g, np.int64(0))))
+
+
+def right_padded(g, inputs):
+    """Some row's last mask column is 0: right padding (a left-padded row ends with 1)."""
+    last = _op(g, "Slice", _op(g, "Cast", inputs["attention_mask"], to=ir.DataType.FLOAT),
+               _const(g, np.array([-1], np.int64)), _const(g, np.array([2**31], np.int64)),
+               _const(g, np.array([1], np.int64)))
+    return _op(g, "Less", _op(g, "ReduceMin", last, keepdims=0), _const(g, np.float32(0.5)))
 
 
 def batch_is_2(g, inputs):
@@ -232,6 +242,9 @@ CASES = {
     "padded-rows": (FP32, logits_plus_half_on_padded_rows,
                     ([[0, 6], [7, 8]], [[0, 1], [1, 1]], 0), ([[5, 6], [7, 8]], [[1, 1], [1, 1]], 0),
                     {"left-padded-batch"}),
+    "right-padded": (FP32, logits_plus_half_when(right_padded),  # a do_rotary=1 graph: the CPU EP's schedule
+                     ([[5, 6], [7, 0]], [[1, 1], [1, 0]], 0), ([[5, 6], [7, 8]], [[1, 1], [1, 1]], 0),
+                     {"right-padded-batch"}),
     "cpu-only": (FP32, gqa_position_ids_zero, ([[5]], [[1] * 5], 4), ([[5, 6, 7]], [[1] * 3], 0), None),
 }
 
@@ -371,10 +384,14 @@ def test_schedule_calls_pad_as_genai():
 
 
 def test_no_right_padded_batch_where_the_graph_rotates_inside_groupqueryattention():
-    """GroupQueryAttention do_rotary=1 derives positions from seqlens_k as left padding lays them out: a right-padded
-    batch is not a call such a graph takes (onnxruntime-genai pads left), in the default set or drawn at random."""
+    """GroupQueryAttention do_rotary=1 derives positions from seqlens_k as left padding lays them out on WebGPU: a
+    right-padded batch is not a call such a graph takes there (onnxruntime-genai pads left), in the default set or
+    drawn at random. The CPU EP's reads right padding as it is laid out: the default set runs it there (the
+    independent set's "position + 1 only for a right-padded batch" on a do_rotary=1 graph passed before)."""
     facts = GraphFacts(vocab=500, pad=0, max_call=8, context=256, no_right_padding="fused rotary")
-    assert "right-padded-batch" not in {s.name for s in default_schedules(facts)}
+    right = next(s for s in default_schedules(facts) if s.name == "right-padded-batch")
+    assert not runs_on(right, "webgpu", facts) and runs_on(right, "cpu", facts)  # CPU GQA reads right padding
+    assert runs_on(right, "webgpu", dataclasses.replace(facts, no_right_padding=None))
     rng = np.random.RandomState(3)
     drawn = [random_schedule(rng, facts) for _ in range(200)]
     assert all(s.padding != RIGHT for s in drawn) and any(s.batch > 1 for s in drawn)

@@ -22,7 +22,7 @@ import numpy as np
 from rope_passes.check.compare import TOLERANCES, Tolerance
 from rope_passes.check.decode import TOKEN_HIGH
 from rope_passes.check.models import ModelInfo
-from rope_passes.check.schedules import GraphFacts, Schedule, default_schedules, fits
+from rope_passes.check.schedules import GraphFacts, Schedule, default_schedules, fits, runs_on
 from rope_passes.check.sweep import sweep_positions
 from rope_passes.check.table_diff import TableComparison, compare_tables
 from rope_passes.check.tables import GraphTables, graph_tables
@@ -97,8 +97,11 @@ class Plan:
     facts: GraphFacts | None = None
 
     def for_ep(self, ep: str) -> list[Schedule]:
-        """The schedules a run on ``ep`` makes: on WebGPU those whose calls fit its cap."""
-        return [s for s in self.schedules if ep != "webgpu" or fits(s, self.max_call)]
+        """The schedules a run on ``ep`` makes (:func:`~rope_passes.check.schedules.runs_on`)."""
+        if self.facts is None:
+            return [s for s in self.schedules if ep != "webgpu" or fits(s, self.max_call)]
+        facts = dataclasses.replace(self.facts, max_call=self.max_call)
+        return [s for s in self.schedules if runs_on(s, ep, facts)]
 
 
 def _graph_tables(info: ModelInfo, ep: str) -> GraphTables:
@@ -223,9 +226,9 @@ def _no_right_padding(*infos: ModelInfo) -> str | None:
             continue
         for node in ir.traversal.RecursiveGraphIterator(info.model.graph):
             if node.op_type == "GroupQueryAttention" and flag(node, "do_rotary"):
-                return (f"the {which} graph's GroupQueryAttention {node.name!r} rotates inside (do_rotary=1): it "
-                        "derives positions from seqlens_k as left padding lays them out (onnxruntime-genai pads "
-                        "left), so a right-padded batch is not a call it takes")
+                return (f"the {which} graph's GroupQueryAttention {node.name!r} rotates inside (do_rotary=1): on "
+                        "WebGPU it derives positions from seqlens_k as left padding lays them out (onnxruntime-genai "
+                        "pads left), so there a right-padded batch is not a call it takes")
     return None
 
 
@@ -251,7 +254,7 @@ def with_schedules(plan: Plan, facts: GraphFacts, given: Sequence[Schedule] | No
     plan.schedules = list(given) if given is not None else default_schedules(facts)
     if given is None:
         if facts.no_right_padding is not None:
-            plan.notes.append(f"schedules: no right-padded batch: {facts.no_right_padding}")
+            plan.notes.append(f"schedules: the right-padded batch on the CPU EP only: {facts.no_right_padding}")
         n, why = facts.long_prompt()
         missed = [c for c in facts.switches if c + 1 > n] + [w for w in facts.windows if w + 1 > n]
         if missed:

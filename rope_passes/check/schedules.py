@@ -225,9 +225,10 @@ class GraphFacts:
     windows: tuple[int, ...] = ()  # fixed windows (GroupQueryAttention local_window_size)
     max_call: int | None = None  # the longest call WebGPU computes correctly here (software adapter: 8)
     context: int | None = None  # context_length: no schedule runs past it
-    #: why a right-padded batch is not a call these graphs take, or None when it is: a GroupQueryAttention that
-    #: rotates inside (do_rotary=1) derives each row's positions from seqlens_k as left padding lays them out
-    #: (``seqlens_k + 1 - S + s`` on WebGPU), which is how onnxruntime-genai pads
+    #: why a right-padded batch is not a call these graphs take on WebGPU, or None when it is: a GroupQueryAttention
+    #: that rotates inside (do_rotary=1) derives each row's positions from seqlens_k as left padding lays them out
+    #: (``seqlens_k + 1 - S + s`` on WebGPU), which is how onnxruntime-genai pads; the CPU EP still runs it
+    #: (:func:`runs_on`)
     no_right_padding: str | None = None
 
     def long_prompt(self) -> tuple[int, str]:
@@ -270,9 +271,8 @@ def default_schedules(facts: GraphFacts, seed: int = 0) -> list[Schedule]:
         Schedule("left-padded-batch", (short, 1, max(1, short - 3)),
                  tuple(_draw(rng, v, n + 2) for n in (short, 1, max(1, short - 3))), LEFT, then=(1, 1), pad=pad),
     ]
-    if facts.no_right_padding is None:
-        out.append(Schedule("right-padded-batch", (short, max(1, short - 2)),
-                            tuple(_draw(rng, v, n) for n in (short, max(1, short - 2))), RIGHT, pad=pad))
+    out.append(Schedule("right-padded-batch", (short, max(1, short - 2)),  # not on WebGPU everywhere: runs_on
+                        tuple(_draw(rng, v, n) for n in (short, max(1, short - 2))), RIGHT, pad=pad))
     out.append(Schedule("two-rows", (short, short), tuple(_draw(rng, v, short + 2) for _ in range(2)), LEFT,
                         then=(1, 1), pad=pad))
     steps = DENSE_DECODE - 1
@@ -297,6 +297,20 @@ def every_id(vocab: int, pad: int = 0) -> Schedule:
     calls = -(-vocab // rows)
     ids = tuple(tuple((b + k * rows) % vocab for k in range(calls)) for b in range(rows))
     return Schedule("every-id", (1,) * rows, ids, LEFT, then=(1,) * (calls - 1), pad=pad)
+
+
+def runs_on(schedule: Schedule, ep: str, facts: GraphFacts | None) -> bool:
+    """Whether a run on ``ep`` makes ``schedule``: on WebGPU, calls that fit its cap (:func:`fits`), and no
+    right-padded batch of rows of different lengths where a GroupQueryAttention rotates inside
+    (``facts.no_right_padding``: WebGPU places such a row's tokens as left padding lays them out). The CPU EP makes
+    every schedule: its GroupQueryAttention reads a right-padded prompt as it is laid out (each row as it computes
+    it alone), so a rewrite that moves positions of right-padded rows is a difference there."""
+    if ep != "webgpu":
+        return True
+    if facts is not None and facts.no_right_padding is not None and schedule.padding == RIGHT \
+            and len(set(schedule.lengths)) > 1:
+        return False
+    return fits(schedule, facts.max_call if facts is not None else None)
 
 
 def fits(schedule: Schedule, max_call: int | None) -> bool:
