@@ -282,3 +282,16 @@ def test_offset_passes_skipped_where_the_runtime_does_not_read_the_offset():
     for name in RUNTIMES:
         assert get_target(name).reads_option("multiRotaryCacheConcatOffset")
         assert "longrope-concat" in presets_for(name)["webgpu-graph"]
+
+
+def test_a_pass_measured_not_exact_on_a_runtime_is_left_out_for_it():
+    """fold-text-mrope is not exact on onnxruntime-web 1.30 (measured, tests/test_web_runtime.py): its presets leave
+    it out with the reason; the Python runtimes keep it."""
+    from rope_passes.pipeline import presets_for, skipped_for
+    from rope_passes.targets import INEXACT_PASSES, RUNTIMES, WEB
+
+    assert set(INEXACT_PASSES) == {WEB} and set(INEXACT_PASSES[WEB]) == {"fold-text-mrope"}
+    assert "fold-text-mrope" not in presets_for(WEB)["webgpu-graph"]
+    assert "not exact on onnxruntime-web" in skipped_for("webgpu-graph", WEB)["fold-text-mrope"]
+    for name in RUNTIMES:
+        assert "fold-text-mrope" in presets_for(name)["webgpu-graph"]

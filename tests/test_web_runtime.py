@@ -166,3 +166,28 @@ def test_capture_defect_on_page_buffers_still_there(browser, tmp_path):
     assert runs[0] == [0, 1, 2, 3]
     assert runs[1] == runs[2] == ("TypeError: Cannot set properties of undefined "
                                   "(setting 'Symbol(gpuBufferMetadata)')")
+
+
+@pytest.mark.corpus
+@pytest.mark.webgpu
+def test_fold_is_left_out_for_the_browser_where_it_is_not_exact(browser, tmp_path):
+    """onnxruntime-web 1.30's GroupQueryAttention with do_rotary=1 rotates a left-padded row's tokens at other
+    positions than the explicit mRoPE rotation it replaces: the fold made for onnxruntime-webgpu differs in the
+    browser on a left-padded batch; ``optimize --runtime onnxruntime-web`` leaves it out
+    (:data:`rope_passes.targets.INEXACT_PASSES`), and that output is equivalent there."""
+    from rope_passes.check.schedules import LEFT, Schedule
+
+    src = GENAI / "legacy/qwen35/cpu_fp32_text"
+    batch = Schedule("left-padded", (7, 1, 4), ((5, 9, 17, 30, 41, 2, 7, 11, 13), (3, 8, 19), (4, 6, 8, 10, 12, 14)),
+                     LEFT, then=(1, 1))
+    options = {"steps": 1, "sweep": 0, "schedules": [batch], "isolate": False, "tables": False}
+    for_python, for_browser = tmp_path / "python", tmp_path / "browser"
+    assert main(["optimize", str(src), "-o", str(for_python), "--target", "webgpu-graph"]) == 0
+    assert main(["optimize", str(src), "-o", str(for_browser), "--target", "webgpu-graph",
+                 "--runtime", "onnxruntime-web"]) == 0
+    folded = check(src, for_python, runtime="web", **options)
+    assert folded.verdict == NOT_EQUIVALENT, folded.reason
+    failing = [c for c in folded.comparisons if c.counts and c.status == "compared" and not c.ok]
+    assert failing and all(c.kind == "schedule" and c.actual == "rewritten@webgpu" for c in failing)
+    kept = check(src, for_browser, runtime="web", **options)
+    assert kept.verdict == EQUIVALENT, kept.reason
