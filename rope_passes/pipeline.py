@@ -85,13 +85,16 @@ def pass_names_for(target: str | None, passes: Sequence[str] | None,
     return names
 
 
-def build_passes(names: Sequence[str], context: PassContext, options: dict[str, Any] | None = None) -> list[RopePass]:
+def build_passes(names: Sequence[str], context: PassContext, options: dict[str, Any] | None = None,
+                 skipped: Sequence[str] = ()) -> list[RopePass]:
     """The pass objects of one run, sharing ``context``; each gets the options it declares.
 
-    An option that no pass of the run takes is a UsageError (a misspelt or misplaced option is never dropped).
+    An option that no pass of the run takes is a UsageError (a misspelt or misplaced option is never dropped), unless
+    a pass of the preset that the runtime leaves out (``skipped``, said in the report) takes it: ``--text-only`` is
+    the right option for ``webgpu-graph`` whatever runtime the output is for.
     """
     options = dict(options or {})
-    taken = set().union(*(ALL_PASSES[n].option_names() for n in names)) if names else set()
+    taken = set().union(*(ALL_PASSES[n].option_names() for n in [*names, *skipped])) if names or skipped else set()
     for key in options:
         if key not in taken:
             raise UsageError(f"option {key!r} is not taken by any pass of this run ({', '.join(names)}); "
@@ -127,7 +130,7 @@ def run_pipeline(
     if passes is None:
         report.skipped = skipped_for(target or "webgpu", rt)
     context = PassContext(bundle.genai_config, model_path=bundle.model_path, runtime=rt.name)
-    pass_objects = build_passes(names, context, options)
+    pass_objects = build_passes(names, context, options, skipped=list(report.skipped or {}))
     # One capture verdict per graph state: the graph's now, and after each pass that changed it (a pass that changed
     # nothing leaves it as it was). A pass may read the current one once (PassContext.take_verdict); the last one is
     # the output's (PipelineReport.verdict_of).

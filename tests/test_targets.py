@@ -295,3 +295,19 @@ def test_a_pass_measured_not_exact_on_a_runtime_is_left_out_for_it():
     assert "not exact on onnxruntime-web" in skipped_for("webgpu-graph", WEB)["fold-text-mrope"]
     for name in RUNTIMES:
         assert "fold-text-mrope" in presets_for(name)["webgpu-graph"]
+
+
+def test_an_option_of_a_pass_the_runtime_leaves_out_is_no_error(tmp_path):
+    """``--text-only`` is fold-text-mrope's option, which the browser's preset leaves out: the option is right for the
+    target, so the run goes on and says the pass was skipped (before: "option 'text_only' is not taken by any pass of
+    this run"); an option no pass of the preset takes is still an error."""
+    from rope_passes.demo import build_tiny_decoder
+    from rope_passes.io import load_bundle
+    from rope_passes.pipeline import run_pipeline
+    from rope_passes.targets import WEB
+
+    src = build_tiny_decoder(tmp_path / "demo")
+    report = run_pipeline(load_bundle(src), target="webgpu-graph", options={"text_only": True}, runtime=WEB)
+    assert "fold-text-mrope" in report.skipped and "fold-text-mrope" not in [p.pass_name for p in report.passes]
+    with pytest.raises(UsageError, match="option 'text_onyl' is not taken"):
+        run_pipeline(load_bundle(src), target="webgpu-graph", options={"text_onyl": True}, runtime=WEB)
