@@ -29,9 +29,10 @@ class CleanupPass(RopePass):
         arity = {id(node): (node, len(node.inputs)) for node in graph_walk.nodes(model.graph)}
         RemoveUnusedNodesPass()(model)
         for node, count in arity.values():
-            # onnx_ir's pass also drops trailing empty inputs: Loop(M, "") left as Loop(M) does not load
-            # (onnxruntime: "input size 1 not in range [min=2"); a kept node keeps its inputs as they were
-            if len(node.inputs) < count and node.graph is not None:
+            # onnx_ir's pass also drops trailing empty inputs: harmless where the op takes fewer, but Loop(M, "") left
+            # as Loop(M) does not load (onnxruntime: "input size 1 not in range [min=2"): below the op's schema
+            # minimum, a kept node gets its inputs back as they were
+            if len(node.inputs) < count and node.graph is not None and len(node.inputs) < _min_inputs(model, node):
                 node.resize_inputs(count)
         nodes_removed = nodes_before - sum(1 for _ in graph_walk.nodes(model.graph))
         inits_removed = inits_before - len(model.graph.initializers)
@@ -39,3 +40,16 @@ class CleanupPass(RopePass):
             report.rewritten("<model>", f"removed {nodes_removed} dead nodes and {inits_removed} dead initializers")
         else:
             report.not_matched("<model>", "no dead nodes or initializers")
+
+
+def _min_inputs(model: ir.Model, node: ir.Node) -> int:
+    """The fewest inputs the ONNX schema of ``node`` allows at the model's opset (0 where onnx does not know it)."""
+    import onnx
+
+    domain = node.domain if node.domain != "ai.onnx" else ""
+    version = model.opset_imports.get(domain, model.opset_imports.get("ai.onnx", 0) if not domain else 0)
+    try:
+        return int(onnx.defs.get_schema(node.op_type, max_inclusive_version=version or 1_000,
+                                        domain=domain).min_input)
+    except onnx.defs.SchemaError:
+        return 0
