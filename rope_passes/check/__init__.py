@@ -5,7 +5,8 @@
 
 ``rope_passes.check`` is the function :func:`.core.check` (bound in ``rope_passes/__init__.py``); this package holds
 its parts. Modules: :mod:`.plan` (the options, what to run), :mod:`.schedules` (the calls callers make: batches,
-padding, prompt lengths, calls after a past, ids; random ones and shrinking), :mod:`.decode` (decoder inputs),
+padding, prompt lengths, calls after a past, ids; random ones and shrinking), :mod:`.schedule_runs` (running them,
+what a caller reads of them compared), :mod:`.decode` (decoder inputs),
 :mod:`.sweep` (single steps after a random past, over the whole table), :mod:`.runs` (which runs),
 :mod:`.runner` (one run, optionally in a subprocess or another interpreter), :mod:`.runtimes` (which WebGPU
 runtime the runs use: ``--runtime``), :mod:`.compare` (tolerances, step-by-step diffs), :mod:`.comparisons`

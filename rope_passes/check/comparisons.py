@@ -21,7 +21,8 @@ import numpy as np
 from rope_passes.check.compare import TOLERANCES, Comparison, OutputDiff, compare_steps, cpu_tolerance
 from rope_passes.check.plan import Plan
 from rope_passes.check.runner import RunResult
-from rope_passes.check.schedules import AGAIN, ROW, Schedule, compare_calls, padded_rows_kept
+from rope_passes.check.schedule_runs import AGAIN, ROW, compare_calls, padded_rows_kept
+from rope_passes.check.schedules import Schedule
 from rope_passes.check.sweep import compare_sweep
 from rope_passes.check.verdict import PLUGIN, Evidence
 

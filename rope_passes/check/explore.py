@@ -5,7 +5,7 @@ crash of the EP ends the checker here, unlike the isolated runs), and schedules 
 ``numpy.random.RandomState(N)`` (:func:`.schedules.random_schedule`: batch 1-4, left or right padding, prompts of 1
 token to past every switch, chunked or not, up to four calls after it, ids across the vocabulary). Each is run on
 both graphs on every EP it fits (WebGPU on a software adapter: calls of at most 8 tokens) and compared with the
-schedule comparison (:func:`.schedules.compare_calls`: what a caller reads, the check's tolerance). The first
+schedule comparison (:func:`.schedule_runs.compare_calls`: what a caller reads, the check's tolerance). The first
 schedule that differs is shrunk (:func:`.schedules.shrink`: fewer rows, fewer and shorter calls, shorter prompts)
 to the smallest that still differs on the same EP, and the report prints it as a command line that reruns it:
 ``rope-passes check ORIGINAL REWRITTEN --schedule '<schedule>'`` (exit 1 there too). The same seed draws the same
@@ -25,7 +25,8 @@ from rope_passes.check.compare import Comparison, OutputDiff, Tolerance
 from rope_passes.check.decode import DecoderSpec
 from rope_passes.check.models import ModelInfo
 from rope_passes.check.plan import CheckOptions, Plan
-from rope_passes.check.schedules import Schedule, differs, fits, random_schedule, shrink
+from rope_passes.check.schedule_runs import differs
+from rope_passes.check.schedules import Schedule, fits, random_schedule, shrink
 
 
 @dataclasses.dataclass

@@ -60,7 +60,7 @@ class RunSpec:
     seed: int = 0
     sweep: list[int] = dataclasses.field(default_factory=list)  # positions of single steps after a random past
     schedules: list[dict] = dataclasses.field(default_factory=list)  # .schedules.Schedule.spec() of each, in order
-    schedules_twice: int = 0  # a reference: .schedules.run_reference (twice, rows alone); ids below this vocab
+    schedules_twice: int = 0  # a reference: .schedule_runs.run_reference (twice, rows alone); ids below this vocab
 
 
 @dataclasses.dataclass
@@ -147,7 +147,8 @@ def execute_run(spec: RunSpec, on_step: Callable[[int], None] | None = None, cap
         result.status, result.reason = RUN_FAILED, _one_line(exc)
         result.failed_step = len(result.steps)
     if spec.schedules and dspec is not None and dspec.is_decoder and not spec.graph_capture:
-        from rope_passes.check.schedules import from_spec, run_reference
+        from rope_passes.check.schedule_runs import run_reference
+        from rope_passes.check.schedules import from_spec
 
         for k, data in enumerate(spec.schedules):
             try:

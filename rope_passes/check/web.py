@@ -229,7 +229,8 @@ def execute_web_run(spec: RunSpec, on_step: Callable[[int], None] | None = None,
         result.failed_step = len(result.steps)
     schedules = getattr(spec, "schedules", None) or []  # the checker's schedules (.schedules), where it has them
     if schedules and dspec is not None and dspec.is_decoder and driver is None and result.ok:
-        from rope_passes.check.schedules import from_spec, run_schedule
+        from rope_passes.check.schedule_runs import run_schedule
+        from rope_passes.check.schedules import from_spec
 
         for k, data in enumerate(schedules):
             calls = result.schedules.setdefault(data["name"], [])
