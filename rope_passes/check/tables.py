@@ -120,20 +120,12 @@ def _dtype_name(array: np.ndarray) -> str:
     return str(array.dtype)
 
 
-#: the most elements a cos/sin cache computed from constants is evaluated to (a 128k-position table of 128 columns)
-TABLE_MAX = 1 << 24
-
-
 def _const(value: ir.Value | None) -> np.ndarray | None:
-    """The value of a table input: an initializer, or any cone of constants that computes one (``Mul(cos, 1.01)``,
-    ``Add(cos, delta)``, a Cast...: :func:`rope_passes.proofs.constants.constant`, the one evaluator), so a table a
-    graph computes from constants is compared as one that it stores."""
-    tensor = const_tensor(through(value, ("Identity",)))
-    if tensor is not None:
-        return np.asarray(tensor.numpy())
-    from rope_passes.proofs.constants import constant
+    """A table input's value, stored or computed from constants (``Mul(cos, 1.01)``, ``Add(cos, delta)``): the one
+    evaluator's (:func:`rope_passes.proofs.constants.table`), so such a table is compared as a stored one."""
+    from rope_passes.proofs.constants import table
 
-    return constant(value, TABLE_MAX)
+    return table(value)
 
 
 # ------------------------------------------------------------------------------------------------ GroupQueryAttention

@@ -27,9 +27,10 @@ import numpy as np
 import onnx_ir as ir
 
 import rope_passes.graph_walk as graph_walk
-from rope_passes.analysis.graph import MS_DOMAIN, attr, const_tensor, flag, nodes_of
+from rope_passes.analysis.graph import MS_DOMAIN, attr, flag, nodes_of
 from rope_passes.analysis.longrope import ConcatCache, separate_qkv
 from rope_passes.config import CONCAT_OFFSET_OPTION
+from rope_passes.proofs.constants import table as table_value
 from rope_passes.report import MatchFailure
 
 # ------------------------------------------------------------------------------------------------------------
@@ -159,24 +160,6 @@ class PairFit:
 
     short_error: float
     long_error: float
-
-
-#: the most elements a cos/sin cache computed from constants is evaluated to (a 128k-position, 128-column table)
-TABLE_MAX = 1 << 24
-
-
-def table_value(value: ir.Value | None) -> np.ndarray | None:
-    """The value of a GroupQueryAttention cos/sin cache input: an initializer, or any cone of constants that gives
-    one (an Identity, a Cast, a Slice of the table, an ``Add`` of 0: :func:`rope_passes.proofs.constants.constant`,
-    the one evaluator); None when it is not a constant."""
-    if value is None:
-        return None
-    tensor = const_tensor(value)
-    if tensor is not None:
-        return np.asarray(tensor.numpy())
-    from rope_passes.proofs.constants import constant
-
-    return constant(value, TABLE_MAX)
 
 
 def fit_pair(found: ConcatCache) -> PairFit:

@@ -163,4 +163,19 @@ def all_constant(values: Iterable[ir.Value | None]) -> bool:
     return all(v is None or evaluate(v) is not None for v in values)
 
 
-__all__ = ["MAX_SIZE", "Constants", "all_constant", "constant", "scalar"]
+#: the most elements a cos/sin table computed from constants is evaluated to (a 128k-position, 128-column table)
+TABLE_MAX = 1 << 24
+
+
+def table(value: ir.Value | None) -> np.ndarray | None:
+    """The value of a cos/sin table input: an initializer, or any cone of constants that gives one (an Identity, a
+    Cast, a Slice of the table, ``Mul(cos, 1.01)``, ``Add(cos, delta)``), up to :data:`TABLE_MAX` elements; None when
+    it is not a constant."""
+    if value is None:
+        return None
+    if value.const_value is not None and not value.is_graph_input():
+        return np.asarray(value.const_value.numpy())
+    return constant(value, TABLE_MAX)
+
+
+__all__ = ["MAX_SIZE", "TABLE_MAX", "Constants", "all_constant", "constant", "scalar", "table"]
