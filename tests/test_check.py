@@ -309,9 +309,10 @@ def test_segfault_in_a_run_is_reported(monkeypatch):
     report = check(GENAI / "current/llama/cpu_fp32", GENAI / "current/llama/cpu_fp32", steps=1)
     run = report.run("original@webgpu")
     assert run.status == "crashed" and "SIGSEGV" in run.reason
-    # the other runs still ran and were compared
+    # the other runs still ran and were compared; a reference that crashed is no pass (issue 26): could not run
     assert report.comparison("rewritten@webgpu", "original@cpu").status == "compared"
-    assert report.verdict == EQUIVALENT
+    assert report.verdict == COULD_NOT_RUN and report.exit_code == 2
+    assert report.reason.startswith("the reference run original@webgpu failed (crashed)")
 
 
 # ---------------------------------------------------------------- CLI

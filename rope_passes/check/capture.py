@@ -105,7 +105,7 @@ class CaptureDriver:
 
     def run(self, on_step: Any = None, results: list | None = None) -> list[dict[str, np.ndarray]]:
         spec, dspec, sess, buf = self.spec, self.dspec, self.session, self.buffers
-        tokens = token_ids(spec.prefill + spec.steps, spec.seed)
+        tokens = token_ids(spec.prefill + spec.steps, spec.seed, spec.vocab)
         outputs = {o.name: o for o in sess.get_outputs()}
         # static KV: [B, kv_heads, max_len, head], bound as past and present
         empty = step_feeds(dspec, tokens[:, :spec.prefill], 0, None)

@@ -61,9 +61,20 @@ _ONNX_TO_ORT = {1: "tensor(float)", 10: "tensor(float16)", 11: "tensor(double)",
 DECODER_INPUTS = {"input_ids", "inputs_embeds", "attention_mask", "position_ids"}
 
 
-def token_ids(total: int, seed: int = 0) -> np.ndarray:
-    """The corpus's token sequence of ``total`` tokens, ``[1, total]`` int64 (a prefix of a longer one is the same)."""
-    return np.random.RandomState(seed).randint(TOKEN_LOW, TOKEN_HIGH, size=(1, total)).astype(np.int64)
+def token_ids(total: int, seed: int = 0, vocab: int | None = None) -> np.ndarray:
+    """The corpus's token sequence of ``total`` tokens, ``[1, total]`` int64 (a prefix of a longer one is the same);
+    for a model whose vocabulary ``vocab`` (:mod:`.contract`) is smaller than the corpus's ids, ids drawn across
+    ``0..vocab-1`` instead (an id past the embedding table is no input the model accepts)."""
+    low, high = id_range(vocab)
+    return np.random.RandomState(seed).randint(low, high, size=(1, total)).astype(np.int64)
+
+
+def id_range(vocab: int | None) -> tuple[int, int]:
+    """``[low, high)`` of the ids the decode and the sweep draw: the corpus's where they fit the vocabulary, else
+    the whole vocabulary."""
+    if vocab is None or vocab >= TOKEN_HIGH:
+        return TOKEN_LOW, TOKEN_HIGH
+    return 0, max(1, vocab)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,6 +117,7 @@ class DecoderSpec:
     head_size: int | None = None  # from genai_config.json when the graph's dims are symbolic
     dims: dict[str, int] = dataclasses.field(default_factory=dict)  # user-given sizes for symbolic dims
     embedding_table: np.ndarray | None = None  # [vocab, hidden] for inputs_embeds graphs
+    vocab: int | None = None  # ids below this are valid (.contract.vocabulary); None: the corpus's ids
 
     @classmethod
     def from_session(cls, sess: Any, genai_config: GenaiConfig | Mapping | None = None, **kw: Any) -> DecoderSpec:

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from rope_passes.check.compare import TOLERANCES, Tolerance
-from rope_passes.check.decode import TOKEN_HIGH
+from rope_passes.check.contract import vocabulary
 from rope_passes.check.models import ModelInfo
 from rope_passes.check.schedules import GraphFacts, Schedule, default_schedules, fits, runs_on
 from rope_passes.check.sweep import sweep_positions
@@ -186,20 +186,6 @@ def _longrope_notes(orig: ModelInfo, rew: ModelInfo, ep: str) -> list[str]:
     return notes
 
 
-def _static_vocab(info: ModelInfo) -> list[int]:
-    """The vocabulary sizes the model states: genai_config's ``vocab_size``, its logits' last dim."""
-    out = []
-    cfg = (info.genai_config or {}).get("model", {})
-    if isinstance(cfg.get("vocab_size"), int):
-        out.append(int(cfg["vocab_size"]))
-    if info.model is not None:
-        for v in info.model.graph.outputs:
-            shape = v.shape
-            if v.name == "logits" and shape is not None and len(shape) and isinstance(shape[-1], int):
-                out.append(int(shape[-1]))
-    return out
-
-
 def _windows(info: ModelInfo) -> list[int]:
     """Fixed windows: GroupQueryAttention ``local_window_size`` > 0."""
     out: list[int] = []
@@ -235,13 +221,13 @@ def _no_right_padding(*infos: ModelInfo) -> str | None:
 def graph_facts(orig: ModelInfo, rew: ModelInfo, plan: Plan, embedding_rows: Sequence[int]) -> GraphFacts:
     """What the schedules are built from: ids valid for both graphs (every stated vocabulary, every embedding table
     fed), genai's pad id, the switches, the windows, WebGPU's call cap and the context."""
-    vocab = _static_vocab(orig) + _static_vocab(rew) + list(embedding_rows)
-    if not vocab and (orig.takes_embeds or rew.takes_embeds):
-        vocab = [TOKEN_HIGH]  # the fixed-seed default table's rows
+    vocab = vocabulary((orig, rew), embedding_rows)  # the model's contract (.contract): no id past a table
     pad = (orig.genai_config or {}).get("model", {}).get("pad_token_id", 0)
     pad = pad[0] if isinstance(pad, list) and pad else pad
-    context = [c for c in (GenaiConfig(orig.genai_config).context_length,) if c]
-    return GraphFacts(vocab=min(vocab) if vocab else TOKEN_HIGH, pad=int(pad) if isinstance(pad, int) else 0,
+    # the context: genai_config's, else the rows of the tables both graphs read (no call runs past either)
+    table_end = plan.tables.positions if plan.tables is not None and plan.tables.status == "compared" else None
+    context = [c for c in (GenaiConfig(orig.genai_config).context_length, table_end) if c]
+    return GraphFacts(vocab=vocab, pad=int(pad) if isinstance(pad, int) else 0,
                       switches=tuple(sorted(plan.switches)), windows=tuple(sorted(set(_windows(orig) + _windows(rew)))),
                       max_call=plan.max_call, context=context[0] if context else None,
                       no_right_padding=_no_right_padding(orig, rew))

@@ -61,6 +61,7 @@ class RunSpec:
     sweep: list[int] = dataclasses.field(default_factory=list)  # positions of single steps after a random past
     schedules: list[dict] = dataclasses.field(default_factory=list)  # .schedules.Schedule.spec() of each, in order
     schedules_twice: int = 0  # a reference: .schedule_runs.run_reference (twice, rows alone); ids below this vocab
+    vocab: int | None = None  # the decode's and the sweep's ids below this (.contract.vocabulary)
 
 
 @dataclasses.dataclass
@@ -132,9 +133,10 @@ def execute_run(spec: RunSpec, on_step: Callable[[int], None] | None = None, cap
             driver.run(on_step=on_step, results=result.steps)
             result.notes.extend(driver.notes)
         else:
-            dspec = DecoderSpec.from_session(sess, spec.genai_config, dims=dict(spec.dims), embedding_table=table)
+            dspec = DecoderSpec.from_session(sess, spec.genai_config, dims=dict(spec.dims), embedding_table=table,
+                                             vocab=spec.vocab)
             if dspec.is_decoder:
-                tokens = token_ids(spec.prefill + spec.steps, spec.seed)
+                tokens = token_ids(spec.prefill + spec.steps, spec.seed, spec.vocab)
                 run_decode(sess, dspec, tokens, spec.prefill, spec.steps, on_step=on_step, results=result.steps)
             else:
                 feeds = random_feeds(dspec, spec.seed)

@@ -33,7 +33,8 @@ def run_spec(label: str, info: ModelInfo, ep: str, emb: str | None, plan: Plan, 
                    graph_capture=capture, max_length=plan.prefill + plan.steps, dims=dict(opts.dims or {}),
                    embedding=emb, sweep=[] if capture else list(plan.positions),
                    schedules=[] if capture else [s.spec() for s in plan.for_ep(ep)],
-                   schedules_twice=plan.facts.vocab if plan.facts is not None and label.startswith("original@") else 0)
+                   schedules_twice=plan.facts.vocab if plan.facts is not None and label.startswith("original@") else 0,
+                   vocab=plan.facts.vocab if plan.facts is not None else None)
 
 
 def execute(spec: RunSpec, opts: CheckOptions, adapter: AdapterInfo | None, python: str | None,

@@ -19,7 +19,7 @@ from typing import Any, cast
 import numpy as np
 
 from rope_passes.check.compare import Comparison, OutputDiff, diff_arrays
-from rope_passes.check.decode import TOKEN_HIGH, TOKEN_LOW, DecoderSpec, InputSpec, _dim, step_feeds
+from rope_passes.check.decode import DecoderSpec, InputSpec, _dim, id_range, step_feeds
 
 #: default number of sweep positions
 DEFAULT_SWEEP = 32
@@ -51,7 +51,7 @@ def sweep_positions(limit: int, switches: Iterable[int] = (), n: int = DEFAULT_S
 def sweep_feeds(spec: DecoderSpec, position: int, seed: int = 0) -> dict[str, np.ndarray]:
     """One token at ``position`` after a random past of ``position`` tokens (the same for every graph)."""
     rng = np.random.RandomState(seed * 100_003 + position)
-    token = rng.randint(TOKEN_LOW, TOKEN_HIGH, size=(1, 1)).astype(np.int64)
+    token = rng.randint(*id_range(spec.vocab), size=(1, 1)).astype(np.int64)
     past = None
     if position:
         past = {}

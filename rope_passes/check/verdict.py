@@ -26,7 +26,7 @@ from rope_passes.check.compare import (
 )
 from rope_passes.check.models import ModelInfo
 from rope_passes.check.report import COULD_NOT_RUN, EQUIVALENT, EQUIVALENT_TABLES_ONLY, NOT_EQUIVALENT
-from rope_passes.check.runner import NOT_RUN, NOT_STARTED, RunResult
+from rope_passes.check.runner import CRASHED, NOT_RUN, NOT_STARTED, OK, RUN_FAILED, TIMED_OUT, RunResult
 from rope_passes.check.sweep import compare_sweep
 from rope_passes.check.table_diff import TableComparison
 
@@ -237,6 +237,27 @@ def _reference(ev: Evidence) -> str:
     return "; ".join(parts) or "none"
 
 
+def reference_failure(ev: Evidence) -> str | None:
+    """The first run of the original that loaded but did not run what the checker fed it, in one line (None: every
+    reference run ran): a call that raised (decode, a schedule, a sweep position), a crash, a timeout. The inputs are
+    the model's own contract (:mod:`.contract`), so such a run is a reference missing, never a comparison to skip."""
+    for r in ev.runs:
+        if not r.label.startswith("original@") or (r.label.endswith(PLUGIN) and not ev.fallback_python):
+            continue
+        if r.status in (RUN_FAILED, CRASHED, TIMED_OUT):
+            at = f" at step {r.failed_step}" if r.status == RUN_FAILED and r.failed_step is not None else ""
+            return f"the reference run {r.label} failed{at} ({r.status}): {_short(r.reason)}"
+        if r.status != OK:
+            continue
+        if r.schedule_errors:
+            name, why = next(iter(r.schedule_errors.items()))
+            return f"the reference run {r.label} raised on schedule {name}: {_short(why)}"
+        if r.sweep_errors:
+            p = min(r.sweep_errors)
+            return f"the reference run {r.label} raised at sweep position {p}: {_short(r.sweep_errors[p])}"
+    return None
+
+
 def decide(ev: Evidence, comparisons: list[Comparison]) -> tuple[str, str, str]:
     """(verdict, reason when it could not run, the reference in one line); adds the run notes to ``ev.notes``."""
     _run_notes(ev)
@@ -255,6 +276,9 @@ def decide(ev: Evidence, comparisons: list[Comparison]) -> tuple[str, str, str]:
         assert run is not None
         verdict = COULD_NOT_RUN
         reason = f"{run.label} could not run: {_short(run.reason)}"
+    elif (failed := reference_failure(ev)) is not None:
+        # a reference that raised on the checker's inputs (or crashed) is never skipped into a pass (issue 26)
+        verdict, reason = COULD_NOT_RUN, failed
     elif not rew.ok and any(by[lab].ok for lab in ("original@webgpu", "original@cpu") if lab in by
                             and lab.endswith(ep)):
         verdict = NOT_EQUIVALENT
@@ -289,4 +313,4 @@ def decide(ev: Evidence, comparisons: list[Comparison]) -> tuple[str, str, str]:
     return verdict, reason, _reference(ev)
 
 
-__all__ = ["PLUGIN", "Evidence", "compare_all", "decide"]
+__all__ = ["PLUGIN", "Evidence", "compare_all", "decide", "reference_failure"]

@@ -111,7 +111,7 @@ class WebCaptureDriver:
         from rope_passes.runtime.web import _WEB_TYPES
 
         spec, dspec, b = self.spec, self.dspec, self.browser
-        tokens = token_ids(spec.prefill + spec.steps, spec.seed)
+        tokens = token_ids(spec.prefill + spec.steps, spec.seed, spec.vocab)
         shapes, types = _output_shapes(spec.model), _output_types(spec.model)
         empty = step_feeds(dspec, tokens[:, :spec.prefill], 0, None)
         buffers: list[dict[str, Any]] = []
@@ -215,9 +215,10 @@ def execute_web_run(spec: RunSpec, on_step: Callable[[int], None] | None = None,
             driver.run(on_step=on_step, results=result.steps)
             result.notes.extend(driver.notes)
         else:
-            dspec = DecoderSpec.from_model(spec.model, spec.genai_config, dims=dict(spec.dims), embedding_table=table)
+            dspec = DecoderSpec.from_model(spec.model, spec.genai_config, dims=dict(spec.dims), embedding_table=table,
+                                           vocab=spec.vocab)
             if dspec.is_decoder:
-                tokens = token_ids(spec.prefill + spec.steps, spec.seed)
+                tokens = token_ids(spec.prefill + spec.steps, spec.seed, spec.vocab)
                 run_decode(session, dspec, tokens, spec.prefill, spec.steps, on_step=on_step, results=result.steps)
             else:
                 feeds = random_feeds(dspec, spec.seed)

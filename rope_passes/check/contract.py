@@ -1,0 +1,155 @@
+"""What a model accepts, read from the model itself (issue 26): the inputs every run of a check draws from.
+
+* **vocabulary**: the rows of the embedding table (the ``Gather`` whose indices are ``input_ids``; its shape only,
+  no weight is read), genai_config's ``vocab_size``, the logits' last dimension, the ``config.json`` beside the model;
+  the smallest wins (an id valid for every one of them). A graph that states none gets the fixed-seed default table's
+  rows (:data:`.decode.TOKEN_HIGH`);
+* **context**: genai_config's context length, else the rows of the cos/sin table the graph reads (the table
+  comparison's end): no call runs past it;
+* **the genai loop** (:class:`GenaiLoop`): ``search.past_present_share_buffer`` (past and present share one
+  ``max_length`` buffer), ``search.max_length``, and whether the graph takes a static mask (a ``max_length`` mask of
+  ones then zeros: GroupQueryAttention's total length is read from the mask's sum, not its shape, as the builder's
+  ``_graph`` models do);
+* **positions from the caller**: a graph with a ``position_ids`` input and no GroupQueryAttention (an exporter,
+  optimum or transformers.js layout) rotates by the positions it is given, which run ahead of its cache when the
+  caller keeps fewer rows than positions.
+
+Dtypes and ranks come from each input as the session declares it (:mod:`.decode`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from rope_passes.check.decode import TOKEN_HIGH
+from rope_passes.config import GenaiConfig
+
+
+def _nodes(model: Any) -> Iterable[Any]:
+    import onnx_ir as ir
+
+    return ir.traversal.RecursiveGraphIterator(model.graph) if model is not None else ()
+
+
+def embedding_rows(model: Any) -> int | None:
+    """The rows of the table a ``Gather`` looks ``input_ids`` up in (its declared shape), or None."""
+    for node in _nodes(model):
+        if node.op_type != "Gather" or len(node.inputs) < 2 or node.inputs[1] is None or node.inputs[0] is None:
+            continue
+        if node.inputs[1].name != "input_ids":
+            continue
+        axis = node.attributes.get("axis")
+        if axis is not None and int(axis.as_int()) != 0:
+            continue
+        shape = node.inputs[0].shape
+        if shape is not None and len(shape) >= 1 and isinstance(shape[0], int) and shape[0] > 0:
+            return int(shape[0])
+    return None
+
+
+def _hf_vocab(path: Path) -> int | None:
+    cfg = path.parent / "config.json"
+    try:
+        data = json.loads(cfg.read_text())
+    except (OSError, ValueError):
+        return None
+    for section in (data, data.get("text_config") or {} if isinstance(data, dict) else {}):
+        value = section.get("vocab_size") if isinstance(section, dict) else None
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def stated_vocab(info: Any) -> list[int]:
+    """Every vocabulary size a model states (module docstring); empty when it states none."""
+    out = []
+    cfg = (info.genai_config or {}).get("model", {})
+    if isinstance(cfg.get("vocab_size"), int) and cfg["vocab_size"] > 0:
+        out.append(int(cfg["vocab_size"]))
+    rows = embedding_rows(info.model)
+    if rows is not None:
+        out.append(rows)
+    if info.model is not None:
+        for v in info.model.graph.outputs:
+            shape = v.shape
+            if v.name == "logits" and shape is not None and len(shape) and isinstance(shape[-1], int):
+                out.append(int(shape[-1]))
+    hf = _hf_vocab(Path(info.path))
+    if hf is not None:
+        out.append(hf)
+    return out
+
+
+def vocabulary(infos: Iterable[Any], embedding_table_rows: Iterable[int] = ()) -> int:
+    """Ids ``0..vocabulary-1`` are valid for every graph of ``infos`` (and every embedding table fed)."""
+    infos = list(infos)
+    sizes = [n for i in infos for n in stated_vocab(i)] + list(embedding_table_rows)
+    return min(sizes) if sizes else TOKEN_HIGH
+
+
+def _total_cone_has_shape(model: Any) -> bool | None:
+    """Whether a GroupQueryAttention's total length (input 6) reads the shape of a value (None: no such node)."""
+    found = None
+    for node in _nodes(model):
+        if node.op_type != "GroupQueryAttention" or len(node.inputs) < 7 or node.inputs[6] is None:
+            continue
+        found = False
+        stack, seen = [node.inputs[6]], set()
+        while stack:
+            v = stack.pop()
+            if id(v) in seen or v is None:
+                continue
+            seen.add(id(v))
+            p = v.producer()
+            if p is None:
+                continue
+            if p.op_type in ("Shape", "Size"):
+                return True
+            stack.extend(p.inputs)
+    return found
+
+
+@dataclasses.dataclass(frozen=True)
+class GenaiLoop:
+    """How onnxruntime-genai calls one graph (module docstring)."""
+
+    share_buffer: bool = False  # past/present of max_length, one buffer
+    max_length: int | None = None
+    static_mask: bool = False  # the graph takes a max_length mask of ones then zeros (its total from the mask sum)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def genai_loop(info: Any) -> GenaiLoop:
+    """The genai loop of a model folder (no genai_config: the default, plain calls)."""
+    data = info.genai_config
+    if not data:
+        return GenaiLoop()
+    search = data.get("search") or {}
+    share = search.get("past_present_share_buffer") is True
+    max_length = search.get("max_length")
+    cfg = GenaiConfig(data)
+    if not (isinstance(max_length, int) and max_length > 0):
+        max_length = cfg.context_length
+    context = cfg.context_length
+    if context is not None and isinstance(max_length, int):
+        max_length = min(max_length, context)
+    shape = _total_cone_has_shape(info.model)
+    return GenaiLoop(share_buffer=share and isinstance(max_length, int), max_length=max_length,
+                     static_mask=share and shape is False and isinstance(max_length, int))
+
+
+def caller_positions(info: Any) -> bool:
+    """Whether the graph rotates by the ``position_ids`` its caller sends (an exporter layout: a ``position_ids``
+    input and no GroupQueryAttention, whose fused rotation on WebGPU derives positions from the cache)."""
+    if info.model is None or not any(v.name == "position_ids" for v in info.model.graph.inputs):
+        return False
+    return not any(n.op_type == "GroupQueryAttention" for n in _nodes(info.model))
+
+
+__all__ = ["GenaiLoop", "caller_positions", "embedding_rows", "genai_loop", "stated_vocab", "vocabulary"]

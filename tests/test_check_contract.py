@@ -1,0 +1,89 @@
+"""``check`` feeds what the model accepts (issue 26): ids below the embedding table's rows, positions inside its
+context; a reference run that fails is "could not run" (exit 2), never skipped into a pass.
+
+The issue's case: an exporter graph of the torch corpus (vocabulary 256). Before, the decode drew ids from a fixed
+4..492, both CPU runs raised (``Gather ... idx=327 must be within the inclusive range [-256,255]``), the original
+on WebGPU (where an out-of-range Gather reads zeros) became the reference, and the verdict was ``equivalent``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import TORCH
+
+import rope_passes
+from rope_passes.check.contract import embedding_rows, vocabulary
+from rope_passes.check.decode import TOKEN_HIGH, TOKEN_LOW, token_ids
+from rope_passes.check.models import read_model
+from rope_passes.check.report import COULD_NOT_RUN
+from rope_passes.check.runner import CRASHED, OK, RUN_FAILED, RunResult
+from rope_passes.check.verdict import decide, reference_failure
+
+
+def test_token_ids_stay_inside_the_vocabulary():
+    ids = token_ids(4000, 0, 256)
+    assert ids.min() >= 0 and ids.max() <= 255 and ids.max() >= 250  # across the whole vocabulary
+    # a vocabulary the corpus's ids fit keeps them (the genai corpus's Hugging Face references were made with them)
+    assert np.array_equal(token_ids(8, 0, 500), token_ids(8, 0))
+    big = token_ids(4000, 0, None)
+    assert big.min() >= TOKEN_LOW and big.max() < TOKEN_HIGH
+
+
+def _evidence(runs):
+    from pathlib import Path
+
+    from rope_passes.check.compare import TOLERANCES
+    from rope_passes.check.models import ModelInfo
+    from rope_passes.check.verdict import Evidence
+
+    info = ModelInfo(Path("m"), None, "fp32", {}, None, False)
+    return Evidence(runs=runs, ep="webgpu", orig=info, rew=info, prefill=4, steps=2, tolerance=TOLERANCES["fp32"],
+                    graph_capture=False, reference_logits=None, positions=[], tables=None,
+                    reference_python=None, fallback_python=None, fallback_wanted=None, notes=[])
+
+
+def _agreeing(actual, reference):
+    from rope_passes.check.compare import TOLERANCES, Comparison, OutputDiff
+
+    return Comparison(actual, reference, TOLERANCES["fp32"], True, [OutputDiff(0, "logits", 0.0, 0.0, True)])
+
+
+def test_a_failing_reference_run_is_could_not_run():
+    """The issue's runs: both CPU runs raised, the WebGPU ones ran and agree. Before: "equivalent" (exit 0)."""
+    why = "Gather node. idx=327 must be within the inclusive range [-256,255]"
+    runs = [RunResult("original@cpu", RUN_FAILED, why, failed_step=0), RunResult("original@webgpu", OK),
+            RunResult("rewritten@webgpu", OK), RunResult("rewritten@cpu", RUN_FAILED, why, failed_step=0)]
+    verdict, reason, _ = decide(_evidence(runs), [_agreeing("rewritten@webgpu", "original@webgpu")])
+    assert verdict == COULD_NOT_RUN
+    assert reason.startswith("the reference run original@cpu failed at step 0 (run-failed)") and "idx=327" in reason
+    # a schedule or a sweep position the reference raised on, a crash: the same
+    ok = [RunResult("original@cpu", OK, schedule_errors={"long-prompt": "boom"}), RunResult("original@webgpu", OK)]
+    assert "raised on schedule long-prompt: boom" in (reference_failure(_evidence(ok)) or "")
+    ok = [RunResult("original@cpu", OK, sweep_errors={9: "late", 3: "early"})]
+    assert "raised at sweep position 3: early" in (reference_failure(_evidence(ok)) or "")
+    assert "(crashed)" in (reference_failure(_evidence([RunResult("original@webgpu", CRASHED, "SIGSEGV")])) or "")
+    assert reference_failure(_evidence([RunResult("original@cpu", OK), RunResult("rewritten@cpu", RUN_FAILED)])) \
+        is None  # the rewritten graph failing is a difference, not a missing reference
+
+
+@pytest.mark.corpus
+def test_vocabulary_is_the_embedding_tables_rows():
+    info = read_model(TORCH / "tf5/dynamo/llama/decode.onnx")
+    assert embedding_rows(info.model) == 256 and vocabulary([info]) == 256
+    info = read_model(TORCH / "tf4/torchscript/qwen2/decode.onnx")
+    assert vocabulary([info]) == 256
+
+
+@pytest.mark.corpus
+@pytest.mark.webgpu
+def test_the_issues_exporter_graph_runs_every_reference_run(tmp_path):
+    """``optimize --target exporter`` then ``check`` on the issue's graph: every run ran, every schedule and sweep
+    position of the original too, and the verdict is a full one (exit 0)."""
+    src = TORCH / "tf5/dynamo/llama/decode.onnx"
+    out = tmp_path / "out.onnx"
+    rope_passes.optimize(src, out, target="exporter", options={"max_positions": 256})
+    report = rope_passes.check(src, out, steps=2, sweep=8)
+    assert report.exit_code == 0, report.reason or report.to_json()[:2000]
+    for run in report.runs:
+        assert run.ok and not run.schedule_errors and not run.sweep_errors, (run.label, run.reason)
