@@ -19,8 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
+from rope_passes.check.client_schedules import BOUNDARY_MAX, client_schedules, unreached
 from rope_passes.check.compare import TOLERANCES, Tolerance
-from rope_passes.check.contract import vocabulary
+from rope_passes.check.contract import caller_positions, genai_loop, vocabulary
 from rope_passes.check.models import ModelInfo
 from rope_passes.check.schedules import GraphFacts, Schedule, default_schedules, fits, runs_on
 from rope_passes.check.sweep import sweep_positions
@@ -227,18 +228,27 @@ def graph_facts(orig: ModelInfo, rew: ModelInfo, plan: Plan, embedding_rows: Seq
     # the context: genai_config's, else the rows of the tables both graphs read (no call runs past either)
     table_end = plan.tables.positions if plan.tables is not None and plan.tables.status == "compared" else None
     context = [c for c in (GenaiConfig(orig.genai_config).context_length, table_end) if c]
+    loops = [genai_loop(orig), genai_loop(rew)]
+    shared = [lp.max_length for lp in loops if lp.share_buffer and lp.max_length]
+    end = context[0] if context else None
     return GraphFacts(vocab=vocab, pad=int(pad) if isinstance(pad, int) else 0,
                       switches=tuple(sorted(plan.switches)), windows=tuple(sorted(set(_windows(orig) + _windows(rew)))),
-                      max_call=plan.max_call, context=context[0] if context else None,
-                      no_right_padding=_no_right_padding(orig, rew))
+                      max_call=plan.max_call, context=end, no_right_padding=_no_right_padding(orig, rew),
+                      max_length=min(shared) if shared else None, static_mask=any(lp.static_mask for lp in loops),
+                      takes_positions=caller_positions(orig) and caller_positions(rew),
+                      ends=tuple(sorted({c for c in context if end is None or c <= end})))
 
 
 def with_schedules(plan: Plan, facts: GraphFacts, given: Sequence[Schedule] | None) -> Plan:
     """``plan`` with its schedules: the given ones, else the default set; a note when a default long prompt cannot
     pass a switch in one call (the sweep stands in there)."""
     plan.facts = facts
-    plan.schedules = list(given) if given is not None else default_schedules(facts)
+    plan.schedules = list(given) if given is not None else default_schedules(facts) + client_schedules(facts)
     if given is None:
+        far = unreached(facts)
+        if far:
+            plan.notes.append(f"schedules: threshold(s) {', '.join(map(str, far))} are past {BOUNDARY_MAX} tokens: "
+                              "the sweep's single steps after a random past stand in for calls at them")
         if facts.no_right_padding is not None:
             plan.notes.append(f"schedules: the right-padded batch on the CPU EP only: {facts.no_right_padding}")
         n, why = facts.long_prompt()

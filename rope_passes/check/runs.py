@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from rope_passes.check.client_schedules import for_graph
+from rope_passes.check.contract import genai_loop
 from rope_passes.check.models import ModelInfo
 from rope_passes.check.plan import CheckOptions, Plan
 from rope_passes.check.runner import LOAD_FAILED, RunResult, RunSpec, execute_run, run_isolated
@@ -32,7 +34,7 @@ def run_spec(label: str, info: ModelInfo, ep: str, emb: str | None, plan: Plan, 
                    genai_config=info.genai_config, webgpu_options=dict(info.webgpu_options) if ep == "webgpu" else {},
                    graph_capture=capture, max_length=plan.prefill + plan.steps, dims=dict(opts.dims or {}),
                    embedding=emb, sweep=[] if capture else list(plan.positions),
-                   schedules=[] if capture else [s.spec() for s in plan.for_ep(ep)],
+                   schedules=[] if capture else [for_graph(s, genai_loop(info)).spec() for s in plan.for_ep(ep)],
                    schedules_twice=plan.facts.vocab if plan.facts is not None and label.startswith("original@") else 0,
                    vocab=plan.facts.vocab if plan.facts is not None else None)
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from rope_passes.check.compare import Comparison, OutputDiff, diff_arrays
 from rope_passes.check.decode import PRESENT_PREFIX, DecoderSpec, keep_step, step_feeds
-from rope_passes.check.schedules import LEFT, Call, Schedule
+from rope_passes.check.schedules import LEFT, PLAIN, STATIC, Call, Schedule
 
 #: key suffix of a reference run's second pass over a schedule (:func:`run_twice`)
 AGAIN = "#again"
@@ -32,16 +32,45 @@ def run_schedule(session: Any, spec: DecoderSpec, schedule: Schedule,
                  results: list[dict[str, np.ndarray]] | None = None) -> list[dict[str, np.ndarray]]:
     """Every output of every call of ``schedule`` (``present.*`` as :func:`.decode.keep_step` keeps it: the new
     rows, and the whole cache on the last call); appended to ``results`` as they come, so the calls before one
-    that raises are kept."""
+    that raises are kept. A ``shared`` / ``static`` schedule feeds ``max_length`` past buffers (the first call's
+    zeros, then the previous call's present written into one) and, ``static``, a ``max_length`` mask of ones then
+    zeros; its ``present.*`` are read back trimmed to the tokens so far, as a caller reads them."""
     results = [] if results is None else results
     past: dict[str, np.ndarray] | None = None
     calls = list(schedule.calls())
+    length = schedule.max_length if schedule.kv != PLAIN else None
     for call in calls:
-        feeds = step_feeds(spec, call.ids, call.past, past, mask=call.mask, positions=call.positions)
+        mask = call.mask
+        if length is not None:
+            past = past if past is not None else _buffers(spec, call.batch, length)
+            if schedule.kv == STATIC:
+                mask = np.zeros((call.batch, length), call.mask.dtype)
+                mask[:, :call.mask.shape[1]] = call.mask
+        feeds = step_feeds(spec, call.ids, call.past, past, mask=mask, positions=call.positions)
         outs = dict(zip(spec.outputs, session.run(spec.outputs, feeds)))
-        results.append(keep_step(outs, call.past, call.index == len(calls) - 1))
+        total = call.past + call.tokens
         past = {p: outs[spec.present_name(p)] for p in spec.past_names if spec.present_name(p) in outs}
+        if length is not None:
+            past = {p: _into(v, length) for p, v in past.items()}
+            outs = {n: v[:, :, :total] if n.startswith(PRESENT_PREFIX) and v.ndim == 4 else v for n, v in outs.items()}
+        results.append(keep_step(outs, call.past, call.index == len(calls) - 1))
     return results
+
+
+def _buffers(spec: DecoderSpec, batch: int, length: int) -> dict[str, np.ndarray]:
+    """Zeroed ``[batch, kv_heads, length, head]`` past buffers (onnxruntime-genai's shared KV buffers)."""
+    empty = step_feeds(spec, np.zeros((batch, 1), np.int64), 0, None)
+    return {p: np.zeros((*empty[p].shape[:2], length, empty[p].shape[3]), empty[p].dtype) for p in spec.past_names}
+
+
+def _into(present: np.ndarray, length: int) -> np.ndarray:
+    """A present as the next call's ``length``-row past buffer (a runtime may return it at the tokens so far)."""
+    if present.ndim != 4 or present.shape[2] == length:
+        return present
+    out = np.zeros((*present.shape[:2], length, present.shape[3]), present.dtype)
+    n = min(length, present.shape[2])
+    out[:, :, :n] = present[:, :, :n]
+    return out
 
 
 def scrubbed(schedule: Schedule, vocab: int) -> Schedule:

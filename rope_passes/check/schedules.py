@@ -41,6 +41,10 @@ import numpy as np
 from rope_passes.errors import UsageError
 
 LEFT, RIGHT = "left", "right"
+#: how a schedule's KV cache and mask are laid out (:mod:`.client_schedules`): growing tensors (``plain``),
+#: onnxruntime-genai's shared ``max_length`` past/present buffers with a growing mask (``shared``), and the same
+#: buffers with a ``max_length`` mask of ones then zeros (``static``: the capture loop's)
+PLAIN, SHARED, STATIC = "plain", "shared", "static"
 #: the longest prompt a default schedule sends in one call to reach past a switch or window (longer: the sweep's
 #: single steps after a random past stand in, see :mod:`.sweep`)
 LONG_PROMPT_MAX = 512
@@ -91,6 +95,9 @@ class Schedule:
     chunk: int | None = None  # prompt tokens per call (None: the whole prompt in one call)
     then: tuple[int, ...] = ()  # new tokens of each call after the prompt
     pad: int = 0
+    kv: str = PLAIN  # PLAIN | SHARED | STATIC: the buffers' layout (batch 1)
+    max_length: int | None = None  # SHARED / STATIC: the buffers' length
+    ahead: int = 0  # the positions run this far ahead of the cache (a caller that sends position_ids)
 
     def __post_init__(self) -> None:
         if not self.lengths or min(self.lengths) < 1:
@@ -104,6 +111,9 @@ class Schedule:
         more = sum(self.then)
         if len(self.ids) != len(self.lengths) or any(len(r) != n + more for r, n in zip(self.ids, self.lengths)):
             raise UsageError(f"schedule {self.name}: each row needs its prompt's ids and {more} more")
+        if self.kv not in (PLAIN, SHARED, STATIC) or (self.kv != PLAIN and (
+                self.batch != 1 or not self.max_length or self.width + sum(self.then) > self.max_length)):
+            raise UsageError(f"schedule {self.name}: kv {self.kv} takes one row of at most max_length tokens")
 
     @property
     def batch(self) -> int:
@@ -139,7 +149,7 @@ class Schedule:
             real[b, start:start + n] = True
             ids[b, w:] = row[n:]
             real[b, w:] = True
-        positions = np.where(real, np.cumsum(real, axis=1) - 1, 0).astype(np.int64)  # genai: 0 at padding
+        positions = np.where(real, np.cumsum(real, axis=1) - 1 + self.ahead, 0).astype(np.int64)  # genai: 0 at pad
         return ids, real, positions
 
     def calls(self) -> Iterator[Call]:
@@ -158,18 +168,28 @@ class Schedule:
             parts += ["chunk", str(self.chunk)]
         if self.then:
             parts += ["then", "+".join(map(str, self.then))]
+        if self.kv != PLAIN:
+            parts += ["kv", self.kv, str(self.max_length)]
+        if self.ahead:
+            parts += ["ahead", str(self.ahead)]
         parts += ["pad", str(self.pad), "ids", "/".join(".".join(map(str, r)) for r in self.ids)]
         return " ".join(parts)
 
     def summary(self) -> str:
         """In words, without the ids."""
-        rows = (f"batch {self.batch}, rows of {', '.join(map(str, self.lengths))} prompt tokens"
+        each = (f"rows of {', '.join(map(str, self.lengths))}" if len(set(self.lengths)) > 1 or self.batch < 4
+                else f"{self.batch} rows of {self.lengths[0]}")
+        rows = (f"batch {self.batch}, {each} prompt tokens"
                 + (f" {self.padding}-padded to {self.width}" if len(set(self.lengths)) > 1 else ""))
         sizes, past, calls = self.call_sizes, 0, []
         for n in sizes:
             calls.append(f"{n}" + (f" after {past}" if past else ""))
             past += n
-        return f"{self.name}: {rows}; calls of {', '.join(calls)} tokens"
+        how = (f"; {self.kv} KV buffers of {self.max_length}" if self.kv != PLAIN else "") + (
+            f"; positions {self.ahead} ahead of the cache" if self.ahead else "")
+        if len(calls) > 6:
+            calls = calls[:3] + [f"... ({len(calls) - 5} more)"] + calls[-2:]
+        return f"{self.name}: {rows}; calls of {', '.join(calls)} tokens{how}"
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "summary": self.summary(), "text": self.text(), "batch": self.batch,
@@ -179,16 +199,19 @@ class Schedule:
     def spec(self) -> dict[str, Any]:
         """What a run needs (JSON): :func:`from_spec` makes it back."""
         return {"name": self.name, "lengths": list(self.lengths), "ids": [list(r) for r in self.ids],
-                "padding": self.padding, "chunk": self.chunk, "then": list(self.then), "pad": self.pad}
+                "padding": self.padding, "chunk": self.chunk, "then": list(self.then), "pad": self.pad,
+                "kv": self.kv, "max_length": self.max_length, "ahead": self.ahead}
 
 
 def from_spec(data: dict[str, Any]) -> Schedule:
     return Schedule(data["name"], tuple(data["lengths"]), tuple(tuple(r) for r in data["ids"]), data["padding"],
-                    data["chunk"], tuple(data["then"]), data["pad"])
+                    data["chunk"], tuple(data["then"]), data["pad"], data.get("kv", PLAIN), data.get("max_length"),
+                    data.get("ahead", 0))
 
 
 _TEXT = re.compile(r"\s*(?P<padding>left|right)\s+rows\s+(?P<rows>\d+(?:,\d+)*)(?:\s+chunk\s+(?P<chunk>\d+))?"
-                   r"(?:\s+then\s+(?P<then>\d+(?:\+\d+)*))?(?:\s+pad\s+(?P<pad>\d+))?\s+ids\s+(?P<ids>[\d./]+)\s*")
+                   r"(?:\s+then\s+(?P<then>\d+(?:\+\d+)*))?(?:\s+kv\s+(?P<kv>shared|static)\s+(?P<max>\d+))?"
+                   r"(?:\s+ahead\s+(?P<ahead>\d+))?(?:\s+pad\s+(?P<pad>\d+))?\s+ids\s+(?P<ids>[\d./]+)\s*")
 
 
 def parse(text: str, name: str = "given") -> Schedule:
@@ -200,7 +223,8 @@ def parse(text: str, name: str = "given") -> Schedule:
     ids = tuple(tuple(int(t) for t in row.split(".") if t) for row in m["ids"].split("/"))
     return Schedule(name, tuple(int(n) for n in m["rows"].split(",")), ids, m["padding"],
                     int(m["chunk"]) if m["chunk"] else None,
-                    tuple(int(n) for n in m["then"].split("+")) if m["then"] else (), int(m["pad"] or 0))
+                    tuple(int(n) for n in m["then"].split("+")) if m["then"] else (), int(m["pad"] or 0),
+                    m["kv"] or PLAIN, int(m["max"]) if m["max"] else None, int(m["ahead"] or 0))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -223,6 +247,10 @@ class GraphFacts:
     #: (``seqlens_k + 1 - S + s`` on WebGPU), which is how onnxruntime-genai pads; the CPU EP still runs it
     #: (:func:`runs_on`)
     no_right_padding: str | None = None
+    max_length: int | None = None  # onnxruntime-genai's shared KV buffers' length (.contract.GenaiLoop), or None
+    static_mask: bool = False  # a graph takes the capture loop's max_length mask of ones then zeros
+    takes_positions: bool = False  # a graph rotates by the position_ids its caller sends (.contract)
+    ends: tuple[int, ...] = ()  # the context's end and a table's last row before it (no total past the context)
 
     def long_prompt(self) -> tuple[int, str]:
         """A prompt length longer than every window and past every switch, and why (capped at LONG_PROMPT_MAX and

@@ -1,0 +1,98 @@
+"""The schedules every ``check`` runs besides :func:`.schedules.default_schedules` (issue 26): what the model's
+real client sends, and calls at every threshold the graph has.
+
+* **the genai loop** (a genai folder whose config says ``past_present_share_buffer``, :class:`.contract.GenaiLoop`):
+  a prompt and decode steps on shared ``max_length`` past/present buffers with a growing mask of ones (how
+  onnxruntime-genai runs every builder model), and the same with a ``max_length`` mask of ones then zeros (its capture
+  loop: the decode steps after a non-empty past) for a graph that reads its total length from the mask's sum. Each
+  graph runs a schedule in the layout its own config and graph take (:func:`for_graph`), and only what a caller reads
+  is compared (the real tokens, ``present.*`` trimmed to the tokens so far);
+* **positions ahead of the cache** (a graph that rotates by the ``position_ids`` its caller sends: exporter, optimum,
+  transformers.js layouts): a prompt and calls after it whose positions start :data:`AHEAD` past the cache's length;
+* **thresholds** (:func:`boundary_schedules`), read from the graph: each LongRoPE switch and sliding window ``t``
+  (totals above ``t`` read otherwise) gets single steps at totals ``t-1, t, t+1`` and multi-token calls that straddle
+  it (past ``t-2`` + 4 tokens, past ``t-4`` + 8 tokens); the context's end and a table's last row ``t`` get single
+  steps at totals ``t-8..t`` and a call of the last 8 positions. A threshold past :data:`BOUNDARY_MAX` tokens is left
+  to the sweep's single steps after a random past (a note says so).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from rope_passes.check.contract import GenaiLoop
+from rope_passes.check.schedules import PLAIN, SHARED, STATIC, GraphFacts, Schedule, _draw
+
+#: how far ahead of the cache the positions of ``positions-ahead`` start
+AHEAD = 5
+#: the largest threshold the boundary schedules reach by a prompt (longer: the sweep stands in)
+BOUNDARY_MAX = 1024
+
+
+def client_schedules(facts: GraphFacts, seed: int = 1) -> list[Schedule]:
+    """The genai loop's schedules and ``positions-ahead`` (module docstring), inside the context."""
+    rng = np.random.RandomState(seed)
+    v, pad, out = facts.vocab, facts.pad, []
+    n = min(5, facts.max_call or 5)
+    if facts.max_length is not None and facts.max_length >= n + 4:
+        out.append(Schedule("genai-shared-buffers", (n,), (_draw(rng, v, n + 3),), then=(1, 1, 1), pad=pad,
+                            kv=SHARED, max_length=facts.max_length))
+        if facts.static_mask:
+            out.append(Schedule("genai-capture-steps", (n,), (_draw(rng, v, n + 4),), then=(1, 1, 1, 1), pad=pad,
+                                kv=STATIC, max_length=facts.max_length))
+    if facts.takes_positions:
+        out.append(Schedule("positions-ahead", (4,), (_draw(rng, v, 7),), then=(1, 2), pad=pad, ahead=AHEAD))
+    out += boundary_schedules(facts, rng)
+    if facts.context is not None:
+        out = [s for s in out if s.width + sum(s.then) + s.ahead <= facts.context]
+    return out
+
+
+def boundary_schedules(facts: GraphFacts, rng: np.random.RandomState | None = None) -> list[Schedule]:
+    """Calls at every threshold of the graph (module docstring): ``switch-<t>-*``, ``window-<t>-*``, ``end-<t>-*``."""
+    rng = rng if rng is not None else np.random.RandomState(2)
+    v, pad, out = facts.vocab, facts.pad, []
+    room = facts.context
+
+    def add(name: str, prompt: int, then: tuple[int, ...]) -> None:
+        if prompt < 1 or (room is not None and prompt + sum(then) > room):
+            return
+        out.append(Schedule(name, (prompt,), (_draw(rng, v, prompt + sum(then)),), then=then, pad=pad))
+
+    crossings = [("switch", t) for t in facts.switches] + [("window", t) for t in facts.windows]
+    for kind, t in sorted(set(crossings), key=lambda c: c[1]):
+        if t > BOUNDARY_MAX:
+            continue
+        add(f"{kind}-{t}-steps", t - 2, (1, 1, 1))  # totals t-1, t, t+1
+        add(f"{kind}-{t}-straddle", t - 2, (4,))  # past t-2, positions t-2..t+1 in one call
+        add(f"{kind}-{t}-straddle-8", t - 4, (8,))
+    for t in sorted(set(facts.ends)):
+        if t > BOUNDARY_MAX or t < 2:
+            continue
+        k = min(8, t - 1)
+        add(f"end-{t}-steps", t - k, (1,) * k)  # totals t-k .. t
+        add(f"end-{t}-straddle", t - k, (k,))  # the last k positions in one call
+    return out
+
+
+def unreached(facts: GraphFacts) -> list[int]:
+    """The thresholds :func:`boundary_schedules` leaves to the sweep."""
+    return sorted({t for t in (*facts.switches, *facts.windows, *facts.ends) if t > BOUNDARY_MAX})
+
+
+def for_graph(schedule: Schedule, loop: GenaiLoop) -> Schedule:
+    """``schedule`` in the layout a graph's own client uses: a ``static`` mask only where the graph reads its total
+    from the mask's sum, shared buffers only where its config shares them; else plain calls of the same tokens."""
+    kv = schedule.kv
+    if kv == STATIC and not loop.static_mask:
+        kv = SHARED
+    if kv == SHARED and not loop.share_buffer:
+        kv = PLAIN
+    if kv == schedule.kv:
+        return schedule
+    return dataclasses.replace(schedule, kv=kv, max_length=schedule.max_length if kv != PLAIN else None)
+
+
+__all__ = ["AHEAD", "BOUNDARY_MAX", "boundary_schedules", "client_schedules", "for_graph", "unreached"]
