@@ -22,6 +22,7 @@ import numpy as np
 from rope_passes.check.client_schedules import BOUNDARY_MAX, client_schedules, unreached
 from rope_passes.check.compare import TOLERANCES, Tolerance
 from rope_passes.check.contract import caller_positions, genai_loop, vocabulary
+from rope_passes.check.decode import TOKEN_HIGH
 from rope_passes.check.models import ModelInfo
 from rope_passes.check.schedules import GraphFacts, Schedule, default_schedules, fits, runs_on
 from rope_passes.check.sweep import sweep_positions
@@ -222,7 +223,10 @@ def _no_right_padding(*infos: ModelInfo) -> str | None:
 def graph_facts(orig: ModelInfo, rew: ModelInfo, plan: Plan, embedding_rows: Sequence[int]) -> GraphFacts:
     """What the schedules are built from: ids valid for both graphs (every stated vocabulary, every embedding table
     fed), genai's pad id, the switches, the windows, WebGPU's call cap and the context."""
-    vocab = vocabulary((orig, rew), embedding_rows)  # the model's contract (.contract): no id past a table
+    rows = list(embedding_rows)
+    if not rows and (orig.takes_embeds or rew.takes_embeds):
+        rows = [TOKEN_HIGH]  # the fixed-seed default table's rows (.decode.default_embedding_table)
+    vocab = vocabulary((orig, rew), rows)  # the model's contract (.contract): no id past a table
     pad = (orig.genai_config or {}).get("model", {}).get("pad_token_id", 0)
     pad = pad[0] if isinstance(pad, list) and pad else pad
     # the context: genai_config's, else the rows of the tables both graphs read (no call runs past either)
