@@ -352,14 +352,17 @@ class HFConfig:
 
     @classmethod
     def find(cls, model_path: str | os.PathLike | None, explicit: str | os.PathLike | None = None) -> HFConfig | None:
-        """``explicit`` (or the :func:`use_hf_config` path) if given, else the config beside ``model_path``."""
+        """``explicit`` (or the :func:`use_hf_config` path) if given, else the config beside ``model_path`` (for a
+        model in a transformers.js folder's ``onnx/``: the folder's, :func:`rope_passes.io.layout.model_root`)."""
+        from rope_passes.io.layout import model_root
+
         explicit = explicit if explicit is not None else _OVERRIDE.get()
         if explicit is not None:
             return cls.load(explicit)
         if model_path is None:
             return None
         folder = Path(model_path)
-        folder = folder if folder.is_dir() else folder.parent
+        folder = folder if folder.is_dir() else model_root(folder)
         for name in CONFIG_NAMES:
             candidate = folder / name
             if candidate.is_file():

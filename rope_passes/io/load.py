@@ -17,6 +17,7 @@ import onnx_ir as ir
 import rope_passes.graph_walk as graph_walk
 from rope_passes.config import GENAI_CONFIG, GenaiConfig
 from rope_passes.errors import ModelLoadError
+from rope_passes.io.layout import ONNX_SUBFOLDER, is_transformers_js_folder, model_root, transformers_js_model
 
 #: onnxruntime 1.27 accepts IR versions up to 13; onnx 1.23 would save 14.
 MAX_IR_VERSION = 13
@@ -54,7 +55,15 @@ def external_tensors(model: ir.Model) -> Iterator[ir.ExternalTensor]:
 
 
 def find_model_file(folder: Path) -> Path:
-    """The decoder model of a genai folder: ``genai_config.json``'s ``model.decoder.filename``, else the only .onnx."""
+    """The decoder model of a genai folder: ``genai_config.json``'s ``model.decoder.filename``, else the only .onnx;
+    of a transformers.js folder (:mod:`rope_passes.io.layout`): ``onnx/model.onnx``."""
+    if is_transformers_js_folder(folder):
+        found = transformers_js_model(folder)
+        if found is None:
+            names = ", ".join(p.name for p in sorted((folder / ONNX_SUBFOLDER).glob("*.onnx")))
+            raise ModelLoadError(f"{folder}: a transformers.js folder without {ONNX_SUBFOLDER}/model.onnx "
+                                 f"({ONNX_SUBFOLDER}/ holds {names}): give the model file to use")
+        return found
     try:
         name = GenaiConfig.load(folder).decoder.get("filename")
     except ModelLoadError:
@@ -66,12 +75,16 @@ def find_model_file(folder: Path) -> Path:
         raise ModelLoadError(f"{folder}: no .onnx model in this folder")
     if len(candidates) > 1:
         names = ", ".join(c.name for c in candidates)
+        if is_transformers_js_folder(folder.parent):
+            raise ModelLoadError(f"{folder}: several models ({names}); give the transformers.js folder "
+                                 f"{folder.parent} (its {ONNX_SUBFOLDER}/model.onnx) or one model file")
         raise ModelLoadError(f"{folder}: several models ({names}) and no genai_config.json naming the decoder")
     return candidates[0]
 
 
 def _holds_model(folder: Path) -> bool:
-    return (folder / GENAI_CONFIG).is_file() or any(p.is_file() for p in folder.glob("*.onnx"))
+    return ((folder / GENAI_CONFIG).is_file() or any(p.is_file() for p in folder.glob("*.onnx"))
+            or is_transformers_js_folder(folder))
 
 
 def discover_models(path: str | os.PathLike) -> list[Path]:
@@ -229,7 +242,7 @@ def load_model(path: str | os.PathLike) -> ir.Model:
 
 
 def load_bundle(path: str | os.PathLike) -> ModelBundle:
-    """Load a model file or a genai model folder."""
+    """Load a model file, a genai model folder or a transformers.js folder."""
     model_path, folder = resolve_model_path(path)
     model = load_model(model_path)
-    return ModelBundle(model, model_path, folder, GenaiConfig.load(model_path.parent))
+    return ModelBundle(model, model_path, folder, GenaiConfig.load(folder or model_root(model_path)))

@@ -18,6 +18,7 @@ from pathlib import Path
 from rope_passes.config import GENAI_CONFIG
 from rope_passes.errors import ModelSaveError, UsageError
 from rope_passes.io.disk import STAGING_PREFIX, is_read_only
+from rope_passes.io.layout import ONNX_SUBFOLDER
 from rope_passes.io.load import discover_models, resolve_model_path
 
 #: the second data file beside a model: the tensors the passes made (the input's data file is reused as it is)
@@ -133,11 +134,14 @@ def output_target(model_path: Path, folder: Path | None, output: str | os.PathLi
         output = folder if folder is not None else model_path
     output = Path(output)
     if folder is not None or output.is_dir() or output.suffix != ".onnx":
-        model_out, folder_out = output / model_path.name, output
+        # a folder input keeps the model's place in it (onnx/model.onnx in a transformers.js folder)
+        nested = folder is not None and model_path.parent == folder / ONNX_SUBFOLDER
+        inner = Path(ONNX_SUBFOLDER, model_path.name) if nested else Path(model_path.name)
+        model_out, folder_out = output / inner, output
     else:
         model_out, folder_out = output, None
     onto_input = same_file(model_out, model_path) or (
-        folder_out is not None and same_file(folder_out, model_path.parent)
+        folder_out is not None and same_file(folder_out, folder if folder is not None else model_path.parent)
     )
     if not in_place and onto_input:
         raise ModelSaveError(f"{output}: is the input; refusing to overwrite it without --in-place")
@@ -148,8 +152,8 @@ def output_target(model_path: Path, folder: Path | None, output: str | os.PathLi
     if folder is None and folder_out is not None:
         folder_out = None  # a file input written into a folder: a file output named like the input
     target = OutputTarget(model_out, folder_out, onto_input)
-    if target.whole_folder:
-        check_replaceable_folder(model_out.parent, folder, model_path.name)
+    if target.whole_folder and folder_out is not None:
+        check_replaceable_folder(folder_out, folder, model_path.name)
     return target
 
 

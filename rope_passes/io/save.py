@@ -38,6 +38,7 @@ from rope_passes.io.disk import (
     remove_dirs,
     swap_folder,
 )
+from rope_passes.io.layout import in_transformers_js_folder
 from rope_passes.io.load import MAX_IR_VERSION, ModelBundle
 from rope_passes.io.paths import OutputTarget, companions, output_target, same_file
 from rope_passes.io.weights import (
@@ -77,22 +78,44 @@ def _carry(item: Path, dest: Path, mode: str) -> str:
 
 def _stage_folder_files(bundle: ModelBundle, staging: Path, skip: set[str], mode: str,
                         data_files: Iterable[str] | None = None) -> list[str]:
-    """A folder input travels whole: tokenizer files, processor configs, other models. Returns how the model's data
+    """A folder input travels whole: tokenizer files, processor configs, other models (a transformers.js folder's
+    other dtypes in ``onnx/``). ``skip``: paths relative to the folder, not carried. Returns how the model's data
     files travelled (those among them; ``data_files``: ``bundle.external_data_files`` where the caller has it)."""
     assert bundle.folder is not None
-    data_files, used = set(bundle.external_data_files if data_files is None else data_files), []
-    for item in sorted(bundle.folder.iterdir()):
-        if item.name not in skip and not item.name.startswith(STAGING_PREFIX):
-            how = _carry(item, staging / item.name, mode)
-            if item.name in data_files:
+    inner = _model_dir(bundle)
+    data = {(inner / n).as_posix() for n in (bundle.external_data_files if data_files is None else data_files)}
+    descend = {p.as_posix() for p in (inner, *inner.parents) if p != Path(".")}  # the way down to the model
+    used: list[str] = []
+
+    def walk(src: Path, dst: Path, prefix: Path) -> None:
+        for item in sorted(src.iterdir()):
+            rel = (prefix / item.name).as_posix()
+            if rel in skip or item.name.startswith(STAGING_PREFIX):
+                continue
+            if rel in descend and item.is_dir() and not item.is_symlink():
+                (dst / item.name).mkdir(exist_ok=True)
+                walk(item, dst / item.name, prefix / item.name)
+                continue
+            how = _carry(item, dst / item.name, mode)
+            if rel in data:
                 used.append(how)
+
+    walk(bundle.folder, staging, Path("."))
     return used
 
 
+def _model_dir(bundle: ModelBundle) -> Path:
+    """Where the model sits in its folder: ``.``, or ``onnx`` in a transformers.js folder."""
+    assert bundle.folder is not None
+    return Path(os.path.relpath(bundle.model_path.parent, bundle.folder))
+
+
 def _serialize(bundle: ModelBundle, staging: Path, target: OutputTarget, weights: str) -> Serialized:
+    transformers_js = in_transformers_js_folder(bundle.model_path)  # its data file names, no second data file
     if weights == "rewrite":
-        return serialize_rewrite(bundle, staging, target.model_out.name)
-    return serialize_reusing(bundle, staging, target.model_out, in_place=target.onto_input, mode=weights)
+        return serialize_rewrite(bundle, staging, target.model_out.name, transformers_js=transformers_js)
+    return serialize_reusing(bundle, staging, target.model_out, in_place=target.onto_input, mode=weights,
+                             transformers_js=transformers_js)
 
 
 def _write_folder(bundle: ModelBundle, target: OutputTarget, verbatim: bool, weights: str) -> str | None:
@@ -110,9 +133,11 @@ def _write_folder(bundle: ModelBundle, target: OutputTarget, verbatim: bool, wei
         if verbatim:
             used = summarize(_stage_folder_files(bundle, staging, set(), carry_mode(weights)))
         else:
-            serialized = _serialize(bundle, staging, target, weights)
+            inner = _model_dir(bundle)
+            (staging / inner).mkdir(parents=True, exist_ok=True)
+            serialized = _serialize(bundle, staging / inner, target, weights)
             data_files = bundle.external_data_files
-            skip = {bundle.model_path.name, *data_files, *serialized.names}
+            skip = {(inner / n).as_posix() for n in (bundle.model_path.name, *data_files, *serialized.names)}
             if bundle.genai_config_changed:  # else the user's file travels as it is, byte for byte
                 (staging / GENAI_CONFIG).write_text(bundle.genai_config.dumps())
                 skip.add(GENAI_CONFIG)

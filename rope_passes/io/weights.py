@@ -30,6 +30,7 @@ import onnx_ir as ir
 import rope_passes.graph_walk as graph_walk
 from rope_passes.errors import UsageError
 from rope_passes.io.disk import carry_file
+from rope_passes.io.layout import DATA_SUFFIX
 from rope_passes.io.load import MAX_IR_VERSION, ModelBundle, external_tensors
 from rope_passes.io.paths import NEW_DATA_SUFFIX, same_file
 
@@ -87,16 +88,22 @@ def _inline_small_external_tensors(model: ir.Model) -> None:
                 value.const_value = _in_memory(tensor)
 
 
-def serialize_rewrite(bundle: ModelBundle, staging: Path, model_name: str) -> Serialized:
+def data_name(model_name: str, transformers_js: bool) -> str:
+    """The one data file of a model: ``<model>.onnx.data``, or transformers.js's ``<model>.onnx_data``."""
+    return model_name + (DATA_SUFFIX if transformers_js else ".data")
+
+
+def serialize_rewrite(bundle: ModelBundle, staging: Path, model_name: str, *,
+                      transformers_js: bool = False) -> Serialized:
     """Everything re-serialized: the graph and one data file with every tensor above the threshold."""
     model = bundle.model
     _cap_ir_version(model)
     had_external = bool(bundle.external_data_files)
     _inline_small_external_tensors(model)
-    data_name = model_name + ".data"
-    ir.save(model, staging / model_name, external_data=data_name if had_external else None,
+    data_name_ = data_name(model_name, transformers_js)
+    ir.save(model, staging / model_name, external_data=data_name_ if had_external else None,
             size_threshold_bytes=SMALL_TENSOR_BYTES)
-    data = [data_name] if had_external else []
+    data = [data_name_] if had_external else []
     return Serialized([model_name, *data], set(data), "rewrite")
 
 
@@ -130,9 +137,12 @@ def _relocate(proto: onnx.ModelProto, rename: dict[str, str]) -> None:
 
 
 def serialize_reusing(bundle: ModelBundle, staging: Path, model_out: Path, *, in_place: bool,
-                      mode: str) -> Serialized:
+                      mode: str, transformers_js: bool = False) -> Serialized:
     """The graph with its external references kept; the input's data files carried (``mode``) or, in place, left
-    alone; the tensors the passes made in ``<model>.rope.data`` (or inline when small)."""
+    alone; the tensors the passes made in ``<model>.rope.data`` (or inline when small). ``transformers_js`` (a model
+    of that layout, :mod:`rope_passes.io.layout`): data files named as transformers.js fetches them
+    (``<model>.onnx_data``, chunks ``_data_1``...) and every new tensor inline, since transformers.js hands the
+    browser's onnxruntime only those files (new tensors are cos/sin tables: kilobytes to a few MB)."""
     model = bundle.model
     _cap_ir_version(model)
     source_dir = bundle.model_path.parent.resolve()
@@ -153,10 +163,12 @@ def serialize_reusing(bundle: ModelBundle, staging: Path, model_out: Path, *, in
     if in_place:
         rename = {loc: loc for loc in locations}
     elif len(locations) == 1:
-        rename = {locations[0]: model_out.name + ".data"}
+        rename = {locations[0]: data_name(model_out.name, transformers_js)}
     else:  # sharded data: same names, unless the output sits beside the input
         beside = same_file(model_out.parent, source_dir)
-        rename = {loc: f"{model_out.name}.{i}.data" if beside else loc for i, loc in enumerate(locations)}
+        chunk = (lambda i: f"{model_out.name}{DATA_SUFFIX}{f'_{i}' if i else ''}") if transformers_js else (
+            lambda i: f"{model_out.name}.{i}.data")
+        rename = {loc: chunk(i) if beside else loc for i, loc in enumerate(locations)}
 
     new_name = model_out.name + NEW_DATA_SUFFIX
     to_file: list[ir.Value] = []  # in-memory (or no longer reusable) initializers: the second data file
@@ -166,7 +178,7 @@ def serialize_reusing(bundle: ModelBundle, staging: Path, model_out: Path, *, in
             tensor = value.const_value
             if tensor is None or reused(tensor):
                 continue
-            if had_external and tensor.nbytes > SMALL_TENSOR_BYTES:
+            if had_external and not transformers_js and tensor.nbytes > SMALL_TENSOR_BYTES:
                 to_file.append(value)
             elif isinstance(tensor, ir.ExternalTensor):
                 to_inline.append(value)
