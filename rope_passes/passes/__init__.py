@@ -12,6 +12,7 @@ from rope_passes.passes.cleanup import CleanupPass
 from rope_passes.passes.fold_text_mrope import FoldTextMRoPEPass
 from rope_passes.passes.longrope_concat import LongRoPEConcatPass
 from rope_passes.passes.lower_mrope import LowerMRoPEPass
+from rope_passes.passes.name_batch_dim import NameBatchDimPass
 from rope_passes.passes.narrow_int64 import NarrowInt64Pass
 from rope_passes.passes.precompute_cos_sin import PrecomputeCosSinPass
 from rope_passes.passes.total_seq_on_gpu import TotalSeqOnGpuPass
@@ -19,7 +20,7 @@ from rope_passes.passes.unfuse_gqa_qk_norm import UnfuseGQAQKNormPass
 
 ALL_PASSES: dict[str, type[RopePass]] = {cls.name: cls for cls in (
     UnfuseGQAQKNormPass, FoldTextMRoPEPass, LowerMRoPEPass, LongRoPEConcatPass, AnnotateCacheOffsetPass,
-    TotalSeqOnGpuPass, NarrowInt64Pass, PrecomputeCosSinPass, CleanupPass)}
+    TotalSeqOnGpuPass, NarrowInt64Pass, PrecomputeCosSinPass, NameBatchDimPass, CleanupPass)}
 
 
 def register(cls: type[RopePass]) -> type[RopePass]:
@@ -29,5 +30,5 @@ def register(cls: type[RopePass]) -> type[RopePass]:
 
 
 __all__ = ["ALL_PASSES", "AnnotateCacheOffsetPass", "CleanupPass", "FoldTextMRoPEPass", "LongRoPEConcatPass",
-           "LowerMRoPEPass", "NarrowInt64Pass", "PassContext", "PrecomputeCosSinPass", "RopePass", "RopePassResult",
+           "LowerMRoPEPass", "NameBatchDimPass", "NarrowInt64Pass", "PassContext", "PrecomputeCosSinPass", "RopePass", "RopePassResult",
            "TotalSeqOnGpuPass", "UnfuseGQAQKNormPass", "option", "register"]
