@@ -18,6 +18,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from rope_passes.check.contract import stated_vocab
+from rope_passes.check.models import read_model
 from rope_passes.cli import main
 from rope_passes.errors import ModelLoadError
 from rope_passes.hf_config import HFConfig
@@ -49,7 +51,8 @@ def _graph(batch: str = "batch", other: str = "batch") -> onnx.ModelProto:
 def _folder(root: Path, **kw: str) -> Path:
     folder = root / "dl"
     (folder / "onnx").mkdir(parents=True)
-    (folder / "config.json").write_text(json.dumps({"model_type": "llama", "max_position_embeddings": 64}))
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama", "max_position_embeddings": 64,
+                                                       "vocab_size": 300}))
     (folder / "tokenizer.json").write_text('{"model": {}}\n')
     for name in ("model", "model_q4f16"):
         onnx.save(_graph(**kw), folder / "onnx" / f"{name}.onnx", save_as_external_data=True,
@@ -75,6 +78,8 @@ def test_the_folder_is_one_model_its_onnx_model(tmp_path):
     assert bundle.model_path == folder / "onnx" / "model.onnx" and bundle.folder == folder
     hf = HFConfig.find(folder / "onnx" / "model_q4f16.onnx")  # a sibling named alone reads the folder's config
     assert hf is not None and hf.data["max_position_embeddings"] == 64
+    info = read_model(folder)  # check: the model and what it accepts (ids below config.json's vocab_size)
+    assert info.path == bundle.model_path and 300 in stated_vocab(info)
     with pytest.raises(ModelLoadError, match="give the transformers.js folder"):
         load_bundle(folder / "onnx")  # several models there: the folder or one file
     (folder / "onnx" / "model.onnx").rename(folder / "onnx" / "other.onnx")

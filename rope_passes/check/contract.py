@@ -1,9 +1,9 @@
 """What a model accepts, read from the model itself (issue 26): the inputs every run of a check draws from.
 
 * **vocabulary**: the rows of the embedding table (the ``Gather`` whose indices are ``input_ids``; its shape only,
-  no weight is read), genai_config's ``vocab_size``, the logits' last dimension, the ``config.json`` beside the model;
-  the smallest wins (an id valid for every one of them). A graph that states none gets the fixed-seed default table's
-  rows (:data:`.decode.TOKEN_HIGH`);
+  no weight is read), genai_config's ``vocab_size``, the logits' last dimension, the ``config.json`` beside the model
+  (a transformers.js folder's, at its top); the smallest wins (an id valid for every one of them). A graph that
+  states none gets the fixed-seed default table's rows (:data:`.decode.TOKEN_HIGH`);
 * **context**: genai_config's context length, else the rows of the cos/sin table the graph reads (the table
   comparison's end): no call runs past it;
 * **the genai loop** (:class:`GenaiLoop`): ``search.past_present_share_buffer`` (past and present share one
@@ -27,6 +27,7 @@ from typing import Any
 
 from rope_passes.check.decode import TOKEN_HIGH
 from rope_passes.config import GenaiConfig
+from rope_passes.io.layout import model_root
 
 
 def _nodes(model: Any) -> Iterable[Any]:
@@ -52,7 +53,7 @@ def embedding_rows(model: Any) -> int | None:
 
 
 def _hf_vocab(path: Path) -> int | None:
-    cfg = path.parent / "config.json"
+    cfg = model_root(path) / "config.json"  # a transformers.js folder's model is in onnx/, its config at the top
     try:
         data = json.loads(cfg.read_text())
     except (OSError, ValueError):
