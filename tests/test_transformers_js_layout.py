@@ -108,6 +108,12 @@ def test_optimize_writes_the_same_layout_and_carries_the_rest(tmp_path):
     assert _files(out) == after
 
 
+def test_optimize_says_when_transformers_js_still_cannot_run_the_output(tmp_path, capsys):
+    folder = _folder(tmp_path)
+    assert main(["optimize", str(folder), "-o", str(tmp_path / "out"), "--passes", "cleanup"]) == 0
+    assert "RP501" in capsys.readouterr().out  # optimize never renames the dim itself, but says what stands
+
+
 def test_new_tensors_go_inline_and_rewrite_keeps_the_data_name(tmp_path):
     """transformers.js hands the browser's onnxruntime only <model>.onnx_data: a new table may not go to a second
     data file there."""
