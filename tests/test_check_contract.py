@@ -8,13 +8,16 @@ on WebGPU (where an out-of-range Gather reads zeros) became the reference, and t
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
-from conftest import TORCH
+from conftest import GENAI, TORCH
 
 import rope_passes
 from rope_passes.check.contract import embedding_rows, vocabulary
 from rope_passes.check.decode import TOKEN_HIGH, TOKEN_LOW, token_ids
+from rope_passes.check.fit import runtime_fit
 from rope_passes.check.models import read_model
 from rope_passes.check.report import COULD_NOT_RUN
 from rope_passes.check.runner import CRASHED, OK, RUN_FAILED, RunResult
@@ -79,7 +82,7 @@ def test_vocabulary_is_the_embedding_tables_rows():
 @pytest.mark.webgpu
 def test_the_issues_exporter_graph_runs_every_reference_run(tmp_path):
     """``optimize --target exporter`` then ``check`` on the issue's graph: every run ran, every schedule and sweep
-    position of the original too, and the verdict is a full one (exit 0)."""
+    position of the original too, and the verdict is a full one (exit 0, JSON evidence "full")."""
     src = TORCH / "tf5/dynamo/llama/decode.onnx"
     out = tmp_path / "out.onnx"
     rope_passes.optimize(src, out, target="exporter", options={"max_positions": 256})
@@ -87,3 +90,33 @@ def test_the_issues_exporter_graph_runs_every_reference_run(tmp_path):
     assert report.exit_code == 0, report.reason or report.to_json()[:2000]
     for run in report.runs:
         assert run.ok and not run.schedule_errors and not run.sweep_errors, (run.label, run.reason)
+    # concise by default: the verdict, the worst difference with its call, what was not run (issue 26)
+    from rich.console import Console
+
+    from rope_passes.cli.check_cmd import render
+
+    console = Console(record=True, width=120)
+    render(report, console, verbose=False)
+    lines = console.export_text().splitlines()
+    assert len(lines) <= 14, lines
+    assert any(line.startswith("worst difference: ") and " at " in line and "atol" in line for line in lines)
+    assert lines[-1].startswith("onnxruntime-webgpu: equivalent (exit 0)")
+    assert json.loads(report.to_json())["evidence"] == "full"
+
+
+@pytest.mark.corpus
+def test_an_output_built_for_another_runtime_names_the_optimize_command(tmp_path):
+    """``optimize --target webgpu-graph`` concatenates Phi-3's LongRoPE cache and sets multiRotaryCacheConcatOffset,
+    which onnxruntime-web does not read (probed): ``check --runtime web`` says which command fits, in one line.
+    An offset the original sets itself (the builder's concat model) is not the rewrite's: no line."""
+    src = GENAI / "current/phi3_mini_128k/webgpu_fp32"
+    out = tmp_path / "out"
+    rope_passes.optimize(src, out, target="webgpu-graph", weights="copy")
+    orig, rew = read_model(src), read_model(out)
+    line = runtime_fit(src, orig, rew, "onnxruntime-web")
+    assert line is not None and "\n" not in line
+    assert line.startswith("the rewritten model is built for onnxruntime-webgpu (multiRotaryCacheConcatOffset=32")
+    assert line.endswith(f"rope-passes optimize {src} -o webgpu_fp32-onnxruntime-web --runtime onnxruntime-web")
+    assert runtime_fit(src, orig, rew, "onnxruntime-webgpu") is None
+    builder = GENAI / "current/phi3_mini_128k/webgpu_fp16_graph"
+    assert runtime_fit(builder, read_model(builder), read_model(builder), "onnxruntime-web") is None

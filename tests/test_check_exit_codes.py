@@ -1,7 +1,8 @@
 """``check``'s exit codes and verdict lines say what happened (issue 19).
 
-0 only when outputs were compared and agree (``equivalent``), or the rotation tables were, and the verdict then says
-so (``equivalent (rotation tables only: the original runs nowhere here)``, in the text and the JSON); 1 only when a
+0 only when outputs were compared and agree (``equivalent``); 3 when only the rotation tables were, and the verdict
+then says so (``equivalent (rotation tables only: the original runs nowhere here)``, in the text and the JSON's
+``evidence``: issue 26, so a script tells the two tiers apart); 1 only when a
 comparison ran and differs; 2 when a run could not happen, naming it: e.g. a captured run whose output has a
 dimension name the checker cannot size (a Cohere-style ``logits`` dim) is 2, not 1.
 """
@@ -47,8 +48,10 @@ def test_tables_only_verdict_says_so(tmp_path):
     out = tmp_path / "out"
     rope_passes.optimize(src, out, target="webgpu-graph", options={"text_only": True}, weights="copy")
     report = check(src, out, fallback_python=None, isolate=False, sweep=0, schedules=[], steps=1)
-    assert report.verdict == EQUIVALENT_TABLES_ONLY and report.exit_code == 0 and report.equivalent
-    assert json.loads(report.to_json())["verdict"] == "equivalent (rotation tables only: the original runs nowhere here)"
+    assert report.verdict == EQUIVALENT_TABLES_ONLY and report.exit_code == 3 and report.equivalent  # issue 26
+    data = json.loads(report.to_json())
+    assert data["verdict"] == "equivalent (rotation tables only: the original runs nowhere here)"
+    assert data["evidence"] == "tables-only" and data["exit_code"] == 3
 
 
 def _evidence(runs, graph_capture=False):

@@ -57,6 +57,7 @@ import numpy as np
 from rope_passes.check.comparisons import cpu_comparisons, schedule_comparisons
 from rope_passes.check.constants import compare_constants
 from rope_passes.check.explore import command_line, explore
+from rope_passes.check.fit import runtime_fit
 from rope_passes.check.layers import cut_pair, default_sweep, describe
 from rope_passes.check.models import ModelInfo, capture_on, embedding_for, load_reference, read_model
 from rope_passes.check.plan import (
@@ -163,7 +164,8 @@ def check(original: str | Path, rewritten: str | Path, options: CheckOptions | N
     return EquivalenceReport(verdict, orig, rew, opts.ep, plan.prefill, plan.steps, runs, comparisons, plan.notes,
                              adapter, time.perf_counter() - start, tables=plan.tables,
                              sweep_positions=plan.positions, reference=reference, reason=reason, runtime=runtime,
-                             schedules=plan.schedules, exploration=exploration)
+                             schedules=plan.schedules, exploration=exploration,
+                             fix=runtime_fit(original, orig, rew, runtime) or "")
 
 
 def _embeddings(orig: ModelInfo, rew: ModelInfo, option: str | None, tmp: Path) -> tuple[str | None, str | None]:

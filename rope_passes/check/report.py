@@ -1,6 +1,6 @@
 """The checker's answer: runs, comparisons (decode steps, sweep positions), the rotation-table comparison, the
 reference used, the WebGPU runtime it is for, and the verdict (exit code 0 equivalent / 1 not equivalent / 2 could
-not run)."""
+not run / 3 equivalent on the rotation tables alone; :data:`EXIT_CODES`, JSON ``evidence``: full | tables-only)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,11 @@ from rope_passes.runtime.adapter import AdapterInfo
 EQUIVALENT, NOT_EQUIVALENT, COULD_NOT_RUN = "equivalent", "not equivalent", "could not run"
 #: equivalent on the evidence of the rotation tables alone: no run of the original anywhere to compare outputs with
 EQUIVALENT_TABLES_ONLY = "equivalent (rotation tables only: the original runs nowhere here)"
-EXIT_CODES = {EQUIVALENT: 0, EQUIVALENT_TABLES_ONLY: 0, NOT_EQUIVALENT: 1, COULD_NOT_RUN: 2}
+#: 0 equivalent (outputs compared), 1 not equivalent, 2 could not run, 3 equivalent on the rotation tables alone (a
+#: weaker tier: a script tells it from a full check by the exit code, or the JSON's ``evidence``)
+EXIT_CODES = {EQUIVALENT: 0, EQUIVALENT_TABLES_ONLY: 3, NOT_EQUIVALENT: 1, COULD_NOT_RUN: 2}
+#: the JSON's ``evidence`` per verdict: what an equivalence rests on
+EVIDENCE = {EQUIVALENT: "full", EQUIVALENT_TABLES_ONLY: "tables-only"}
 
 
 @dataclasses.dataclass
@@ -41,6 +45,7 @@ class EquivalenceReport:
     runtime: str = ""  # the WebGPU runtime the runs used (rope_passes.targets name: "onnxruntime-webgpu", ...)
     schedules: list[Schedule] = dataclasses.field(default_factory=list)  # what the runs fed besides the decode
     exploration: Any = None  # .explore.Exploration with --budget
+    fix: str = ""  # the rewritten model is built for another runtime: the optimize command that fits (.fit)
 
     @property
     def equivalent(self) -> bool:
@@ -119,7 +124,8 @@ class EquivalenceReport:
     def to_dict(self) -> dict[str, Any]:
         first = self.first_failure
         return {
-            "verdict": self.verdict, "exit_code": self.exit_code, "ep": self.ep, "runtime": self.runtime,
+            "verdict": self.verdict, "exit_code": self.exit_code, "evidence": EVIDENCE.get(self.verdict),
+            "fix": self.fix or None, "ep": self.ep, "runtime": self.runtime,
             "runtime_label": self.runtime_label, "reference": self.reference,
             "reason": self.reason,
             "schedule": {"prefill": self.prefill, "steps": self.steps, "total_tokens": self.prefill + self.steps,

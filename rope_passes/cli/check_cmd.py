@@ -28,8 +28,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="check that a rewritten model computes what the original does (CPU reference, WebGPU, capture)",
         description="Runs the original on CPU (reference) and on WebGPU, and the rewritten model on WebGPU, through "
         "a real prefill + decode, and compares every output at every step.",
-        exits=("0  equivalent", "1  not equivalent (the first failing step and output are printed)",
-               "2  could not run (a model did not load or a run failed or hung), or a usage error"),
+        exits=("0  equivalent: outputs of both models compared on every run reported (JSON evidence: full)",
+               "1  not equivalent (the first failing step and output are printed)",
+               "2  could not run (a model did not load, a run failed or hung, a reference run raised on the model's "
+               "own inputs), or a usage error",
+               "3  equivalent on the rotation tables alone: the original runs nowhere here, no output was compared "
+               "(JSON evidence: tables-only)"),
     )
     p.add_argument("original", help="original model: .onnx file or model folder (model + genai_config.json)")
     p.add_argument("rewritten", help="rewritten model: .onnx file or model folder")
@@ -74,6 +78,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--schedule", action="append", metavar="SCHEDULE",
                    help="run this schedule instead of the default ones (as a report or --budget prints it, e.g. "
                    "'left rows 3,1 then 1 pad 0 ids 5.7.9.4/2.8'; repeatable)")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="print every run, schedule, comparison table and note (default: the verdict, the worst "
+                   "difference with its call, and what was not run)")
     p.add_argument("--json", action="store_true",
                    help="print the report as JSON (--runtime all: {verdict, exit_code, reports: [...]})")
     p.add_argument("--progress", action="store_true",
@@ -152,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
     for i, report in enumerate(reports):
         if several:
             out.print(("\n" if i else "") + f"[bold]== {escape(report.runtime_label)} ({report.runtime}) ==[/bold]")
-        render(report, out)
+        render(report, out, verbose=args.verbose)
     if several:
         out.print("verdicts: " + "; ".join(f"{r.runtime}: {r.verdict} (exit {r.exit_code})" for r in reports)
                   + f"; exit {EXIT_CODES[verdict]} (the worst)")
@@ -178,11 +185,71 @@ def _fmt(x: float) -> str:
     return "-" if x != x else ("inf" if x == float("inf") else f"{x:.3g}")
 
 
-def render(report, console: Console) -> None:
+def render(report, console: Console, verbose: bool = True) -> None:
+    """The report: every detail with ``verbose`` (:func:`render_details`), else a few lines (:func:`render_brief`);
+    both end with the first failures, the ``optimize`` command that fits the runtime, and the verdict."""
+    if verbose:
+        render_details(report, console)
+    else:
+        render_brief(report, console)
+    render_end(report, console)
+
+
+def _worst(report):
+    """(comparison, OutputDiff) with the largest difference among the comparisons that count, or None."""
+    best = None
+    for c in report.comparisons:
+        if not c.counts or c.status != "compared":
+            continue
+        for d in c.diffs:
+            if d.max_abs == d.max_abs and (best is None or d.max_abs > best[1].max_abs):
+                best = (c, d)
+    return best
+
+
+def render_brief(report, console: Console) -> None:
+    """The models, the reference, the runs in one line, the worst difference with its call and tolerance, the
+    table comparison, and what was not run."""
+    from rich.markup import escape
+
+    console.print(f"{escape(str(report.original.path))} ({report.original.precision}) -> "
+                  f"{escape(str(report.rewritten.path))} ({report.rewritten.precision}) on "
+                  f"{escape(report.runtime_label)}")
+    console.print(f"reference: {escape(report.reference)}")
+    console.print("runs: " + ", ".join(f"{r.label} {r.status}" + (f" ({escape(r.reason[:120])})" if r.reason else "")
+                                       for r in report.runs))
+    counted = [c for c in report.comparisons if c.counts and c.status == "compared"]
+    calls = sum(len(c.diffs) for c in counted)
+    console.print(f"compared: {len(counted)} comparisons, {calls} outputs (decode {report.prefill}+{report.steps} "
+                  f"tokens, {len(report.sweep_positions)} sweep positions, {len(report.schedules)} schedules)")
+    worst = _worst(report)
+    if worst is not None:
+        c, d = worst
+        where = _at(d) if d.schedule else f"{'position' if c.kind == 'sweep' else 'step'} {d.step}"
+        console.print(f"worst difference: {_fmt(d.max_abs)} in {d.output} at {escape(where)}, {escape(c.name)} "
+                      f"({c.tolerance})")
+    if report.tables is not None:
+        console.print(f"rotation tables: {escape(report.tables.summary())}")
+    skipped = [c for c in report.comparisons if c.counts and c.status != "compared"]
+    cpu_only = [s.name for s in report.schedules
+                if not any(c.kind == "schedule" and c.actual.endswith("@webgpu") and any(d.schedule == s.name
+                                                                                           for d in c.diffs)
+                           for c in counted)]
+    if skipped:
+        console.print("not run: " + "; ".join(f"{escape(c.name)}: {escape(c.reason)}" for c in skipped))
+    if cpu_only and report.ep == "webgpu":
+        console.print(f"not run on WebGPU (CPU EP only): schedules {escape(', '.join(cpu_only))}")
+    warnings = [n for n in report.notes if n.startswith("WARNING")]
+    for note in warnings:
+        console.print(f"note: {escape(note)}")
+    if len(report.notes) > len(warnings):
+        console.print(f"{len(report.notes) - len(warnings)} more note(s), every run and comparison: --verbose")
+
+
+def render_details(report, console: Console) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    colour = {"not equivalent": "red", "could not run": "yellow"}.get(report.verdict, "green")
     console.print(f"original:  {report.original.path} ({report.original.precision})")
     console.print(f"rewritten: {report.rewritten.path} ({report.rewritten.precision})")
     console.print(f"decode: prefill {report.prefill} + {report.steps} single-token steps "
@@ -230,6 +297,12 @@ def render(report, console: Console) -> None:
         console.print(f"rotation tables: {escape(report.tables.summary())}")
     for note in report.notes:
         console.print(f"note: {escape(note)}")
+
+
+def render_end(report, console: Console) -> None:
+    from rich.markup import escape
+
+    colour = {"not equivalent": "red", "could not run": "yellow"}.get(report.verdict, "green")
     first = report.first_failure
     if first is not None:
         c, d = first
@@ -239,6 +312,8 @@ def render(report, console: Console) -> None:
         console.print(f"first failure: {escape(line)}")
     if report.reason:
         console.print(f"could not run: {escape(report.reason)}")
+    if report.fix:
+        console.print(f"fix: {escape(report.fix)}")
     console.print(f"{escape(report.runtime)}: [{colour}]{report.verdict}[/{colour}] (exit {report.exit_code}) in "
                   f"{report.wall_s:.1f} s")
 
