@@ -2,9 +2,10 @@
 real client sends, and calls at every threshold the graph has.
 
 * **the genai loop** (a genai folder whose config says ``past_present_share_buffer``, :class:`.contract.GenaiLoop`):
-  a prompt and decode steps on shared ``max_length`` past/present buffers with a growing mask of ones (how
-  onnxruntime-genai runs every builder model), and the same with a ``max_length`` mask of ones then zeros (its capture
-  loop: the decode steps after a non-empty past) for a graph that reads its total length from the mask's sum. Each
+  a prompt and decode steps on shared ``max_length`` past/present buffers (at most :data:`SHARED_MAX` rows) with a
+  growing mask of ones (how onnxruntime-genai runs every builder model), and the same with a ``max_length`` mask of
+  ones then zeros (its capture loop: the decode steps after a non-empty past) for a graph that reads its total
+  length from the mask's sum. Each
   graph runs a schedule in the layout its own config and graph take (:func:`for_graph`), and only what a caller reads
   is compared (the real tokens, ``present.*`` trimmed to the tokens so far);
 * **positions ahead of the cache** (a graph that rotates by the ``position_ids`` its caller sends: exporter, optimum,
@@ -29,6 +30,9 @@ from rope_passes.check.schedules import PLAIN, SHARED, STATIC, GraphFacts, Sched
 AHEAD = 5
 #: the largest threshold the boundary schedules reach by a prompt (longer: the sweep stands in)
 BOUNDARY_MAX = 1024
+#: the most rows a genai schedule's shared buffers get (a real model's max_length of 131072 would be GBs per call at
+#: real size; a graph reads the buffer's length, not its rows, so any length past the tokens shows the layout)
+SHARED_MAX = 2048
 
 
 def client_schedules(facts: GraphFacts, seed: int = 1) -> list[Schedule]:
@@ -36,12 +40,13 @@ def client_schedules(facts: GraphFacts, seed: int = 1) -> list[Schedule]:
     rng = np.random.RandomState(seed)
     v, pad, out = facts.vocab, facts.pad, []
     n = min(5, facts.max_call or 5)
-    if facts.max_length is not None and facts.max_length >= n + 4:
+    length = min(facts.max_length, SHARED_MAX) if facts.max_length is not None else None
+    if length is not None and length >= n + 4:
         out.append(Schedule("genai-shared-buffers", (n,), (_draw(rng, v, n + 3),), then=(1, 1, 1), pad=pad,
-                            kv=SHARED, max_length=facts.max_length))
+                            kv=SHARED, max_length=length))
         if facts.static_mask:
             out.append(Schedule("genai-capture-steps", (n,), (_draw(rng, v, n + 4),), then=(1, 1, 1, 1), pad=pad,
-                                kv=STATIC, max_length=facts.max_length))
+                                kv=STATIC, max_length=length))
     if facts.takes_positions:
         out.append(Schedule("positions-ahead", (4,), (_draw(rng, v, 7),), then=(1, 2), pad=pad, ahead=AHEAD))
     out += boundary_schedules(facts, rng)
@@ -95,4 +100,4 @@ def for_graph(schedule: Schedule, loop: GenaiLoop) -> Schedule:
     return dataclasses.replace(schedule, kv=kv, max_length=schedule.max_length if kv != PLAIN else None)
 
 
-__all__ = ["AHEAD", "BOUNDARY_MAX", "boundary_schedules", "client_schedules", "for_graph", "unreached"]
+__all__ = ["AHEAD", "BOUNDARY_MAX", "SHARED_MAX", "boundary_schedules", "client_schedules", "for_graph", "unreached"]

@@ -16,13 +16,9 @@ A :class:`Schedule` is a batch of token rows and the calls that feed them:
 outputs a caller reads); :meth:`Schedule.text` is one line that :func:`parse` reads back (``check --schedule``), so
 a failure names a schedule that reruns as is.
 
-:func:`default_schedules` is the set every ``check`` runs (the caller classes of issue 20): ids at both ends of the
-vocabulary, a one-token prompt with decode steps and multi-token calls after a past, a left-padded batch of rows of
-different lengths, a batch of two equal rows, a right-padded batch, a one-token prompt decoded step by step to
-position 63 (every position below it read by a decode step), every token id once where the vocabulary has at most
-4096 (a batch of 256 one-token rows), a prompt longer than every fixed window and past every LongRoPE switch (in
-one call, and chunked where the EP's prefill is capped). :func:`random_schedule` draws one for ``check --budget``,
-:func:`shrink` makes a differing one as small as it stays differing.
+:func:`default_schedules` is the set every ``check`` runs (the caller classes of issue 20, docs/checker.md; those of
+issue 26 in :mod:`.client_schedules`); :func:`random_schedule` draws one for ``check --budget``, :func:`shrink`
+makes a differing one as small as it stays differing.
 
 Only the outputs a caller reads are compared (:func:`.schedule_runs.compare_calls`): per call, the rows' real tokens (logits and
 every ``[B, S, ...]`` output) and the real cache positions of ``present.*``. What a graph computes at padding is
@@ -32,6 +28,7 @@ read by no one, and a correct rewrite may differ there.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import re
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -41,9 +38,8 @@ import numpy as np
 from rope_passes.errors import UsageError
 
 LEFT, RIGHT = "left", "right"
-#: how a schedule's KV cache and mask are laid out (:mod:`.client_schedules`): growing tensors (``plain``),
-#: onnxruntime-genai's shared ``max_length`` past/present buffers with a growing mask (``shared``), and the same
-#: buffers with a ``max_length`` mask of ones then zeros (``static``: the capture loop's)
+#: a schedule's KV layout (:mod:`.client_schedules`): growing tensors, genai's shared max_length buffers with a
+#: growing mask, the same with a max_length mask of ones then zeros (its capture loop's)
 PLAIN, SHARED, STATIC = "plain", "shared", "static"
 #: the longest prompt a default schedule sends in one call to reach past a switch or window (longer: the sweep's
 #: single steps after a random past stand in, see :mod:`.sweep`)
@@ -167,7 +163,8 @@ class Schedule:
         if self.chunk is not None and self.chunk < self.width:
             parts += ["chunk", str(self.chunk)]
         if self.then:
-            parts += ["then", "+".join(map(str, self.then))]
+            parts += ["then", "+".join(f"{n}*{k}" if k > 1 else str(n)
+                                       for n, k in ((n, len(list(g))) for n, g in itertools.groupby(self.then)))]
         if self.kv != PLAIN:
             parts += ["kv", self.kv, str(self.max_length)]
         if self.ahead:
@@ -181,10 +178,8 @@ class Schedule:
                 else f"{self.batch} rows of {self.lengths[0]}")
         rows = (f"batch {self.batch}, {each} prompt tokens"
                 + (f" {self.padding}-padded to {self.width}" if len(set(self.lengths)) > 1 else ""))
-        sizes, past, calls = self.call_sizes, 0, []
-        for n in sizes:
-            calls.append(f"{n}" + (f" after {past}" if past else ""))
-            past += n
+        starts = np.cumsum([0, *self.call_sizes])
+        calls = [f"{n}" + (f" after {p}" if p else "") for n, p in zip(self.call_sizes, starts)]
         how = (f"; {self.kv} KV buffers of {self.max_length}" if self.kv != PLAIN else "") + (
             f"; positions {self.ahead} ahead of the cache" if self.ahead else "")
         if len(calls) > 6:
@@ -210,8 +205,18 @@ def from_spec(data: dict[str, Any]) -> Schedule:
 
 
 _TEXT = re.compile(r"\s*(?P<padding>left|right)\s+rows\s+(?P<rows>\d+(?:,\d+)*)(?:\s+chunk\s+(?P<chunk>\d+))?"
-                   r"(?:\s+then\s+(?P<then>\d+(?:\+\d+)*))?(?:\s+kv\s+(?P<kv>shared|static)\s+(?P<max>\d+))?"
+                   r"(?:\s+then\s+(?P<then>\d+(?:\*\d+)?(?:\+\d+(?:\*\d+)?)*))?"
+                   r"(?:\s+kv\s+(?P<kv>shared|static)\s+(?P<max>\d+))?"
                    r"(?:\s+ahead\s+(?P<ahead>\d+))?(?:\s+pad\s+(?P<pad>\d+))?\s+ids\s+(?P<ids>[\d./]+)\s*")
+
+
+def _calls(text: str | None) -> tuple[int, ...]:
+    """``1*3+4`` -> ``(1, 1, 1, 4)`` (a run of equal calls as ``n*count``)."""
+    out: list[int] = []
+    for part in (text or "").split("+") if text else ():
+        n, _, k = part.partition("*")
+        out += [int(n)] * int(k or 1)
+    return tuple(out)
 
 
 def parse(text: str, name: str = "given") -> Schedule:
@@ -223,7 +228,7 @@ def parse(text: str, name: str = "given") -> Schedule:
     ids = tuple(tuple(int(t) for t in row.split(".") if t) for row in m["ids"].split("/"))
     return Schedule(name, tuple(int(n) for n in m["rows"].split(",")), ids, m["padding"],
                     int(m["chunk"]) if m["chunk"] else None,
-                    tuple(int(n) for n in m["then"].split("+")) if m["then"] else (), int(m["pad"] or 0),
+                    _calls(m["then"]), int(m["pad"] or 0),
                     m["kv"] or PLAIN, int(m["max"]) if m["max"] else None, int(m["ahead"] or 0))
 
 
