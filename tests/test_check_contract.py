@@ -120,3 +120,34 @@ def test_an_output_built_for_another_runtime_names_the_optimize_command(tmp_path
     assert runtime_fit(src, orig, rew, "onnxruntime-webgpu") is None
     builder = GENAI / "current/phi3_mini_128k/webgpu_fp16_graph"
     assert runtime_fit(builder, read_model(builder), read_model(builder), "onnxruntime-web") is None
+
+
+def test_client_schedules_come_from_the_graph_facts():
+    """Thresholds, the genai loop and caller positions come from the facts read off the graph (no model list); a
+    schedule prints as one line that parses back, layout included; each graph runs the layout it takes."""
+    from rope_passes.check.client_schedules import client_schedules, for_graph
+    from rope_passes.check.contract import GenaiLoop
+    from rope_passes.check.schedules import PLAIN, SHARED, STATIC, GraphFacts, parse
+
+    facts = GraphFacts(vocab=300, switches=(32,), windows=(16,), context=256, max_length=256, static_mask=True,
+                       takes_positions=True, ends=(200, 256))
+    by = {s.name: s for s in client_schedules(facts)}
+    assert {"genai-shared-buffers", "genai-capture-steps", "positions-ahead", "switch-32-steps",
+            "switch-32-straddle", "switch-32-straddle-8", "window-16-steps", "end-200-steps", "end-256-steps",
+            "end-256-straddle"} <= set(by)
+    straddle = by["switch-32-straddle"]
+    assert straddle.lengths == (30,) and straddle.then == (4,)  # past 30, 4 new tokens across the switch at 32
+    totals = np.cumsum([0, *by["switch-32-steps"].call_sizes])[1:]
+    assert {31, 32, 33} <= set(totals.tolist())
+    end = by["end-256-steps"]
+    assert np.cumsum(end.call_sizes).tolist()[-9:] == list(range(248, 257))  # totals 248..256, none past
+    assert max(max(r) for s in by.values() for r in s.ids) < 300
+    ahead = list(by["positions-ahead"].calls())
+    assert ahead[0].positions.tolist() == [[5, 6, 7, 8]] and ahead[1].past == 4
+    for s in by.values():
+        assert parse(s.text(), s.name) == s, s.text()
+    capture = by["genai-capture-steps"]
+    assert for_graph(capture, GenaiLoop(True, 256, True)).kv == STATIC
+    assert for_graph(capture, GenaiLoop(True, 256, False)).kv == SHARED  # total from the mask's shape
+    assert for_graph(capture, GenaiLoop()).kv == PLAIN and for_graph(capture, GenaiLoop()).max_length is None
+    assert not client_schedules(GraphFacts(vocab=300))  # nothing in the graph: nothing added
