@@ -151,3 +151,20 @@ def test_client_schedules_come_from_the_graph_facts():
     assert for_graph(capture, GenaiLoop(True, 256, False)).kv == SHARED  # total from the mask's shape
     assert for_graph(capture, GenaiLoop()).kv == PLAIN and for_graph(capture, GenaiLoop()).max_length is None
     assert not client_schedules(GraphFacts(vocab=300))  # nothing in the graph: nothing added
+
+
+@pytest.mark.corpus
+def test_the_capture_loops_mask_goes_to_graphs_whose_total_is_the_mask_sum(tmp_path):
+    """The builder's _graph model computes the total as the mask's sum: its client (genai's capture loop) sends a
+    max_length mask of ones then zeros. A plain build (total from Shape) and total-seq-on-gpu's output (the width,
+    on the GPU: right under capture only) get genai's shared buffers with a growing mask instead."""
+    from rope_passes.check.contract import genai_loop
+
+    graph = genai_loop(read_model(GENAI / "current/llama/webgpu_fp16_graph"))
+    assert graph.share_buffer and graph.max_length == 256 and graph.static_mask
+    plain = genai_loop(read_model(GENAI / "current/llama/cpu_fp32"))
+    assert plain.share_buffer and not plain.static_mask
+    out = tmp_path / "out"
+    rope_passes.optimize(GENAI / "current/llama/cpu_fp32", out, target="webgpu-graph", weights="copy")
+    assert not genai_loop(read_model(out)).static_mask
+    assert genai_loop(read_model(TORCH / "tf5/dynamo/llama/decode.onnx")).share_buffer is False  # no genai_config

@@ -8,8 +8,8 @@
   comparison's end): no call runs past it;
 * **the genai loop** (:class:`GenaiLoop`): ``search.past_present_share_buffer`` (past and present share one
   ``max_length`` buffer), ``search.max_length``, and whether the graph takes a static mask (a ``max_length`` mask of
-  ones then zeros: GroupQueryAttention's total length is read from the mask's sum, not its shape, as the builder's
-  ``_graph`` models do);
+  ones then zeros: GroupQueryAttention's total length is the mask's sum, not its width, as the builder's ``_graph``
+  models compute it: :func:`total_is_mask_sum`);
 * **positions from the caller**: a graph with a ``position_ids`` input and no GroupQueryAttention (an exporter,
   optimum or transformers.js layout) rotates by the positions it is given, which run ahead of its cache when the
   caller keeps fewer rows than positions.
@@ -92,26 +92,26 @@ def vocabulary(infos: Iterable[Any], embedding_table_rows: Iterable[int] = ()) -
     return min(sizes) if sizes else TOKEN_HIGH
 
 
-def _total_cone_has_shape(model: Any) -> bool | None:
-    """Whether a GroupQueryAttention's total length (input 6) reads the shape of a value (None: no such node)."""
-    found = None
-    for node in _nodes(model):
-        if node.op_type != "GroupQueryAttention" or len(node.inputs) < 7 or node.inputs[6] is None:
-            continue
-        found = False
-        stack, seen = [node.inputs[6]], set()
-        while stack:
-            v = stack.pop()
-            if id(v) in seen or v is None:
-                continue
-            seen.add(id(v))
-            p = v.producer()
-            if p is None:
-                continue
-            if p.op_type in ("Shape", "Size"):
-                return True
-            stack.extend(p.inputs)
-    return found
+def total_is_mask_sum(model: Any, mask_name: str = "attention_mask") -> bool:
+    """Whether GroupQueryAttention's total length (input 6) is the mask's largest row sum, evaluated on a mask of
+    ones then zeros (``[[1, 1, 0]]``: the sum 2, the width 3) on onnxruntime's CPU: the builder's ``_graph`` models
+    (``ReduceMax(ReduceSum(mask))``) take the capture loop's ``max_length`` mask in a plain run; a graph whose total is
+    the mask's width (``Shape``, or ``total-seq-on-gpu``'s GPU form, right under capture only) does not."""
+    import numpy as np
+
+    from rope_passes.runtime.evaluate import evaluate_subgraph
+
+    mask = next((v for v in model.graph.inputs if v.name == mask_name), None) if model is not None else None
+    gqa = next((n for n in _nodes(model) if n.op_type == "GroupQueryAttention" and len(n.inputs) > 6
+                and n.inputs[6] is not None), None)
+    if mask is None or gqa is None or mask.dtype is None:
+        return False
+    try:
+        (total,) = evaluate_subgraph(model, [mask], [gqa.inputs[6]],
+                                     [np.array([[1, 1, 0]], mask.dtype.numpy())])
+    except Exception:  # noqa: BLE001 - a total that reads more than the mask: not the capture loop's form
+        return False
+    return int(np.asarray(total).reshape(-1)[0]) == 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,9 +140,9 @@ def genai_loop(info: Any) -> GenaiLoop:
     context = cfg.context_length
     if context is not None and isinstance(max_length, int):
         max_length = min(max_length, context)
-    shape = _total_cone_has_shape(info.model)
+    mask = cfg.decoder_inputs.get("attention_mask", "attention_mask")
     return GenaiLoop(share_buffer=share and isinstance(max_length, int), max_length=max_length,
-                     static_mask=share and shape is False and isinstance(max_length, int))
+                     static_mask=share and isinstance(max_length, int) and total_is_mask_sum(info.model, mask))
 
 
 def caller_positions(info: Any) -> bool:
@@ -153,4 +153,5 @@ def caller_positions(info: Any) -> bool:
     return not any(n.op_type == "GroupQueryAttention" for n in _nodes(info.model))
 
 
-__all__ = ["GenaiLoop", "caller_positions", "embedding_rows", "genai_loop", "stated_vocab", "vocabulary"]
+__all__ = ["GenaiLoop", "caller_positions", "embedding_rows", "genai_loop", "stated_vocab", "total_is_mask_sum",
+           "vocabulary"]
