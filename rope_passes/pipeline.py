@@ -15,23 +15,15 @@ This module runs passes on a loaded bundle; loading, linting the result and savi
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import onnx_ir as ir
-
-import rope_passes.graph_walk as graph_walk
 from rope_passes.errors import UsageError
 from rope_passes.io import ModelBundle
 from rope_passes.passes import ALL_PASSES, PassContext, RopePass, RopePassResult
-from rope_passes.report import PassReport, PipelineReport
+from rope_passes.report import PipelineReport
 from rope_passes.targets import RUNTIMES, RuntimeTarget, resolve_target
-
-if TYPE_CHECKING:
-    from rope_passes.analysis.placement import Placement
 
 #: Target presets, every pass they may run. Later entries may rely on what earlier ones established (documented per
 #: pass). Downlevel passes run only for a runtime that needs them: :func:`presets_for`.
@@ -132,152 +124,31 @@ def run_pipeline(
     context = PassContext(bundle.genai_config, model_path=bundle.model_path, runtime=rt.name)
     pass_objects = build_passes(names, context, options, skipped=list(report.skipped or {}))
     # One capture verdict per graph state: the graph's now, and after each pass that changed it (a pass that changed
-    # nothing leaves it as it was). A pass may read the current one once (PassContext.take_verdict); the last one is
-    # the output's (PipelineReport.verdict_of).
+    # nothing leaves it as it was). The pass's contracts read it, and the pass may take it once
+    # (PassContext.take_verdict); each pass returns its output's (RopePassResult.verdict); the last one is the
+    # output's (PipelineReport.verdict_of).
     verdict = capture_verdict(bundle.model, rt)
-    before = PlacementCount.of(verdict)
-    # The graph before the next pass, serialized only when a pass is about to run on a state no snapshot holds yet:
-    # a pass that changed nothing leaves the graph the snapshot holds.
-    snapshot: _Snapshot | None = None
+    # The roll-back snapshot of the graph before the next pass: taken by the pass itself (its contracts roll it back),
+    # handed on while passes change nothing, so one is serialized only for a graph state no snapshot holds yet.
+    snapshot = None
     for index, pass_ in enumerate(pass_objects):
         if progress is not None:
             progress(pass_.name, index, len(pass_objects))
         start = time.perf_counter()
-        if snapshot is None:
-            snapshot = _Snapshot(bundle.model)
-        config_before = copy.deepcopy(bundle.genai_config.data)
         context.verdict = (bundle.model, rt.name, verdict)
+        context.snapshot = (bundle.model, snapshot) if snapshot is not None else None
         try:
             result = pass_(bundle.model)
         finally:
-            context.verdict = None
+            context.verdict = context.snapshot = None
         bundle.model = result.model
         assert isinstance(result, RopePassResult) and result.report is not None
-        pass_report = result.report
-        # result.modified: the report says so, or the set of nodes or initializers changed
-        if pass_report.modified or result.modified:
-            after_verdict = capture_verdict(bundle.model, rt)
-            after = PlacementCount.of(after_verdict)
-            worse = after.worse_than(before)
-            if worse:
-                bundle.model = snapshot.restore()
-                _restore_config(bundle.genai_config.data, config_before)
-                pass_report = _refused_for_placement(pass_report, worse)
-                snapshot = None  # the restored model shares the snapshot's protos: a fresh one before the next pass
-            else:
-                before, verdict, snapshot = after, after_verdict, None
-        pass_report.duration_s = time.perf_counter() - start
-        report.passes.append(pass_report)
+        snapshot = result.snapshot
+        if result.verdict is not None:
+            verdict = result.verdict
+        elif result.modified:
+            verdict = capture_verdict(bundle.model, rt)
+        result.report.duration_s = time.perf_counter() - start
+        report.passes.append(result.report)
     report.verdict = (bundle.model, rt.name, verdict)
     return report
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# No pass makes placement worse
-# ----------------------------------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class PlacementCount:
-    """What placement a graph has on one runtime with graph capture on (the static prediction,
-    :func:`rope_passes.analysis.placement.capture_verdict`): Memcpy nodes, CPU nodes, nodes it cannot place."""
-
-    loads: bool
-    memcpy: tuple[str, ...]
-    cpu_nodes: tuple[str, ...]
-    unknown: frozenset[str]
-
-    def worse_than(self, before: PlacementCount) -> str | None:
-        """Why this placement is worse than ``before`` (more Memcpy or more CPU nodes), or None. Counts are compared
-        only where they are exact: both graphs load and the static rules place every node of both (with nodes they
-        cannot place, the counts are lower bounds: a pass that makes a node placeable can raise them while onnxruntime
-        counts fewer, as precompute-cos-sin on the torch exports does)."""
-        if not (self.loads and before.loads) or self.unknown or before.unknown:
-            return None
-        parts = []
-        if len(self.memcpy) > len(before.memcpy):
-            new = sorted(set(self.memcpy) - set(before.memcpy))
-            parts.append(f"Memcpy {len(before.memcpy)}→{len(self.memcpy)}" + (f" (new: {', '.join(new[:3])})"
-                                                                            if new else ""))
-        if len(self.cpu_nodes) > len(before.cpu_nodes):
-            new = sorted(set(self.cpu_nodes) - set(before.cpu_nodes))
-            parts.append(f"CPU nodes {len(before.cpu_nodes)}→{len(self.cpu_nodes)}"
-                         + (f" (new: {', '.join(new[:3])})" if new else ""))
-        return "; ".join(parts) or None
-
-    @classmethod
-    def of(cls, p: Placement) -> PlacementCount:
-        """The counts of a :func:`~rope_passes.analysis.placement.capture_verdict`."""
-        return cls(p.loads, tuple(f"{m.kind} on {m.tensor!r}" for m in p.memcpy), tuple(p.cpu_nodes),
-                   frozenset(p.unknown))
-
-
-def placement_count(model: ir.Model, runtime: RuntimeTarget) -> PlacementCount:
-    """The :class:`PlacementCount` of ``model`` on ``runtime`` (capture on: the setting ``webgpu-graph`` is for)."""
-    from rope_passes.analysis.placement import capture_verdict
-
-    return PlacementCount.of(capture_verdict(model, runtime))
-
-
-class _Snapshot:
-    """The graph before a pass, to roll the pass back: its structure serialized, every tensor by reference. External
-    weights are references already; in-memory initializers (the tables passes add, ~16-50 MB) are held as the same
-    objects, not copied into the proto (a pass makes new tensors, it never writes into one)."""
-
-    def __init__(self, model: ir.Model) -> None:
-        self.base_dirs = {name: v.const_value.base_dir for name, v in model.graph.initializers.items()
-                          if isinstance(v.const_value, ir.ExternalTensor)}
-        #: (index of the graph in graph_walk.graphs order, initializer name, its tensor) for each one held
-        self.held: list[tuple[int, str, ir.TensorProtocol]] = []
-        placed: list[tuple[ir.Value, ir.TensorProtocol]] = []
-        for index, graph in enumerate(graph_walk.graphs(model)):
-            for name, value in graph.initializers.items():
-                tensor = value.const_value
-                if tensor is None or isinstance(tensor, ir.ExternalTensor) or tensor.dtype == ir.DataType.STRING:
-                    continue
-                self.held.append((index, name, tensor))
-                placed.append((value, tensor))
-                # in the proto: a reference that names no file (never read; restore() puts the tensor back)
-                value.const_value = ir.ExternalTensor(_HELD, offset=0, length=tensor.nbytes, dtype=tensor.dtype,
-                                                      shape=ir.Shape(tensor.shape.numpy()), name=name)
-        try:
-            self.proto = ir.serde.serialize_model(model)
-        finally:
-            for value, tensor in placed:
-                value.const_value = tensor
-
-    def restore(self) -> ir.Model:
-        """The model as it was (a new object; in-memory initializers: the objects it had)."""
-        model = ir.serde.deserialize_model(self.proto)
-        dirs = set(self.base_dirs.values())
-        if len(dirs) == 1:  # every tensor, subgraphs and attributes included
-            ir.external_data.set_base_dir(model.graph, dirs.pop())
-        for name, v in model.graph.initializers.items():
-            if isinstance(v.const_value, ir.ExternalTensor) and name in self.base_dirs:
-                v.const_value.base_dir = self.base_dirs[name]
-        graphs = list(graph_walk.graphs(model))
-        for index, name, tensor in self.held:
-            value = graphs[index].initializers[name]
-            assert isinstance(value.const_value, ir.ExternalTensor) and str(value.const_value.location) == _HELD
-            value.const_value = tensor
-        return model
-
-
-#: the location of a held tensor's stand-in in a snapshot's proto
-_HELD = "rope-passes-snapshot-held-tensor"
-
-
-def _restore_config(config: dict[str, Any] | None, saved: dict[str, Any] | None) -> None:
-    """Put the shared genai_config dict back as it was before a pass (in place: every pass holds it)."""
-    if config is not None and saved is not None:
-        config.clear()
-        config.update(saved)
-
-
-def _refused_for_placement(done: PassReport, why: str) -> PassReport:
-    """The report of a pass rolled back because it made placement worse: one refusal with the reason."""
-    out = PassReport(done.pass_name)
-    out.refused("<model>", f"refused for this model: its rewrite makes WebGPU placement worse ({why}); its changes "
-                "were rolled back", rolled_back=[f"{f.outcome} {f.target}" for f in done.findings
-                                                 if str(f.outcome) in ("rewritten", "repaired")][:10])
-    return out

@@ -77,15 +77,16 @@ def test_one_capture_verdict_per_graph_state(tiny, tmp_path, monkeypatch):
 
 
 def test_snapshot_only_for_a_new_graph_state(tiny, monkeypatch):
-    """A roll-back snapshot is serialized before the first pass and after each pass that changed the graph, not
-    before every pass (before: one per pass, 8 here)."""
+    """A roll-back snapshot is serialized before the first pass and after each pass that changed the graph (the
+    output state the validity contract loads, which is the next pass's roll-back point), not before every pass
+    (before: one per pass, 8 here)."""
     bundle = load_bundle(tiny)
     calls = _count(monkeypatch, ir.serde, "serialize_model")
     report = run_pipeline(bundle, target="webgpu-graph", runtime=WEBGPU_127)
     assert len(report.passes) == 8
-    # the input's state, then the state after total-seq-on-gpu (narrow-int64 runs on it); cleanup is the last pass
+    # the input's state, the state after total-seq-on-gpu (narrow-int64 runs on it), the state after cleanup
     assert [p.pass_name for p in report.passes if p.modified] == ["total-seq-on-gpu", "cleanup"]
-    assert len(calls) == 2
+    assert len(calls) == 3
 
 
 def test_roll_back_after_a_pass_that_changed_nothing(tiny, monkeypatch):
@@ -311,18 +312,18 @@ class _AddsATable(RopePass):
 def test_snapshot_holds_in_memory_tensors_by_reference(tiny, monkeypatch):
     """A snapshot taken after a pass added a 16 MB table holds the table object, not a copy of its bytes; the
     roll-back of the next pass gives the graph with the same table object and values back."""
-    import rope_passes.pipeline as pipeline
+    import rope_passes.passes.base as base
 
     monkeypatch.setitem(ALL_PASSES, _AddsATable.name, _AddsATable)
     monkeypatch.setitem(ALL_PASSES, _AddsACpuNode.name, _AddsACpuNode)
     snapshots: list = []
-    real = pipeline._Snapshot
+    real = base.Snapshot
 
     def kept(model):
         snapshots.append(real(model))
         return snapshots[-1]
 
-    monkeypatch.setattr(pipeline, "_Snapshot", kept)
+    monkeypatch.setattr(base, "Snapshot", kept)
     bundle = load_bundle(tiny)
     report = run_pipeline(bundle, passes=[_AddsATable.name, _AddsACpuNode.name], runtime=WEBGPU_127)
     assert [p.status.startswith("refused") for p in report.passes] == [False, True]

@@ -261,5 +261,11 @@ def carry_file(src: Path, dst: Path, mode: str = "reflink") -> str:
 
 
 def carry_tree(src: Path, dst: Path, mode: str = "reflink") -> None:
-    """A folder, file by file with :func:`carry_file` (symlinks kept as links)."""
-    shutil.copytree(src, dst, symlinks=True, copy_function=lambda s, d: carry_file(Path(s), Path(d), mode))
+    """A folder, file by file with :func:`carry_file` (symlinks kept as links). Files already at their place under
+    ``dst`` (a data file of the model in a subfolder, staged by the serializer) are left as they are."""
+
+    def copy(s: str, d: str) -> None:
+        if not os.path.lexists(d):
+            carry_file(Path(s), Path(d), mode)
+
+    shutil.copytree(src, dst, symlinks=True, copy_function=copy, dirs_exist_ok=True)

@@ -12,11 +12,13 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+import onnx
 import onnx_ir as ir
 
 import rope_passes.graph_walk as graph_walk
 from rope_passes.config import GENAI_CONFIG, GenaiConfig
 from rope_passes.errors import ModelLoadError
+from rope_passes.io.containers import keep_training_info, normalize
 from rope_passes.io.layout import ONNX_SUBFOLDER, is_transformers_js_folder, model_root, transformers_js_model
 
 #: onnxruntime 1.27 accepts IR versions up to 13; onnx 1.23 would save 14.
@@ -229,7 +231,11 @@ def load_model(path: str | os.PathLike) -> ir.Model:
     if real_size is not None:
         raise _lfs_error(model_path, real_size, "this model file")
     try:
-        model = ir.load(model_path)
+        proto = onnx.load(model_path, load_external_data=False)
+        normalize(proto, model_path.parent)  # sparse tensors densified: onnx_ir would drop them
+        model = ir.serde.deserialize_model(proto)
+        ir.external_data.set_base_dir(model.graph, os.path.dirname(model_path))
+        keep_training_info(proto, model)
     except Exception as exc:  # protobuf DecodeError and friends carry multi-line messages
         raise ModelLoadError(
             f"{model_path}: not a readable ONNX model (truncated or not ONNX: {type(exc).__name__})"

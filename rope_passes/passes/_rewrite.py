@@ -7,7 +7,11 @@ One way each:
   two nodes with one name, and a value name declared twice; names derived from an empty node name all collide);
 * :class:`NodeTape`: new nodes recorded on an ``onnx_ir.tape.Tape`` (onnx_ir's own node recorder), each output
   named and typed at creation, inserted into the graph in one step (before/after a node, or at the end), names the
-  graph already has suffixed on insertion;
+  graph already has suffixed on insertion. Built for the model's opset (``NodeTape(opset_of(model))``), it writes
+  each node in the form valid there: an op whose axes or split sizes moved from an attribute to an input
+  (:data:`INPUT_SINCE`: ``ReduceSum``/``Squeeze``/``Unsqueeze``/``Split`` at 13, the other reductions at 18) is
+  written with the attribute below that opset and with the input from it on, whichever form the pass wrote; an op
+  that does not exist at the model's opset is a refusal (``MatchFailure``) naming the op and the opset;
 * :func:`remove_dead`: nodes and initializers that became dead, walking up from what the rewrite replaced only;
 * :func:`drop_unused_input`: a graph input nothing reads any more, and its ``genai_config.json`` decoder entry.
 """
@@ -18,13 +22,47 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import onnx.defs
 import onnx_ir as ir
 from onnx_ir.tape import Tape
 
 import rope_passes.graph_walk as graph_walk
 from rope_passes.config import GenaiConfig
+from rope_passes.report import MatchFailure
 
-__all__ = ["FreshNames", "NodeTape", "add_initializer", "drop_unused_input", "remove_dead"]
+__all__ = ["INPUT_SINCE", "FreshNames", "NodeTape", "add_initializer", "drop_unused_input", "opset_of", "remove_dead"]
+
+#: default-domain ops whose second operand moved from an attribute to an input: op -> (its name, the opset it moved in)
+INPUT_SINCE: dict[str, tuple[str, int]] = {
+    "ReduceSum": ("axes", 13), "Squeeze": ("axes", 13), "Unsqueeze": ("axes", 13), "Split": ("split", 13),
+    **{op: ("axes", 18) for op in ("ReduceMax", "ReduceMin", "ReduceMean", "ReduceProd", "ReduceL1", "ReduceL2",
+                                   "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare")},
+}
+
+
+def opset_of(model: ir.Model | ir.Graph) -> int | None:
+    """The default-domain (``ai.onnx``) opset of a model (or of its main graph, which holds the imports): what every
+    new default-domain node is built for. None for a subgraph (it holds no imports; its nodes are written as given
+    and judged by the validity contract) or a model importing no default domain."""
+    imports = model.opset_imports
+    version = imports.get("", imports.get("ai.onnx"))
+    return None if version is None else int(version)
+
+
+def _ints(value: ir.Value) -> list[int] | None:
+    """The integers a 1-D (or scalar) constant value holds: an initializer or a ``Constant`` node's ``value``."""
+    tensor = value.const_value
+    if tensor is None:
+        producer = value.producer()
+        if producer is not None and producer.op_type == "Constant" and producer.domain in ("", "ai.onnx"):
+            attr = producer.attributes.get("value")
+            tensor = attr.value if attr is not None and attr.type == ir.AttributeType.TENSOR else None
+            ints = producer.attributes.get("value_ints")
+            if ints is not None:
+                return [int(i) for i in ints.value]
+    if tensor is None:
+        return None
+    return [int(i) for i in np.asarray(tensor.numpy()).reshape(-1)]
 
 
 def _names(graph: ir.Graph, skip: Iterable[ir.Node] = ()) -> tuple[set[str], set[str]]:
@@ -81,16 +119,19 @@ class NodeTape:
     """New nodes for one place of a graph, recorded on an ``onnx_ir.tape.Tape`` and inserted together.
 
     ``op`` names the node and its output and sets the output's dtype/shape (what onnxruntime's shape inference and
-    the placement prediction read); ``insert_before``/``insert_after``/``append`` put the recorded nodes into the
-    graph in recording order.
+    the placement prediction read), in the form valid at ``opset`` (the model's default-domain opset: see the module
+    doc; None: as written); ``insert_before``/``insert_after``/``append`` put the recorded nodes into the graph in
+    recording order.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, opset: int | None = None) -> None:
         self.tape = Tape()
+        self.opset = opset
+        self._dropped: set[int] = set()  # recorded Constant nodes a conversion left unread
 
     @property
     def nodes(self) -> Sequence[ir.Node]:
-        return self.tape.nodes
+        return [n for n in self.tape.nodes if id(n) not in self._dropped]
 
     def op(
         self,
@@ -105,6 +146,8 @@ class NodeTape:
         domain: str = "",
     ) -> ir.Value:
         """Record node ``name``; returns its output (named ``output``, typed ``dtype``/``shape`` when given)."""
+        if domain in ("", "ai.onnx") and self.opset is not None:
+            inputs, attributes = self._for_opset(op_type, list(inputs), dict(attributes or {}), name)
         value = self.tape.op(op_type, inputs, attributes, domain=domain, name=name)
         if output is not None:
             value.name = output
@@ -114,11 +157,44 @@ class NodeTape:
             value.shape = shape if isinstance(shape, ir.Shape) else ir.Shape(shape)
         return value
 
+    def _for_opset(self, op_type: str, inputs: list[ir.Value | None], attributes: dict[str, Any],
+                   name: str) -> tuple[list[ir.Value | None], dict[str, Any]]:
+        """``inputs``/``attributes`` in the form of ``op_type`` at this tape's opset; MatchFailure where the op does
+        not exist there, or where an operand that must become an attribute is not a constant."""
+        assert self.opset is not None
+        try:
+            onnx.defs.get_schema(op_type, self.opset, "")
+        except onnx.defs.SchemaError:
+            raise MatchFailure.refuse(f"{op_type} does not exist at opset {self.opset}, the model's default-domain "
+                                      "opset: the rewrite would need it", name) from None
+        moved = INPUT_SINCE.get(op_type)
+        if moved is None:
+            return inputs, attributes
+        key, since = moved
+        if self.opset < since and len(inputs) > 1 and inputs[1] is not None:
+            operand = inputs[1]
+            ints = _ints(operand)
+            if ints is None:
+                raise MatchFailure.refuse(f"{op_type} at opset {self.opset} takes {key} as an attribute, and "
+                                          f"{operand.name!r} is not a constant", name)
+            producer = operand.producer()
+            if producer is not None and producer in self.tape.nodes and len(operand.uses()) == 0:
+                self._dropped.add(id(producer))  # recorded for this op only: not inserted
+            return [inputs[0], *inputs[2:]], {**attributes, key: ints}
+        if self.opset >= since and key in attributes:
+            ints = [int(i) for i in attributes.pop(key)]
+            const = self.tape.op("Constant", [], {"value": ir.tensor(np.array(ints, dtype=np.int64))},
+                                 name=f"{name}/{key}")
+            const.name = f"{name}/{key}"
+            const.dtype, const.shape = ir.DataType.INT64, ir.Shape([len(ints)])
+            return [inputs[0] if inputs else None, const, *inputs[1:]], attributes
+        return inputs, attributes
+
     def _unique_names(self, graph: ir.Graph) -> None:
         """Rename the recorded nodes and outputs whose names the graph already has (``_1``, ``_2``… appended):
         onnxruntime rejects two nodes with one name, and a value name declared twice makes the model invalid."""
         values, nodes = _names(graph, skip=self.tape.nodes)
-        for node in self.tape.nodes:
+        for node in self.nodes:
             if node.name:
                 node.name = _unique(node.name, nodes)
             for out in node.outputs:
@@ -127,15 +203,15 @@ class NodeTape:
 
     def insert_before(self, graph: ir.Graph, node: ir.Node) -> None:
         self._unique_names(graph)
-        graph.insert_before(node, self.tape.nodes)
+        graph.insert_before(node, self.nodes)
 
     def insert_after(self, graph: ir.Graph, node: ir.Node) -> None:
         self._unique_names(graph)
-        graph.insert_after(node, self.tape.nodes)
+        graph.insert_after(node, self.nodes)
 
     def append(self, graph: ir.Graph) -> None:
         self._unique_names(graph)
-        graph.extend(self.tape.nodes)
+        graph.extend(self.nodes)
 
 
 def remove_dead(graph: ir.Graph, start: Iterable[ir.Value | None]) -> tuple[int, int]:

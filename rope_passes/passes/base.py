@@ -16,10 +16,18 @@ plain onnx_ir ``PassManager`` alike::
 **Options.** A pass declares its options as a frozen dataclass (``options_type``): names, types, defaults and a
 one-line help each (``rope-passes passes`` prints them). ``MyPass(ctx, text_only=True)`` validates them: an unknown
 name or a wrong type is a :class:`~rope_passes.errors.UsageError` naming the pass.
+
+**Contracts.** Every pass carries its post-conditions (:mod:`rope_passes.passes._contracts`): its output is a valid
+model where its input was one (IR version and opsets kept, every added node within its schema at the model's opsets,
+onnxruntime CPU loads it wherever it loaded the input) and its WebGPU placement is not worse. :meth:`RopePass.call`
+checks them after :meth:`RopePass.apply`; when one does not hold, the model and ``genai_config.json`` are put back as
+the pass received them and the report holds one refusal with the reason. They run in :meth:`RopePass.call`, so a plain
+onnx_ir ``PassManager`` gets them as our pipeline does.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
 import time
@@ -33,7 +41,12 @@ import onnx_ir as ir
 import rope_passes.graph_walk as graph_walk
 from rope_passes.config import GenaiConfig
 from rope_passes.errors import UsageError
+from rope_passes.passes._contracts import PlacementCount, refused_for_invalid, refused_for_placement
+from rope_passes.passes._snapshot import Snapshot
+from rope_passes.proofs.validity import Baseline, validity_errors
 from rope_passes.report import MatchFailure, PassReport
+from rope_passes.runtime.loads import cpu_load_error
+from rope_passes.targets import resolve_target
 
 
 @dataclasses.dataclass
@@ -48,6 +61,9 @@ class PassContext:
     #: (model, runtime name, its capture verdict): set by the pipeline just before a pass runs, from the verdict it
     #: already computed for that graph state; read it with :meth:`take_verdict`
     verdict: tuple[ir.Model, str, Any] | None = dataclasses.field(default=None, repr=False, compare=False)
+    #: (model, a snapshot of it as it is now): set by the pipeline just before a pass runs when it holds one of this
+    #: graph state (a pass that changed nothing leaves the snapshot taken before it valid); taken by the pass
+    snapshot: tuple[ir.Model, Snapshot] | None = dataclasses.field(default=None, repr=False, compare=False)
 
     @classmethod
     def for_model(cls, path: str | os.PathLike) -> PassContext:
@@ -63,6 +79,17 @@ class PassContext:
         if held is not None and held[0] is model and held[1] == runtime:
             return held[2]
         return None
+
+    def peek_verdict(self, model: ir.Model, runtime: str) -> Any:
+        """The pipeline's capture verdict of ``model`` as the pass received it, without taking it (the contracts
+        read it; the pass itself may still take it)."""
+        held = self.verdict
+        return held[2] if held is not None and held[0] is model and held[1] == runtime else None
+
+    def take_snapshot(self, model: ir.Model) -> Snapshot | None:
+        """The pipeline's snapshot of ``model`` as it is now, or None; taken once."""
+        held, self.snapshot = self.snapshot, None
+        return held[1] if held is not None and held[0] is model else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,6 +139,10 @@ class RopePassResult(ir.passes.PassResult):
     """``PassResult`` plus the pass's report."""
 
     report: PassReport | None = None
+    #: the capture verdict of the output on the run's runtime, when the placement contract computed it
+    verdict: Any = None
+    #: a snapshot of the output, when the one taken before the pass still holds (the pass changed nothing)
+    snapshot: Snapshot | None = None
 
 
 class RopePass(ir.passes.InPlacePass):
@@ -173,20 +204,78 @@ class RopePass(ir.passes.InPlacePass):
         self.report = report
         nodes_before = _node_ids(model)
         inits_before = set(model.graph.initializers)
+        snapshot = self.context.take_snapshot(model) or Snapshot(model)
+        config_before = copy.deepcopy(self.context.genai_config.data)
+        runtime = resolve_target(self.context.runtime)
+        verdict = self.context.peek_verdict(model, runtime.name)
+        baseline = Baseline.of(model, lambda: cpu_load_error(snapshot.proto))
         start = time.perf_counter()
+        escaped = None
+        rolled = False
+        kept: Snapshot | None = None
         try:
             self.apply(model, report)
         except MatchFailure as failure:
-            report.record(failure)
+            escaped = failure
+        changed = _node_ids(model) != nodes_before or set(model.graph.initializers) != inits_before
+        if escaped is not None:  # a refusal leaves the model as the pass received it, whatever it had begun
+            if changed or report.modified:
+                self._roll_back(model, snapshot, config_before)
+                rolled = True
+                report = _only_refusal(report)
+            report.record(escaped)
+        elif report.modified or changed:
+            # the output's snapshot: what the load contract loads, and the next pass's roll-back point
+            output = Snapshot(model)
+            problems = validity_errors(model, baseline, lambda: cpu_load_error(output.proto))
+            if problems:
+                self._roll_back(model, snapshot, config_before)
+                rolled = True
+                report = refused_for_invalid(report, problems)
+            else:
+                from rope_passes.analysis.placement import capture_verdict
+
+                if verdict is None:
+                    verdict = capture_verdict(snapshot.restore(), runtime)
+                after = capture_verdict(model, runtime)
+                worse = PlacementCount.of(after).worse_than(PlacementCount.of(verdict))
+                if worse:
+                    self._roll_back(model, snapshot, config_before)
+                    rolled = True
+                    report = refused_for_placement(report, worse)
+                else:
+                    verdict, kept = after, output
+        self.report = report
         report.duration_s = time.perf_counter() - start
-        nodes_after = _node_ids(model)
-        inits_after = set(model.graph.initializers)
-        report.nodes_removed = len(nodes_before - nodes_after)
-        report.nodes_added = len(nodes_after - nodes_before)
-        report.initializers_removed = len(inits_before - inits_after)
-        report.initializers_added = len(inits_after - inits_before)
-        modified = report.modified or nodes_before != nodes_after or inits_before != inits_after
-        return RopePassResult(model, modified, report)
+        if rolled:  # the same graph as before (new objects): nothing added or removed
+            modified = False
+        else:
+            nodes_after = _node_ids(model)
+            inits_after = set(model.graph.initializers)
+            report.nodes_removed = len(nodes_before - nodes_after)
+            report.nodes_added = len(nodes_after - nodes_before)
+            report.initializers_removed = len(inits_before - inits_after)
+            report.initializers_added = len(inits_after - inits_before)
+            modified = report.modified or nodes_before != nodes_after or inits_before != inits_after
+        if not modified and not rolled:
+            kept = snapshot
+        return RopePassResult(model, modified, report, verdict, kept)
+
+    def _roll_back(self, model: ir.Model, snapshot: Snapshot, config: dict[str, Any] | None) -> None:
+        """Put the model and the shared genai_config dict back as the pass received them (in place: the caller holds
+        both objects)."""
+        snapshot.restore_into(model)
+        data = self.context.genai_config.data
+        if data is not None and config is not None:
+            data.clear()
+            data.update(config)
+
+
+def _only_refusal(done: PassReport) -> PassReport:
+    """A report rolled back to its findings that changed nothing (the refusal that escaped is recorded after)."""
+    out = PassReport(done.pass_name)
+    out.findings = [f for f in done.findings if str(f.outcome) not in ("rewritten", "repaired")]
+    return out
 
 
 def _node_ids(model: ir.Model) -> set[int]:

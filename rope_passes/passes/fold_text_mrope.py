@@ -73,7 +73,7 @@ from rope_passes.analysis.mrope import (
     mrotary_tables,
     trace_rotation,
 )
-from rope_passes.passes._rewrite import NodeTape, add_initializer, drop_unused_input, remove_dead
+from rope_passes.passes._rewrite import NodeTape, add_initializer, drop_unused_input, opset_of, remove_dead
 from rope_passes.passes.base import RopePass, option
 from rope_passes.proofs.mrope_cone import ConeKeys, ManualCone, evaluate_tables, manual_cone
 from rope_passes.report import MatchFailure, PassReport
@@ -352,7 +352,7 @@ class FoldTextMRoPEPass(RopePass):
         value = rot.pre
         if not rot.relayout:
             return value
-        tape = NodeTape()
+        tape = NodeTape(opset_of(graph))
         for i, node in enumerate(rot.relayout):
             out = node.outputs[0]
             attrs = {name: ir.Attr(name, a.type, a.value) for name, a in node.attributes.items()}
@@ -370,7 +370,7 @@ class FoldTextMRoPEPass(RopePass):
         q_pre, k_pre = self._unrotated(graph, site.q, gqa, "q"), self._unrotated(graph, site.k, gqa, "k")
         if site.packed is not None:
             concat = site.packed
-            tape = NodeTape()
+            tape = NodeTape(opset_of(graph))
             unrotated = tape.op("Concat", [q_pre, k_pre, concat.inputs[2]],
                                 {"axis": int(attr(concat, "axis", -1))}, name=f"{concat.name}/unrotated")
             unrotated.dtype, unrotated.shape = concat.outputs[0].dtype, concat.outputs[0].shape

@@ -36,7 +36,7 @@ import onnx_ir as ir
 
 from rope_passes.analysis.graph import MS_DOMAIN, attr, const_tensor, flag, nodes_of, rank_of
 from rope_passes.analysis.mrope import axis_of_columns
-from rope_passes.passes._rewrite import FreshNames, NodeTape, add_initializer, remove_dead
+from rope_passes.passes._rewrite import FreshNames, NodeTape, add_initializer, opset_of, remove_dead
 from rope_passes.passes.base import RopePass
 from rope_passes.report import MatchFailure, PassReport
 
@@ -71,7 +71,7 @@ class LowerMRoPEPass(RopePass):
                 attrs["num_heads"] = heads
             if attr(node, "rotary_embedding_dim"):
                 attrs["rotary_embedding_dim"] = int(attr(node, "rotary_embedding_dim"))
-            tape = NodeTape()
+            tape = NodeTape(opset_of(graph))
             out = tape.op("RotaryEmbedding", [node.inputs[0], token_index, cos_tok, sin_tok], attrs,
                           domain=MS_DOMAIN, name=fresh(f"{node.name or 'MRotaryEmbedding'}/lowered/RotaryEmbedding"),
                           output=fresh(f"{node.outputs[0].name}/lowered"),
@@ -149,7 +149,7 @@ class LowerMRoPEPass(RopePass):
         """(token index, per-token cos, per-token sin) for ``node``'s positions, inserted before ``node``."""
         pos, cos, sin = node.inputs[1], node.inputs[2], node.inputs[3]
         base = f"{node.name or 'MRotaryEmbedding'}/lowered"
-        tape = NodeTape()
+        tape = NodeTape(opset_of(graph))
 
         def op(op_type, inputs, attrs=None, name="", dtype=None, shape=None) -> ir.Value:
             step = fresh(f"{base}/{name or op_type}")

@@ -48,7 +48,7 @@ from rope_passes.analysis.bf16 import note_bf16
 from rope_passes.analysis.graph import ancestors
 from rope_passes.analysis.placement import Placement, predict_placement, value_dtype
 from rope_passes.analysis.webgpu_kernels import KernelTable
-from rope_passes.passes._rewrite import NodeTape
+from rope_passes.passes._rewrite import NodeTape, opset_of
 from rope_passes.passes.base import RopePass
 from rope_passes.proofs.intervals import FITS_INT32, Intervals
 from rope_passes.report import MatchFailure, PassReport
@@ -208,7 +208,7 @@ def _shape_from_gpu(graph: ir.Graph, node: ir.Node, base: str) -> None:
     (its output is in CPU memory anyway) and ``x`` is no longer read on CPU. onnxruntime sees through Cast and Identity
     (``Shape(Cast(x))`` becomes ``Shape(x)`` again), not through Relu; the values never matter, only the dims."""
     value = node.inputs[0]
-    tape = NodeTape()
+    tape = NodeTape(opset_of(graph))
     as_float = tape.op("Cast", [value], {"to": ir.DataType.FLOAT}, name=f"{base}/as_float", output=f"{base}/as_float",
                        dtype=ir.DataType.FLOAT, shape=value.shape)
     keep = tape.op("Relu", [as_float], name=f"{base}/keep", output=f"{base}/keep", dtype=ir.DataType.FLOAT,
@@ -241,7 +241,7 @@ def _narrow(graph: ir.Graph, node: ir.Node) -> None:
                 graph.remove(shared)
                 graph.insert_before(node, shared)
             continue
-        tape = NodeTape()
+        tape = NodeTape(opset_of(graph))
         narrow = tape.op("Cast", [value], {"to": ir.DataType.INT32}, name=f"{base}/in{i}", output=f"{base}/in{i}_int32",
                          dtype=ir.DataType.INT32, shape=value.shape)
         tape.insert_before(graph, node)
@@ -254,7 +254,7 @@ def _narrow(graph: ir.Graph, node: ir.Node) -> None:
         name, shape = out.name, out.shape
         out.name = f"{base}/out{j}_int32"
         out.dtype = ir.DataType.INT32
-        tape = NodeTape()
+        tape = NodeTape(opset_of(graph))
         back = tape.op("Cast", [out], {"to": ir.DataType.INT64}, name=f"{base}/out{j}", output=name,
                        dtype=ir.DataType.INT64, shape=shape)
         tape.insert_after(graph, node)

@@ -78,7 +78,7 @@ import onnx_ir as ir
 
 from rope_passes.analysis.longrope import longrope_where
 from rope_passes.hf_config import HFConfig, explicit_hf_config
-from rope_passes.passes._rewrite import NodeTape, add_initializer, remove_dead
+from rope_passes.passes._rewrite import NodeTape, add_initializer, opset_of, remove_dead
 from rope_passes.passes.base import RopePass, option
 from rope_passes.proofs.chain import Chain, find_chain
 from rope_passes.proofs.cone import Cone, Val
@@ -254,7 +254,7 @@ class PrecomputeCosSinPass(RopePass):
                     shared[key] = add_initializer(graph, f"rope_passes.{role}_table{suffix}", array)
                 return shared[key]
 
-            tape = NodeTape()
+            tape = NodeTape(opset_of(graph))
             if c.switch is not None:
                 short, long, original = c.switch
                 init, long_init = initializer(short, "_short"), initializer(long, "_long")

@@ -59,7 +59,7 @@ import onnx_ir as ir
 from rope_passes.analysis.bf16 import BF16_GQA_NOTE, bf16_gqa, note_bf16
 from rope_passes.analysis.graph import MS_DOMAIN, nodes_of
 from rope_passes.analysis.patterns import MASK_INPUT, SeqlensFromMaskSum, TotalSeqFromMaskShape, ValuePattern
-from rope_passes.passes._rewrite import NodeTape, add_initializer
+from rope_passes.passes._rewrite import NodeTape, add_initializer, opset_of
 from rope_passes.passes.base import RopePass
 from rope_passes.report import MatchFailure, PassReport
 
@@ -165,7 +165,7 @@ class TotalSeqOnGpuPass(RopePass):
         zero = add_initializer(graph, f"{prefix}/zero", np.array(0, dtype=np.int32))
         i32 = ir.DataType.INT32
         batch = mask.shape[0] if mask.shape is not None else None
-        tape = NodeTape()
+        tape = NodeTape(opset_of(graph))
         mask32 = tape.op("Cast", [mask], {"to": i32}, name=f"{prefix}/Cast", output=f"{prefix}/mask_int32", dtype=i32,
                          shape=mask.shape)
         lengths = tape.op("ReduceSum", [mask32, axes], {"keepdims": 0}, name=f"{prefix}/ReduceSum",
@@ -180,6 +180,8 @@ class TotalSeqOnGpuPass(RopePass):
                          output=f"{prefix}/widths", dtype=i32, shape=[batch])
         total = tape.op("ReduceMax", [widths], {"keepdims": 0}, name=f"{prefix}/ReduceMax",
                         output=f"{prefix}/total_sequence_length", dtype=i32, shape=[])
+        if not axes.uses():  # below opset 13 ReduceSum takes its axes as an attribute (NodeTape wrote it so)
+            del graph.initializers[axes.name]
         # insert right after the mask's first reader so the graph stays topologically sorted
         first_user = next((n for n in graph if any(v is mask for v in n.inputs)), None)
         if first_user is not None:
