@@ -38,8 +38,8 @@ def _subgraphs(graph: onnx.GraphProto) -> list[onnx.GraphProto]:
     return out
 
 
-def _zero_files(proto: onnx.ModelProto, folder: Path) -> None:
-    """Point every external tensor left (subgraphs, Constant attributes) at a sparse file of zeros in ``folder``."""
+def _left_external(proto: onnx.ModelProto) -> list[onnx.TensorProto]:
+    """The external tensors a stand-in still references: subgraph initializers and Constant attributes."""
     tensors: list[onnx.TensorProto] = []
     for graph in [proto.graph, *_subgraphs(proto.graph)]:
         tensors.extend(t for t in graph.initializer if _external(t))
@@ -48,12 +48,15 @@ def _zero_files(proto: onnx.ModelProto, folder: Path) -> None:
     for function in proto.functions:
         for node in function.node:
             tensors.extend(a.t for a in node.attribute if a.HasField("t") and _external(a.t))
+    return tensors
+
+
+def _zero_file(tensors: list[onnx.TensorProto], folder: Path) -> None:
+    """Point ``tensors`` at one sparse file of zeros in ``folder``, as long as the furthest of them needs."""
     end = 1
     for tensor in tensors:
         entries = {e.key: e.value for e in tensor.external_data}
         end = max(end, int(entries.get("offset", 0) or 0) + int(entries.get("length", 0) or 0))
-    if not tensors:
-        return
     zeros = folder / "zeros.bin"
     with open(zeros, "wb") as f:
         f.truncate(end)
@@ -88,13 +91,18 @@ def cpu_load_error(proto: onnx.ModelProto) -> str | None:
     stand_in = weightless(proto)
     so = session_options("cpu", log_severity=4)
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    with tempfile.TemporaryDirectory(prefix="rope-passes-load-") as tmp:
-        _zero_files(stand_in, Path(tmp))
-        path = Path(tmp) / "model.onnx"
-        onnx.save(stand_in, path)
-        try:
-            create_session(str(path), "cpu", so=so)
-        except Exception as exc:  # onnxruntime's Fail / InvalidGraph / NotImplemented, all one family
-            text = " ".join(str(exc).split())
-            return text.replace(str(path), "model.onnx")
+    left = _left_external(stand_in)
+    try:
+        if not left:  # the usual case: every weight was in the main graph, no file needed
+            create_session(stand_in.SerializeToString(), "cpu", so=so)
+        else:
+            with tempfile.TemporaryDirectory(prefix="rope-passes-load-") as tmp:
+                _zero_file(left, Path(tmp))
+                path = Path(tmp) / "model.onnx"
+                path.write_bytes(stand_in.SerializeToString())
+                create_session(str(path), "cpu", so=so)
+    except Exception as exc:  # onnxruntime's load errors: InvalidGraph, InvalidArgument, NotImplemented, Fail
+        if isinstance(exc, OSError):
+            raise
+        return " ".join(str(exc).split())
     return None
