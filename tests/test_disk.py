@@ -510,25 +510,39 @@ def decode_outputs(model_path: Path) -> list[np.ndarray]:
 
 
 @pytest.mark.corpus
-def test_reused_weights_give_the_rewrite_outputs(genai_corpus, tmp_path):
+def test_reused_weights_give_the_rewrite_outputs(genai_corpus, tmp_path, monkeypatch):
     """A corpus model whose passes make new tables: the default output reuses the data file byte for byte, puts the
-    tables in a small model.onnx.rope.data, and computes exactly what the rewrite output computes (CPU)."""
+    small tables into model.onnx itself (no second file to commit), and computes exactly what the rewrite output
+    computes (CPU); tables over the inline limit go into a small model.onnx.rope.data, with the same outputs."""
+    import rope_passes.io.weights as weights
+
     src = genai_corpus / "legacy/qwen35/cpu_fp32_text"
-    reused, rewritten = tmp_path / "reused", tmp_path / "rewritten"
+    reused, rewritten, side = tmp_path / "reused", tmp_path / "rewritten", tmp_path / "side"
     first = optimize_json(str(src), "-o", str(reused), "--target", "webgpu-graph")
     optimize_json(str(src), "-o", str(rewritten), "--target", "webgpu-graph", "--weights", "rewrite")
     assert first["modified"] and first["weights"] in ("reflink", "copy")
     assert (reused / "model.onnx.data").read_bytes() == (src / "model.onnx.data").read_bytes()
-    extra = reused / "model.onnx.rope.data"
+    assert not (reused / "model.onnx.rope.data").exists() and not (rewritten / "model.onnx.rope.data").exists()
+    assert sorted(p.name for p in reused.iterdir()) == sorted(p.name for p in src.iterdir())
+    monkeypatch.setattr(weights, "INLINE_NEW_BYTES", 0)  # every new table over the limit: the second file
+    bundle = load_bundle(src)
+    from rope_passes.pipeline import run_pipeline
+
+    run_pipeline(bundle, target="webgpu-graph")
+    save_bundle(bundle, side)
+    extra = side / "model.onnx.rope.data"
     assert extra.is_file() and 0 < extra.stat().st_size < (src / "model.onnx.data").stat().st_size
-    assert not (rewritten / "model.onnx.rope.data").exists()
-    assert sorted(p.name for p in reused.iterdir()) == sorted([*(p.name for p in src.iterdir()), extra.name])
-    for a, b in zip(decode_outputs(reused / "model.onnx"), decode_outputs(rewritten / "model.onnx"), strict=True):
-        np.testing.assert_array_equal(a, b)
+    assert sorted(p.name for p in side.iterdir()) == sorted([*(p.name for p in src.iterdir()), extra.name])
+    expected = decode_outputs(rewritten / "model.onnx")
+    for out in (reused, side):
+        for a, b in zip(decode_outputs(out / "model.onnx"), expected, strict=True):
+            np.testing.assert_array_equal(a, b)
 
 
 @pytest.mark.corpus
-def test_in_place_leaves_the_data_file_alone(genai_corpus, tmp_path):
+def test_in_place_leaves_the_data_file_alone(genai_corpus, tmp_path, monkeypatch):
+    import rope_passes.io.weights as weights
+
     work = Path(shutil.copytree(genai_corpus / "legacy/qwen35/cpu_fp32_text", tmp_path / "m"))
     for p in work.iterdir():
         p.chmod(0o644)
@@ -548,12 +562,19 @@ def test_in_place_leaves_the_data_file_alone(genai_corpus, tmp_path):
     report = optimize_json(str(work), "--in-place", "--target", "webgpu-graph")
     assert report["modified"] and report["output"] == str(work / "model.onnx") and report["weights"] is None
     extra = work / "model.onnx.rope.data"
-    assert extra.is_file()
+    assert not extra.exists()  # the new tables are small: inside model.onnx, no file to remember to commit
     check_untouched()
-    # again, through the API: the first run's second data file is rewritten (its tensors are ours), the weights not
-    first = extra.stat().st_ino
+    # again, through the API, with tables over the inline limit: they go into the second data file
+    monkeypatch.setattr(weights, "INLINE_NEW_BYTES", 0)
     bundle = load_bundle(work)
     bundle.genai_config.data["model"]["note"] = "again"
+    save_bundle(bundle, None, in_place=True)
+    assert extra.is_file()
+    check_untouched()
+    # and once more: the second data file is rewritten (its tensors are ours), the weights not
+    first = extra.stat().st_ino
+    bundle = load_bundle(work)
+    bundle.genai_config.data["model"]["note"] = "and again"
     save_bundle(bundle, None, in_place=True)
     assert extra.stat().st_ino != first
     check_untouched()

@@ -10,8 +10,11 @@ it every file carried unchanged: a folder's tokenizer files and other models, an
   rope-passes reads it (:class:`rope_passes.io.load.LinkedExternalTensor`). In these modes
   the graph is written with its external references kept: every tensor still in an input data file keeps its
   offset and length in the same bytes, under the output's name for that file (``<model>.onnx.data``). Tensors the
-  passes made (in memory) go inline when small (<= 256 bytes) or into a small second file,
-  ``<model>.onnx.rope.data``; that file is always rewritten, never reused. In place, only the graph file and the
+  passes made (in memory) go into the ``.onnx`` file itself while they are small: each of at most
+  :data:`INLINE_NEW_BYTES` (1 MiB: the cos/sin and offset tables of a context up to ~4k positions), and at most
+  :data:`INLINE_NEW_TOTAL` (8 MiB) in all, so ``lint --fix`` and ``optimize --in-place`` on such a model leave no new
+  file for the user to commit; larger ones go into a second file, ``<model>.onnx.rope.data`` (lint's RP005 errors
+  while git does not track it). That file is always rewritten, never reused. In place, only the graph file and the
   second file are written: the data file keeps its inode and its mtime.
 * ``rewrite``: everything re-serialized into one ``<model>.onnx.data`` (the layout of earlier versions, byte for
   byte: what ``tools/output_digests.py`` compares).
@@ -39,6 +42,10 @@ from rope_passes.io.paths import NEW_DATA_SUFFIX, same_file
 WEIGHT_MODES = ("reflink", "copy", "link", "rewrite")
 #: tensors of at most this many bytes stay inside the .onnx file (onnx_ir.save's threshold)
 SMALL_TENSOR_BYTES = 256
+#: a tensor the passes made goes into the .onnx file itself when it has at most this many bytes ...
+INLINE_NEW_BYTES = 1 << 20
+#: ... and the ones put there add up to at most this many; the rest go into <model>.onnx.rope.data
+INLINE_NEW_TOTAL = 8 << 20
 
 
 def check_weights_mode(mode: str) -> None:
@@ -178,14 +185,19 @@ def serialize_reusing(bundle: ModelBundle, staging: Path, model_out: Path, *, in
     new_name = model_out.name + NEW_DATA_SUFFIX
     to_file: list[ir.Value] = []  # in-memory (or no longer reusable) initializers: the second data file
     to_inline: list[ir.Value] = []  # small ones that are external somewhere not reused
+    inlined = 0  # bytes of new tensors put into the .onnx file
     for graph in graph_walk.graphs(model):
         for value in graph.initializers.values():
             tensor = value.const_value
             if tensor is None or reused(tensor):
                 continue
-            if had_external and not transformers_js and tensor.nbytes > SMALL_TENSOR_BYTES:
+            small = tensor.nbytes <= SMALL_TENSOR_BYTES
+            if had_external and not transformers_js and not small and (tensor.nbytes > INLINE_NEW_BYTES
+                                               or inlined + tensor.nbytes > INLINE_NEW_TOTAL):
                 to_file.append(value)
-            elif isinstance(tensor, ir.ExternalTensor):
+                continue
+            inlined += 0 if small else tensor.nbytes
+            if isinstance(tensor, ir.ExternalTensor):
                 to_inline.append(value)
     attributes = [(node, name, attr) for node in graph_walk.nodes(model.graph)
                   for name, attr in node.attributes.items()

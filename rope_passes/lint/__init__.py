@@ -18,6 +18,7 @@ from rope_passes.io import ModelBundle, load_bundle
 from rope_passes.lint import rules as _rules  # noqa: F401  (registers the rules)
 from rope_passes.lint import rules_clients as _rules_clients  # noqa: F401  (RP5xx: what stops transformers.js)
 from rope_passes.lint import rules_config as _rules_config  # noqa: F401  (RP4xx: graph vs config.json)
+from rope_passes.lint import rules_container as _rules_container  # noqa: F401  (RP005, RP006: the model as a file)
 from rope_passes.lint import rules_longrope as _rules_longrope  # noqa: F401  (RP206, RP207)
 from rope_passes.lint import rules_rotation as _rules_rotation  # noqa: F401  (RP405, RP406: rotation probed)
 from rope_passes.lint.core import RULES, Diagnostic, LintContext, Rule, Severity, run_rules
@@ -39,7 +40,7 @@ def lint_bundle(path_or_bundle: Any, select: Iterable[str] | None = None, ignore
 
 
 #: lint findings about the output worth printing after optimize: it will not load / run right, or runs on WebGPU only
-AFTER_OPTIMIZE = ("RP002", "RP101", "RP203", "RP206", "RP301", "RP204", "RP501")
+AFTER_OPTIMIZE = ("RP002", "RP005", "RP006", "RP101", "RP203", "RP206", "RP301", "RP204", "RP501")
 
 
 def remaining_problems(bundle: ModelBundle, runtime: str | None = None) -> list[dict[str, Any]]:
