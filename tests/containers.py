@@ -89,15 +89,20 @@ def at_opset(model: onnx.ModelProto, opset: int) -> onnx.ModelProto | None:
     return out
 
 
-def sparse(model: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:
-    """Initializers ``names`` (in-proto tensors) moved to ``graph.sparse_initializer`` (non-zero values, flat
-    indices)."""
+def sparse(model: onnx.ModelProto, names: list[str], base_dir: Path | None = None) -> onnx.ModelProto:
+    """Initializers ``names`` moved to ``graph.sparse_initializer`` (non-zero values, flat indices, in the proto;
+    an external one is read from ``base_dir``)."""
     out = copy.deepcopy(model)
     kept = []
     for tensor in out.graph.initializer:
         if tensor.name not in names:
             kept.append(tensor)
             continue
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            assert base_dir is not None
+            onnx.external_data_helper.load_external_data_for_tensor(tensor, str(base_dir))
+            tensor.data_location = onnx.TensorProto.DEFAULT
+            del tensor.external_data[:]
         array = onnx.numpy_helper.to_array(tensor)
         flat = np.flatnonzero(array.reshape(-1))
         values = onnx.numpy_helper.from_array(array.reshape(-1)[flat], tensor.name)
