@@ -168,3 +168,17 @@ def test_the_capture_loops_mask_goes_to_graphs_whose_total_is_the_mask_sum(tmp_p
     rope_passes.optimize(GENAI / "current/llama/cpu_fp32", out, target="webgpu-graph", weights="copy")
     assert not genai_loop(read_model(out)).static_mask
     assert genai_loop(read_model(TORCH / "tf5/dynamo/llama/decode.onnx")).share_buffer is False  # no genai_config
+
+
+@pytest.mark.corpus
+def test_a_graph_without_kv_cache_gets_the_whole_sequence_each_call():
+    """An exporter's prefill graph (no past_key_values) takes no call after a past: its client re-sends the whole
+    sequence (use_cache=False). Before, every decode step, schedule call after a past and sweep position raised in
+    the reference (Reshape: the mask longer than the ids) and the verdict was 'could not run' (issue 26's rule)."""
+    src = TORCH / "tf5/dynamo/llama/prefill.onnx"
+    report = rope_passes.check(src, src, ep="cpu", sweep=4, isolate=False)
+    assert report.exit_code == 0, report.reason
+    for run in report.runs:
+        assert run.ok and not run.schedule_errors and not run.sweep_errors, (run.label, run.reason)
+    decode = report.run("original@cpu").steps
+    assert [s["logits"].shape[1] for s in decode] == [8, 1, 1, 1, 1]  # the new tokens' rows, as a cached run's

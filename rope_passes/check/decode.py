@@ -141,6 +141,11 @@ class DecoderSpec:
         return bool(names & {"input_ids", "inputs_embeds"}) and "attention_mask" in names
 
     @property
+    def cacheless(self) -> bool:
+        """A decoder without a KV cache (an exporter's prefill graph): every call is the whole sequence."""
+        return not self.past_names
+
+    @property
     def past_names(self) -> list[str]:
         return [n for n in self.names if n.startswith(PAST_PREFIX)]
 
@@ -254,6 +259,13 @@ def step_feeds(
     return feeds
 
 
+def new_tokens(outs: dict[str, np.ndarray], past: int, tokens: int) -> dict[str, np.ndarray]:
+    """A cache-less graph's outputs for a whole sequence as a cached call of ``tokens`` after ``past`` returns them:
+    every ``[B, past + tokens, ...]`` output (logits) cut to its last ``tokens`` rows (``present.*`` kept whole)."""
+    return {n: v[:, past:] if not n.startswith(PRESENT_PREFIX) and v.ndim >= 2 and v.shape[1] == past + tokens else v
+            for n, v in outs.items()}
+
+
 def keep_step(outs: dict[str, np.ndarray], past_len: int, last: bool) -> dict[str, np.ndarray]:
     """What a decode keeps of one call: every output, but ``present.*`` (``[B, kv_heads, total, head]``) only in
     the rows this call added unless it is the ``last`` call. The earlier rows are the call's past, fed back from
@@ -288,8 +300,11 @@ def run_decode(
     past_len = 0
     for step in range(steps + 1):
         chunk = tokens[:, :prefill] if step == 0 else tokens[:, past_len:past_len + 1]
-        feeds = step_feeds(spec, chunk, past_len, past)
-        outs = dict(zip(spec.outputs, session.run(spec.outputs, feeds)))
+        if past_len and spec.cacheless:  # no KV cache: its client sends the whole sequence again (use_cache=False)
+            outs = new_tokens(dict(zip(spec.outputs, session.run(spec.outputs, step_feeds(
+                spec, tokens[:, :past_len + 1], 0, None)))), past_len, 1)
+        else:
+            outs = dict(zip(spec.outputs, session.run(spec.outputs, step_feeds(spec, chunk, past_len, past))))
         results.append(keep_step(outs, past_len, step == steps))
         past = {p: outs[spec.present_name(p)] for p in spec.past_names if spec.present_name(p) in outs}
         past_len += chunk.shape[1]

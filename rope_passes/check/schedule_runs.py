@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from rope_passes.check.compare import Comparison, OutputDiff, diff_arrays
-from rope_passes.check.decode import PRESENT_PREFIX, DecoderSpec, keep_step, step_feeds
+from rope_passes.check.decode import PRESENT_PREFIX, DecoderSpec, keep_step, new_tokens, step_feeds
 from rope_passes.check.schedules import LEFT, PLAIN, STATIC, Call, Schedule
 
 #: key suffix of a reference run's second pass over a schedule (:func:`run_twice`)
@@ -38,9 +38,16 @@ def run_schedule(session: Any, spec: DecoderSpec, schedule: Schedule,
     results = [] if results is None else results
     past: dict[str, np.ndarray] | None = None
     calls = list(schedule.calls())
-    length = schedule.max_length if schedule.kv != PLAIN else None
+    length = schedule.max_length if schedule.kv != PLAIN and not spec.cacheless else None
+    whole = schedule.matrix() if spec.cacheless else None  # no KV cache: every call sends the sequence so far
     for call in calls:
         mask = call.mask
+        if whole is not None and call.past:
+            end = call.past + call.tokens
+            feeds = step_feeds(spec, whole[0][:, :end], 0, None, mask=call.mask, positions=whole[2][:, :end])
+            outs = new_tokens(dict(zip(spec.outputs, session.run(spec.outputs, feeds))), call.past, call.tokens)
+            results.append(keep_step(outs, call.past, call.index == len(calls) - 1))
+            continue
         if length is not None:
             past = past if past is not None else _buffers(spec, call.batch, length)
             if schedule.kv == STATIC:

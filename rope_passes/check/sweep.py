@@ -5,7 +5,7 @@ sweep step is one token at position ``p`` after a *random* past of ``p`` tokens:
 ``[B, kv_heads, p, head]`` drawn from a fixed-seed N(0, 1) (the same for both graphs: drawn in sorted input-name
 order from a seed of ``p``), the attention mask ``p + 1`` ones, position ``p``. The new token's query and key are
 rotated with row ``p`` (the row the graph picks for total ``p + 1``), so a wrong row shows in ``logits`` and in the
-new key of ``present.*``.
+new key of ``present.*``. A graph without a KV cache gets the whole sequence instead (``p + 1`` random ids).
 
 Positions (:func:`sweep_positions`): every table switch (LongRoPE: total ``C`` reads the short table, ``C + 1`` the
 long one) with its neighbours, the table's last two rows, and log-spaced positions in between, ``n`` in all.
@@ -52,6 +52,8 @@ def sweep_feeds(spec: DecoderSpec, position: int, seed: int = 0) -> dict[str, np
     """One token at ``position`` after a random past of ``position`` tokens (the same for every graph)."""
     rng = np.random.RandomState(seed * 100_003 + position)
     token = rng.randint(*id_range(spec.vocab), size=(1, 1)).astype(np.int64)
+    if spec.cacheless:  # no KV cache: the whole sequence, random ids, its last token at ``position``
+        return step_feeds(spec, rng.randint(*id_range(spec.vocab), size=(1, position + 1)).astype(np.int64), 0, None)
     past = None
     if position:
         past = {}
