@@ -164,3 +164,15 @@ def with_training_info(model: onnx.ModelProto) -> onnx.ModelProto:
     info = out.training_info.add()
     info.algorithm.CopyFrom(onnx.helper.make_graph([], "rope_passes_test_algorithm", [], []))
     return out
+
+
+def ir_version_3(model: onnx.ModelProto) -> onnx.ModelProto:
+    """IR version 3: every initializer is also declared a graph input (the rule before IR 4)."""
+    out = copy.deepcopy(model)
+    out.ir_version = 3
+    for graph in graphs(out.graph):
+        declared = {i.name for i in graph.input}
+        for tensor in graph.initializer:
+            if tensor.name not in declared:
+                graph.input.append(onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, list(tensor.dims)))
+    return out

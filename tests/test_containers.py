@@ -3,7 +3,8 @@ run through the presets: the output loads on onnxruntime CPU and computes what t
 CPU run of both), or the pass refused; untouched parts (training_info, metadata, functions) reach the output.
 
 Forms (tests/containers.py, written from the ONNX spec): sparse initializers, typed fields (``float_data``...), a
-second external data file in a subfolder at offsets, ``training_info``, ``Constant(sparse_value)``. Base models: the
+second external data file in a subfolder at offsets, ``training_info``, ``Constant(sparse_value)``, metadata and
+doc strings, IR version 3 (initializers declared as inputs). Base models: the
 embedded tiny decoder (no corpus) and the corpus's llama and Phi-3 LongRoPE builder folders (their presets rewrite
 the graph: total-seq-on-gpu, longrope-concat).
 """
@@ -18,7 +19,7 @@ import onnx
 import onnx.external_data_helper
 import onnxruntime as ort
 import pytest
-from containers import at_opset, sparse, split_external, typed_fields, with_training_info
+from containers import at_opset, ir_version_3, sparse, split_external, typed_fields, with_training_info
 from test_contracts import _logits
 
 from rope_passes.cli import main
@@ -62,7 +63,7 @@ def _constant_sparse(proto: onnx.ModelProto, src: Path) -> onnx.ModelProto | Non
     return out
 
 
-FORMS = ["sparse", "typed", "split", "training_info", "constant_sparse", "metadata"]
+FORMS = ["sparse", "typed", "split", "training_info", "constant_sparse", "metadata", "ir3"]
 
 
 def _variant(src: Path, dst: Path, form: str) -> bool:
@@ -78,6 +79,8 @@ def _variant(src: Path, dst: Path, form: str) -> bool:
         out = split_external(proto, src, dst, _external_tables(proto))
     elif form == "training_info":
         out = with_training_info(proto)
+    elif form == "ir3":
+        out = ir_version_3(proto)
     elif form == "metadata":
         out = proto
         entry = out.metadata_props.add()
@@ -98,6 +101,9 @@ def _kept(src: Path, out: Path, form: str) -> None:
     b = onnx.load(out / "model.onnx", load_external_data=False)
     if form == "training_info":
         assert [t.SerializeToString() for t in b.training_info] == [t.SerializeToString() for t in a.training_info]
+    if form == "ir3":  # every initializer, the ones the passes added too, declared an input (onnx.checker's rule)
+        assert b.ir_version == 3
+        assert {t.name for t in b.graph.initializer} <= {i.name for i in b.graph.input}
     if form == "metadata":
         assert {p.key: p.value for p in b.metadata_props}["test.untouched"] == "kept ✓"
         assert b.doc_string == a.doc_string

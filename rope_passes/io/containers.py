@@ -8,6 +8,8 @@
 * **``Constant(sparse_value=...)``** (onnx_ir cannot deserialize it) becomes ``Constant(value=<dense>)``.
 * **``training_info``** (onnx_ir has no field for it) is kept aside on the model (:data:`TRAINING_INFO`) and written
   back by every save.
+* **IR version < 4** (every initializer must also be a graph input): an initializer a pass added is declared as an
+  input by every save (:func:`declare_initializers_as_inputs`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ import onnx.external_data_helper
 import onnx.numpy_helper
 import onnx_ir as ir
 
-__all__ = ["TRAINING_INFO", "dense", "keep_training_info", "normalize", "restore_training_info"]
+__all__ = ["TRAINING_INFO", "declare_initializers_as_inputs", "dense", "keep_training_info", "normalize",
+           "restore_training_info"]
 
 #: where the model's serialized ``training_info`` entries travel: ``ir.Model.meta`` (not written to the file by
 #: onnx_ir; put back into the proto by :func:`restore_training_info`)
@@ -86,6 +89,22 @@ def _dense_constant(node: onnx.NodeProto, base_dir: Path) -> bool:
             node.attribute.insert(i, value)
             return True
     return False
+
+
+def declare_initializers_as_inputs(proto: onnx.ModelProto) -> bool:
+    """IR versions below 4 require every initializer to be a graph input too (onnx.checker: "in initializer but not
+    in graph input"): declare those a pass added (main graph and subgraphs). True when anything was declared."""
+    if proto.ir_version >= 4:
+        return False
+    changed = False
+    for graph in _graphs(proto.graph):
+        declared = {i.name for i in graph.input}
+        for tensor in graph.initializer:
+            if tensor.name not in declared:
+                graph.input.append(onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type,
+                                                                      list(tensor.dims)))
+                changed = True
+    return changed
 
 
 def keep_training_info(proto: onnx.ModelProto, model: ir.Model) -> None:

@@ -32,7 +32,7 @@ import onnx_ir as ir
 
 import rope_passes.graph_walk as graph_walk
 from rope_passes.errors import UsageError
-from rope_passes.io.containers import TRAINING_INFO, restore_training_info
+from rope_passes.io.containers import TRAINING_INFO, declare_initializers_as_inputs, restore_training_info
 from rope_passes.io.disk import carry_file
 from rope_passes.io.layout import DATA_SUFFIX
 from rope_passes.io.load import MAX_IR_VERSION, ModelBundle, external_tensors
@@ -111,9 +111,10 @@ def serialize_rewrite(bundle: ModelBundle, staging: Path, model_name: str, *,
     data_name_ = data_name(model_name, transformers_js)
     ir.save(model, staging / model_name, external_data=data_name_ if had_external else None,
             size_threshold_bytes=SMALL_TENSOR_BYTES)
-    if model.meta.get(TRAINING_INFO):  # onnx_ir has no field for it: put it back into the graph file
+    if model.meta.get(TRAINING_INFO) or (model.ir_version or 0) < 4:  # what onnx_ir does not write: see containers
         proto = onnx.load(staging / model_name, load_external_data=False)
         restore_training_info(model, proto)
+        declare_initializers_as_inputs(proto)
         onnx.save(proto, staging / model_name)
     data = [data_name_] if had_external else []
     return Serialized([model_name, *data], set(data), "rewrite")
@@ -223,6 +224,7 @@ def serialize_reusing(bundle: ModelBundle, staging: Path, model_out: Path, *, in
             node.attributes[name] = attr
     _relocate(proto, rename)
     restore_training_info(model, proto)
+    declare_initializers_as_inputs(proto)
     onnx.save(proto, staging / model_out.name)
 
     names = [model_out.name, *([new_name] if to_file else [])]
