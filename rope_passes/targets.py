@@ -38,17 +38,14 @@ import onnx_ir as ir
 import rope_passes.graph_walk as graph_walk
 from rope_passes.analysis.webgpu_kernels import KernelTable, Op
 from rope_passes.errors import UsageError
+from rope_passes.runtimes import DESCRIPTORS, WEB, WEBGPU_127, WEBGPU_PLUGIN, python_runtimes, with_tables
 
-WEBGPU_127 = "onnxruntime-webgpu"
-WEBGPU_PLUGIN = "onnxruntime-ep-webgpu"
-#: the runtimes with a probed table, in the order they are shown
-RUNTIMES = (WEBGPU_127, WEBGPU_PLUGIN)
-#: the browser runtime: onnxruntime-web in headless Chromium (``check --runtime web``; its table is written by
-#: tools/probe_web_runtime.py). Not installed beside rope-passes, so not one of :data:`RUNTIMES`
-WEB = "onnxruntime-web"
+# each runtime's names, aliases, interpreter and check backend: its descriptor (rope_passes.runtimes). The JS
+# runtimes (onnxruntime-web: WEB) have a probed table too but are no Python installation, so not in RUNTIMES
+#: the runtimes that are a Python installation, in the order they are shown
+RUNTIMES = python_runtimes()
 #: the Python distributions that make up each runtime (what :func:`detect_installed` looks for)
-DISTRIBUTIONS: dict[str, tuple[str, ...]] = {WEBGPU_127: ("onnxruntime-webgpu",),
-                                             WEBGPU_PLUGIN: ("onnxruntime", "onnxruntime-ep-webgpu")}
+DISTRIBUTIONS: dict[str, tuple[str, ...]] = {r.name: r.distributions for r in DESCRIPTORS if r.distributions}
 #: the target when no runtime is installed beside rope-passes (its own dependency)
 DEFAULT_RUNTIME = WEBGPU_127
 MS = "com.microsoft"
@@ -339,9 +336,10 @@ def from_table(table: Mapping[str, Any], schemas: Mapping[str, Any] | None = Non
 
 @functools.cache
 def get_target(name: str) -> RuntimeTarget:
-    """The target of runtime ``name`` (one of :data:`RUNTIMES`, or :data:`WEB`); an unknown name is a UsageError."""
-    if name not in (*RUNTIMES, WEB):
-        raise UsageError(f"unknown runtime {name!r} (choose from: {', '.join((*RUNTIMES, WEB))})")
+    """The target of runtime ``name`` (a runtime with a probed table: :func:`rope_passes.runtimes.with_tables`); an
+    unknown name is a UsageError."""
+    if name not in with_tables():
+        raise UsageError(f"unknown runtime {name!r} (choose from: {', '.join(with_tables())})")
     tables = resources.files("rope_passes").joinpath("runtime_tables")
     text = tables.joinpath(f"{name}.json").read_text(encoding="utf-8")
     schemas = tables.joinpath(f"{name}.schemas.json")

@@ -34,7 +34,6 @@ from rope_passes.runtime.sessions import create_session, session_options
 
 _ONNX_TYPES = {np.dtype(np.float16): TensorProto.FLOAT16, np.dtype(np.float32): TensorProto.FLOAT,
                np.dtype(np.int64): TensorProto.INT64, np.dtype(np.int32): TensorProto.INT32}
-_SEQ_DIMS = {"sequence_length", "seq_len", "sequence", "sequence_len"}  # sequence_len: mobius-onnx
 
 
 class WebGPUBuffers:
@@ -88,21 +87,6 @@ class CaptureDriver:
         self.notes: list[str] = []
         self.buffers = WebGPUBuffers()
 
-    def _output_shape(self, name: str, declared: list, seq: int) -> tuple[int, ...]:
-        shape = []
-        for d in declared:
-            if isinstance(d, int) and d > 0:
-                shape.append(d)
-            elif d in ("batch_size", "batch"):
-                shape.append(1)
-            elif d in _SEQ_DIMS:
-                shape.append(seq)
-            elif isinstance(d, str) and d in self.dspec.dims:
-                shape.append(self.dspec.dims[d])
-            else:
-                raise UsageError(f"cannot size output {name} dimension {d!r} for graph capture: give --dim {d}=N")
-        return tuple(shape)
-
     def run(self, on_step: Any = None, results: list | None = None) -> list[dict[str, np.ndarray]]:
         spec, dspec, sess, buf = self.spec, self.dspec, self.session, self.buffers
         tokens = token_ids(spec.prefill + spec.steps, spec.seed, spec.vocab)
@@ -121,7 +105,7 @@ class CaptureDriver:
         def phase(seq: int) -> tuple[ort.SessionIOBinding, dict[str, ort.OrtValue], dict[str, ort.OrtValue]]:
             feeds = step_feeds(dspec, tokens[:, :seq], 0, None)
             ins = {i.name: buf.new(feeds[i.name].shape, feeds[i.name].dtype) for i in others}
-            outs = {n: buf.new(self._output_shape(n, outputs[n].shape, seq), _np_type(outputs[n].type))
+            outs = {n: buf.new(tuple(dspec.output_shape(n, outputs[n].shape, seq)), _np_type(outputs[n].type))
                     for n in plain_outputs}
             io = sess.io_binding()
             io.bind_ortvalue_input("attention_mask", mask)

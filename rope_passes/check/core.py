@@ -71,7 +71,7 @@ from rope_passes.check.plan import (
 )
 from rope_passes.check.report import COULD_NOT_RUN, EQUIVALENT, EXIT_CODES, NOT_EQUIVALENT, EquivalenceReport
 from rope_passes.check.runs import all_runs
-from rope_passes.check.runtimes import WEB, fallback_interpreter, interpreter, resolve, runtimes_for
+from rope_passes.check.runtimes import fallback_interpreter, interpreter, resolve, runtime_of, runtimes_for
 from rope_passes.check.sweep import DEFAULT_SWEEP
 from rope_passes.check.table_diff import TableComparison, compare_tables
 from rope_passes.check.verdict import Evidence, compare_all, decide
@@ -123,7 +123,8 @@ def check(original: str | Path, rewritten: str | Path, options: CheckOptions | N
     config_capture = None
     # the output's config turns capture on where the original's did not (optimize does so when capture is ready):
     # onnxruntime-genai creates its session so, and a session that refuses capture does not load
-    capture_required = opts.ep == "webgpu" and runtime != WEB and capture_on(rew) and not capture_on(orig)
+    capture_required = (opts.ep == "webgpu" and runtime_of(runtime).genai and capture_on(rew)
+                        and not capture_on(orig))
     if capture_required and not opts.graph_capture:
         # onnxruntime-genai runs the output as its config says: a capture it turns on is part of what is checked
         opts = dataclasses.replace(opts, graph_capture=True)

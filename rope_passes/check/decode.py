@@ -58,6 +58,8 @@ except ImportError:  # pragma: no cover
 _ONNX_TO_ORT = {1: "tensor(float)", 10: "tensor(float16)", 11: "tensor(double)", 7: "tensor(int64)",
                 6: "tensor(int32)", 3: "tensor(int8)", 2: "tensor(uint8)", 9: "tensor(bool)", 16: "tensor(bfloat16)"}
 
+#: the names of a sequence dimension (sequence_len: mobius-onnx)
+SEQ_DIMS = frozenset({"sequence_length", "seq_len", "sequence", "sequence_len"})
 DECODER_INPUTS = {"input_ids", "inputs_embeds", "attention_mask", "position_ids"}
 
 
@@ -154,6 +156,23 @@ class DecoderSpec:
 
     def input(self, name: str) -> InputSpec | None:
         return next((i for i in self.inputs if i.name == name), None)
+
+    def output_shape(self, name: str, declared: Sequence[Any], seq: int) -> list[int]:
+        """The shape of output ``name`` (``declared``: its dims, ints or names) for a call of ``seq`` tokens of one
+        row: what a graph-capture buffer for it is allocated with (every capture driver's)."""
+        shape = []
+        for d in declared:
+            if isinstance(d, int) and d > 0:
+                shape.append(d)
+            elif d in ("batch_size", "batch"):
+                shape.append(1)
+            elif d in SEQ_DIMS:
+                shape.append(seq)
+            elif isinstance(d, str) and d in self.dims:
+                shape.append(self.dims[d])
+            else:
+                raise UsageError(f"cannot size output {name} dimension {d!r} for graph capture: give --dim {d}=N")
+        return shape
 
 
 def _head_size(genai_config: GenaiConfig | Mapping | None) -> int | None:

@@ -26,121 +26,77 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from rope_passes.check.decode import PRESENT_PREFIX, DecoderSpec, random_feeds, run_decode, token_ids
+from rope_passes.check.spec import (  # noqa: F401 - re-exported: a run's description and result live in .spec
+    CRASHED,
+    LOAD_FAILED,
+    NOT_RUN,
+    NOT_STARTED,
+    OK,
+    RUN_FAILED,
+    TIMED_OUT,
+    RunResult,
+    RunSpec,
+)
+from rope_passes.check.spec import one_line as _one_line
 from rope_passes.errors import UsageError
 
-#: status values of a run
-OK, LOAD_FAILED, RUN_FAILED, CRASHED, TIMED_OUT = "ok", "load-failed", "run-failed", "crashed", "timed-out"
-#: the checker could not drive the graph (a dimension it cannot size, not a decoder): no run happened, nothing about
-#: the graph was learnt (the verdict is "could not run", exit 2, never "not equivalent")
-NOT_RUN = "could-not-run"
-#: how the reason of a load-failed run starts when its interpreter could not even be started
-NOT_STARTED = "cannot start"
+if TYPE_CHECKING:
+    from rope_passes.check.backends import RunBackend
 
 
-@dataclasses.dataclass
-class RunSpec:
-    """What to run: a model on an EP, with a decode schedule (prefill + single-token steps)."""
-
-    label: str  # e.g. "original@cpu"
-    model: str  # path of the .onnx file
-    ep: str  # "cpu" | "webgpu"
-    prefill: int
-    steps: int
-    genai_config: dict | None = None
-    webgpu_options: dict[str, str] = dataclasses.field(default_factory=dict)
-    graph_capture: bool = False  # drive the session with fixed WebGPU buffers (see capture.py)
-    max_length: int | None = None  # static KV length under capture
-    dims: dict[str, int] = dataclasses.field(default_factory=dict)
-    embedding: str | None = None  # .npy embedding table for inputs_embeds graphs
-    seed: int = 0
-    sweep: list[int] = dataclasses.field(default_factory=list)  # positions of single steps after a random past
-    schedules: list[dict] = dataclasses.field(default_factory=list)  # .schedules.Schedule.spec() of each, in order
-    schedules_twice: int = 0  # a reference: .schedule_runs.run_reference (twice, rows alone); ids below this vocab
-    vocab: int | None = None  # the decode's and the sweep's ids below this (.contract.vocabulary)
-
-
-@dataclasses.dataclass
-class RunResult:
-    label: str
-    status: str
-    reason: str = ""
-    steps: list[dict[str, np.ndarray]] = dataclasses.field(default_factory=list)
-    providers: list[str] = dataclasses.field(default_factory=list)
-    wall_s: float = 0.0
-    notes: list[str] = dataclasses.field(default_factory=list)
-    failed_step: int | None = None  # run-failed: the step whose call raised (the steps before it are kept)
-    runtime: str = ""  # "onnxruntime <version>" that ran it
-    sweep: dict[int, dict[str, np.ndarray]] = dataclasses.field(default_factory=dict)  # position -> outputs
-    sweep_errors: dict[int, str] = dataclasses.field(default_factory=dict)  # position -> why its call raised
-    schedules: dict[str, list[dict[str, np.ndarray]]] = dataclasses.field(default_factory=dict)  # name -> calls
-    schedule_errors: dict[str, str] = dataclasses.field(default_factory=dict)  # name -> why the next call raised
-
-    @property
-    def ok(self) -> bool:
-        return self.status == OK
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"label": self.label, "status": self.status, "reason": self.reason, "providers": self.providers,
-                "steps_run": len(self.steps), "failed_step": self.failed_step, "runtime": self.runtime,
-                "wall_s": round(self.wall_s, 3), "notes": self.notes, "sweep_positions": sorted(self.sweep),
-                "sweep_errors": {str(p): e for p, e in sorted(self.sweep_errors.items())},
-                "schedules_run": {n: len(c) for n, c in self.schedules.items()},
-                "schedule_errors": dict(self.schedule_errors)}
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return text[:600]
-
-
-def execute_run(spec: RunSpec, on_step: Callable[[int], None] | None = None, capture_log: bool = False,
+def execute_run(spec: RunSpec, backend: RunBackend | None = None, *, on_step: Callable[[int], None] | None = None,
                 on_sweep: Callable[[int], None] | None = None,
                 on_schedule: Callable[[int], None] | None = None) -> RunResult:
-    """Run ``spec`` in this process; every failure becomes a status with a one-line reason.
+    """Run ``spec`` in this process on ``backend`` (default: onnxruntime here, :class:`.backends.native.
+    NativeBackend`); every failure becomes a status with a one-line reason. The one run loop of every runtime: open
+    a session (or a capture driver), the decode, then the schedules and the sweep (:mod:`.backends`)."""
+    if backend is None:
+        from rope_passes.check.backends.native import NativeBackend
 
-    ``capture_log``: log the capture session at info level (the worker does, so the parent can count replays).
-    """
-    from rope_passes.runtime.sessions import create_session, runtime_label
-
+        backend = NativeBackend()
     start = time.perf_counter()
-    result = RunResult(spec.label, OK, runtime=runtime_label())
+    try:
+        label = backend.start()
+    except Exception as exc:  # noqa: BLE001 - a runtime that does not start is a result
+        return RunResult(spec.label, LOAD_FAILED, f"cannot start {backend.what}: {_one_line(exc)}",
+                         wall_s=time.perf_counter() - start)
+    result = RunResult(spec.label, OK, runtime=label, notes=backend.notes())
     table = np.load(spec.embedding) if spec.embedding else None
+    session: Any = None
+    driver: Any = None
     dspec = None
     try:
         if spec.graph_capture:
-            from rope_passes.check.capture import CaptureDriver
-
-            driver = CaptureDriver(spec, table, log_severity=1 if capture_log else 3)
-            result.providers = driver.providers
+            driver = backend.capture(spec, table)
+            result.providers = list(driver.providers)
         else:
-            sess = create_session(spec.model, spec.ep, webgpu_options=spec.webgpu_options)
-            result.providers = list(sess.get_providers())
+            session = backend.open(spec)
+            result.providers = backend.providers(session)
     except UsageError as exc:  # the checker cannot drive this graph: not a property of the graph
         result.status, result.reason = NOT_RUN, _one_line(exc)
-        result.wall_s = time.perf_counter() - start
-        return result
     except Exception as exc:  # noqa: BLE001 - a model that does not load is a result
         result.status, result.reason = LOAD_FAILED, _one_line(exc)
+    if not result.ok:
+        backend.close(None, result)
         result.wall_s = time.perf_counter() - start
         return result
     try:
-        if spec.graph_capture:
+        if driver is not None:
             driver.run(on_step=on_step, results=result.steps)
             result.notes.extend(driver.notes)
         else:
-            dspec = DecoderSpec.from_session(sess, spec.genai_config, dims=dict(spec.dims), embedding_table=table,
-                                             vocab=spec.vocab)
+            dspec = backend.decoder_spec(session, spec, table)
             if dspec.is_decoder:
                 tokens = token_ids(spec.prefill + spec.steps, spec.seed, spec.vocab)
-                run_decode(sess, dspec, tokens, spec.prefill, spec.steps, on_step=on_step, results=result.steps)
+                run_decode(session, dspec, tokens, spec.prefill, spec.steps, on_step=on_step, results=result.steps)
             else:
                 feeds = random_feeds(dspec, spec.seed)
-                result.steps = [dict(zip(dspec.outputs, sess.run(dspec.outputs, feeds)))]
+                result.steps = [dict(zip(dspec.outputs, session.run(dspec.outputs, feeds)))]
                 if on_step:
                     on_step(0)
     except UsageError as exc:  # e.g. a capture output dimension the checker cannot size: no run happened
@@ -148,31 +104,47 @@ def execute_run(spec: RunSpec, on_step: Callable[[int], None] | None = None, cap
     except Exception as exc:  # noqa: BLE001
         result.status, result.reason = RUN_FAILED, _one_line(exc)
         result.failed_step = len(result.steps)
-    if spec.schedules and dspec is not None and dspec.is_decoder and not spec.graph_capture:
-        from rope_passes.check.schedule_runs import run_reference
-        from rope_passes.check.schedules import from_spec
-
-        for k, data in enumerate(spec.schedules):
-            try:
-                run_reference(sess, dspec, from_spec(data), spec.schedules_twice or None, result.schedules)
-            except Exception as exc:  # noqa: BLE001 - a call that raises is a result; the calls before it are kept
-                result.schedule_errors[data["name"]] = _one_line(exc)
-            if on_schedule is not None:
-                on_schedule(k)
-    if spec.sweep and dspec is not None and dspec.is_decoder and not spec.graph_capture:
-        from rope_passes.check.sweep import run_sweep
-
-        for k, position in enumerate(spec.sweep):
-            run_sweep(sess, dspec, [position], spec.seed, result.sweep, result.sweep_errors)
-            # the past in present.* is the random input, the new token's row is what the graph computed: keep that
-            # (a long table's last positions would otherwise hold GBs of copied past per run)
-            for name, value in result.sweep.get(position, {}).items():
-                if name.startswith(PRESENT_PREFIX) and value.ndim == 4 and value.shape[2] > 1:
-                    result.sweep[position][name] = np.ascontiguousarray(value[:, :, -1:, :])
-            if on_sweep is not None:
-                on_sweep(k)
+    if dspec is not None and dspec.is_decoder and (result.ok or backend.after_failure):
+        _schedules(spec, backend, session, dspec, result, on_schedule)
+        _sweep(spec, session, dspec, result, on_sweep)
+    backend.close(driver if driver is not None else session, result)
     result.wall_s = time.perf_counter() - start
     return result
+
+
+def _schedules(spec: RunSpec, backend: RunBackend, session: Any, dspec: DecoderSpec, result: RunResult,
+               on_schedule: Callable[[int], None] | None) -> None:
+    """Every schedule of ``spec`` (a reference's twice and row by row where the backend makes those)."""
+    from rope_passes.check.schedule_runs import run_reference, run_schedule
+    from rope_passes.check.schedules import from_spec
+
+    twice = (spec.schedules_twice or None) if backend.reference_runs else None
+    for k, data in enumerate(spec.schedules):
+        schedule = from_spec(data)
+        try:
+            if backend.reference_runs:
+                run_reference(session, dspec, schedule, twice, result.schedules)
+            else:  # each schedule once: no second pass, no row alone
+                run_schedule(session, dspec, schedule, result.schedules.setdefault(data["name"], []))
+        except Exception as exc:  # noqa: BLE001 - a call that raises is a result; the calls before it are kept
+            result.schedule_errors[data["name"]] = _one_line(exc)
+        if on_schedule is not None:
+            on_schedule(k)
+
+
+def _sweep(spec: RunSpec, session: Any, dspec: DecoderSpec, result: RunResult,
+           on_sweep: Callable[[int], None] | None) -> None:
+    from rope_passes.check.sweep import run_sweep
+
+    for k, position in enumerate(spec.sweep):
+        run_sweep(session, dspec, [position], spec.seed, result.sweep, result.sweep_errors)
+        # the past in present.* is the random input, the new token's row is what the graph computed: keep that
+        # (a long table's last positions would otherwise hold GBs of copied past per run)
+        for name, value in result.sweep.get(position, {}).items():
+            if name.startswith(PRESENT_PREFIX) and value.ndim == 4 and value.shape[2] > 1:
+                result.sweep[position][name] = np.ascontiguousarray(value[:, :, -1:, :])
+        if on_sweep is not None:
+            on_sweep(k)
 
 
 def run_isolated(
@@ -277,7 +249,10 @@ def _worker(spec_path: str, out_dir: str) -> int:
                                   for n, v in outs.items()}  # Any: numpy's stub would read ** as allow_pickle
         np.savez(path, **arrays)
 
-    result = execute_run(spec, on_step, capture_log=True, on_sweep=on_sweep, on_schedule=on_schedule)
+    from rope_passes.check.backends.native import NativeBackend
+
+    result = execute_run(spec, NativeBackend(capture_log=True), on_step=on_step, on_sweep=on_sweep,
+                         on_schedule=on_schedule)
     for k, outs in enumerate(result.steps):
         save(os.path.join(out_dir, f"step{k}.npz"), outs)
     for p, outs in result.sweep.items():

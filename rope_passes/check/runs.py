@@ -16,12 +16,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from rope_passes.check.backends import backend_for
 from rope_passes.check.client_schedules import for_graph
 from rope_passes.check.contract import genai_loop
 from rope_passes.check.models import ModelInfo
 from rope_passes.check.plan import CheckOptions, Plan
 from rope_passes.check.runner import LOAD_FAILED, RunResult, RunSpec, execute_run, run_isolated
-from rope_passes.check.runtimes import execute_elsewhere
 from rope_passes.check.verdict import PLUGIN
 from rope_passes.runtime.adapter import AdapterInfo
 from rope_passes.runtime.sessions import ALLOW_SOFTWARE_ADAPTER
@@ -51,14 +51,14 @@ def execute(spec: RunSpec, opts: CheckOptions, adapter: AdapterInfo | None, pyth
     on_sweep = callback(f"{spec.label} sweep", len(spec.sweep))
     on_schedule = callback(f"{spec.label} schedules", len(spec.schedules))
     opts.say(spec.label, -1, total)
-    elsewhere = execute_elsewhere(spec, runtime, on_step, on_sweep, on_schedule)  # the browser (.runtimes)
-    if elsewhere is not None:
-        return elsewhere
+    backend = backend_for(runtime, spec)  # a run this process drives (the browser's WebGPU runs: .backends)
+    if backend is not None:
+        return execute_run(spec, backend, on_step=on_step, on_sweep=on_sweep, on_schedule=on_schedule)
     if opts.isolate or python:
         env = {ALLOW_SOFTWARE_ADAPTER: "1"} if python and adapter is not None and adapter.software else {}
         return run_isolated(spec, on_step, opts.timeout, python=python, on_sweep=on_sweep, env_extra=env,
                             runtime=runtime, on_schedule=on_schedule)
-    return execute_run(spec, on_step, on_sweep=on_sweep, on_schedule=on_schedule)
+    return execute_run(spec, on_step=on_step, on_sweep=on_sweep, on_schedule=on_schedule)
 
 
 def all_runs(orig: ModelInfo, rew: ModelInfo, emb_orig: str | None, emb_rew: str | None, plan: Plan,

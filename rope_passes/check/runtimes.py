@@ -19,81 +19,79 @@ the other runtime).
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rope_passes.errors import UsageError
-from rope_passes.targets import RUNTIMES, WEB, WEBGPU_PLUGIN, default_runtime, get_target
+from rope_passes.runtimes import DESCRIPTORS, WEB, Runtime, check_names, descriptor
 
 if TYPE_CHECKING:
     from rope_passes.check.report import EquivalenceReport
-    from rope_passes.check.runner import RunResult, RunSpec
 
-#: ``--runtime all``: every runtime, one verdict each
+#: ``--runtime all``: every runtime whose descriptor says so (the Python ones), one verdict each
 ALL = "all"
-#: ``--runtime web``: the browser runtime (:data:`rope_passes.targets.WEB`, onnxruntime-web in headless Chromium)
+#: ``--runtime web``: the browser runtime (:data:`rope_passes.runtimes.WEB`, onnxruntime-web in headless Chromium)
 WEB_ALIAS = "web"
-#: what ``check --runtime`` accepts
-CHOICES = (*RUNTIMES, WEB_ALIAS, WEB, ALL)
+#: what ``check --runtime`` accepts: every descriptor's names, then all
+CHOICES = (*check_names(), ALL)
 #: verdicts from worst to best (the exit code of ``--runtime all`` is the worst one's)
 _ORDER = ("not equivalent", "could not run", "equivalent (rotation tables only: the original runs nowhere here)",
           "equivalent")
 
 
+def runtime_of(name: str) -> Runtime:
+    """The descriptor of runtime ``name`` (a name :func:`resolve` returned)."""
+    found = descriptor(name)
+    if found is None:
+        raise UsageError(f"unknown runtime {name!r} (choose from: {', '.join(CHOICES)})")
+    return found
+
+
 def resolve(runtime: str | None) -> str:
     """The runtime's name (``None``: the one installed here); a usage error for an unknown one."""
-    if runtime in (WEB, WEB_ALIAS):
-        return WEB
-    return get_target(runtime or default_runtime()).name
+    if runtime is None:
+        from rope_passes.targets import default_runtime
+
+        return default_runtime()
+    return runtime_of(runtime).name
 
 
 def runtimes_for(choice: str | None) -> list[str]:
     """The runtimes ``--runtime choice`` checks on, in the order they are shown."""
-    return list(RUNTIMES) if choice == ALL else [resolve(choice)]
+    return [r.name for r in DESCRIPTORS if r.in_all] if choice == ALL else [resolve(choice)]
 
 
 def interpreter(runtime: str) -> str | None:
     """The interpreter that runs ``runtime``'s sessions: None for this one (the runtime installed here), else the
-    path of the other runtime's. Raises UsageError, saying how to set it up, when there is none (for ``web``: when
-    the browser runtime is not set up; its CPU runs use this interpreter)."""
-    if runtime == WEB:
-        from rope_passes.runtime.web import missing
+    path of the other runtime's. Raises UsageError, saying how to set it up, when there is none (for a runtime that
+    is no Python installation, the browser: when its backend says it is not set up; its CPU runs use this
+    interpreter)."""
+    desc = runtime_of(runtime)
+    if desc.python is None:
+        from rope_passes.check.backends import backend_module
 
-        why = missing()
+        why = backend_module(desc).missing()
         if why is not None:
-            raise UsageError(f"the browser runtime is not set up here: {why}")
+            raise UsageError(f"{backend_module(desc).WHAT} is not set up here: {why}")
         return None
-    from rope_passes.runtime.interpreters import PYTHON_ENV, python_for  # imports onnxruntime: not at CLI start
+    from rope_passes.runtime.interpreters import python_for  # imports onnxruntime: not at CLI start
 
-    python = python_for(runtime)
+    python = python_for(desc.name)
     if python is None:
-        variable, venv = PYTHON_ENV[runtime]
-        setup = "scripts/setup-plugin-runtime.sh" if runtime == WEBGPU_PLUGIN else "scripts/setup.sh"
-        raise UsageError(f"no Python interpreter with {runtime} here: run {setup} (makes {venv}/), or set "
-                         f"${variable} to one")
+        raise UsageError(f"no Python interpreter with {desc.name} here: run {desc.python.setup} (makes "
+                         f"{desc.python.venv}/), or set ${desc.python.variable} to one")
     same = Path(python).absolute() == Path(sys.executable).absolute()
     return None if same else python
 
 
 def fallback_interpreter(runtime: str) -> str | None:
-    """The second runtime for an original that does not load on ``runtime``: the plugin EP's interpreter when the
-    check runs on onnxruntime-webgpu (None when it has none, or when the check already runs on the plugin)."""
+    """The interpreter of the runtime an original that does not load on ``runtime`` runs on (its descriptor's
+    ``fallback``: the plugin EP's, for onnxruntime-webgpu and the browser); None when there is none."""
     from rope_passes.runtime.interpreters import python_for
 
-    return None if runtime == WEBGPU_PLUGIN else python_for(WEBGPU_PLUGIN)
-
-
-def execute_elsewhere(spec: RunSpec, runtime: str | None, on_step: Callable[[int], None] | None = None,
-                      on_sweep: Callable[[int], None] | None = None,
-                      on_schedule: Callable[[int], None] | None = None) -> RunResult | None:
-    """The hook of runtimes that are no Python interpreter: the run's result when ``runtime`` runs ``spec`` itself
-    (``web``: a WebGPU run, in this process's browser), else None (run it as usual)."""
-    if runtime != WEB or spec.ep != "webgpu":
-        return None
-    from rope_passes.check.web import execute_web_run
-
-    return execute_web_run(spec, on_step, on_sweep=on_sweep, on_schedule=on_schedule)
+    fallback = runtime_of(runtime).fallback
+    return None if fallback is None else python_for(fallback)
 
 
 def worst(reports: Sequence[EquivalenceReport]) -> str:
@@ -101,5 +99,5 @@ def worst(reports: Sequence[EquivalenceReport]) -> str:
     return min((r.verdict for r in reports), key=_ORDER.index)
 
 
-__all__ = ["ALL", "CHOICES", "WEB", "WEB_ALIAS", "execute_elsewhere", "fallback_interpreter", "interpreter", "resolve",
+__all__ = ["ALL", "CHOICES", "WEB", "WEB_ALIAS", "fallback_interpreter", "interpreter", "resolve", "runtime_of",
            "runtimes_for", "worst"]

@@ -18,6 +18,7 @@ import sys
 from rope_passes import __version__
 from rope_passes.errors import RopePassesError
 from rope_passes.interrupts import forget_interrupt_seen_in_exec, held_interrupts
+from rope_passes.runtimes import python_runtimes, with_tables
 
 COMMANDS = ("optimize", "inspect", "check", "lint", "passes", "demo")
 
@@ -54,12 +55,11 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-#: the WebGPU runtimes ``--runtime`` names (:data:`rope_passes.targets.RUNTIMES`, which imports onnx_ir: spelled out
-#: here so that building the parser imports nothing heavy; tests/test_startup.py checks the two agree)
-RUNTIMES = ("onnxruntime-webgpu", "onnxruntime-ep-webgpu")
-#: the browser runtime (:data:`rope_passes.targets.WEB`): ``optimize --runtime`` may name it (its probed table
-#: says what it loads and reads), ``check --runtime web`` runs it
-BROWSER = "onnxruntime-web"
+#: the WebGPU runtimes that are a Python installation (the default ``--runtime`` choices), and every runtime with a
+#: probed table (``optimize --runtime`` may name the JS ones too: their tables say what they load and read); from
+#: the runtime descriptors (rope_passes.runtimes, which imports nothing heavy)
+RUNTIMES = python_runtimes()
+TABLE_RUNTIMES = with_tables()
 
 #: third-party modules each command imports, imported by :func:`main` with Ctrl-C held once the arguments are
 #: parsed (an interrupt inside mpmath's or onnx's own imports is swallowed or aborts the process; the commands
@@ -110,8 +110,8 @@ def add_runtime_argument(parser: argparse.ArgumentParser, what: str,
                          default: str = "the one installed beside rope-passes", browser: bool = False) -> None:
     """``--runtime onnxruntime-webgpu|onnxruntime-ep-webgpu`` for optimize, lint and inspect
     (:mod:`rope_passes.targets`); ``default``: what no ``--runtime`` means for that command; ``browser``: the
-    browser runtime is a choice too (``optimize``)."""
-    parser.add_argument("--runtime", choices=(*RUNTIMES, BROWSER) if browser else RUNTIMES, default=None,
+    JS runtimes with a probed table are choices too (``optimize``)."""
+    parser.add_argument("--runtime", choices=TABLE_RUNTIMES if browser else RUNTIMES, default=None,
                         help=f"{what} (default: {default}; see docs/runtimes.md)")
 
 

@@ -10,16 +10,17 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from rope_passes.cli import RUNTIMES, add_command, output_console
+from rope_passes.cli import add_command, output_console
 from rope_passes.errors import UsageError
+from rope_passes.runtimes import check_names
 
 if TYPE_CHECKING:  # rich and the checker: imported when the command runs (``--help`` imports nothing heavy)
     from rich.console import Console
     from rich.progress import TaskID
 
-#: :data:`rope_passes.check.runtimes.CHOICES`, spelled out so that the parser imports nothing heavy
-#: (tests/test_startup.py checks they agree)
-RUNTIME_CHOICES = (*RUNTIMES, "web", "onnxruntime-web", "all")
+#: :data:`rope_passes.check.runtimes.CHOICES`: every runtime descriptor's names (rope_passes.runtimes imports nothing
+#: heavy), then all
+RUNTIME_CHOICES = (*check_names(), "all")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

@@ -16,11 +16,12 @@ import sys
 from pathlib import Path
 
 from rope_passes.runtime.sessions import ALLOW_SOFTWARE_ADAPTER
-from rope_passes.targets import WEBGPU_127, WEBGPU_PLUGIN, default_runtime, detect_installed, get_target
+from rope_passes.runtimes import DESCRIPTORS, WEBGPU_PLUGIN
+from rope_passes.targets import default_runtime, detect_installed, get_target
 
 REPO = Path(__file__).resolve().parents[2]
-#: runtime -> (environment variable naming its interpreter, default venv folder in this repository)
-PYTHON_ENV = {WEBGPU_PLUGIN: ("ROPE_PASSES_PLUGIN_PYTHON", ".venv-plugin"), WEBGPU_127: ("ROPE_PASSES_WEBGPU_PYTHON", ".venv")}
+#: runtime -> (environment variable naming its interpreter, default venv folder in this repository): its descriptor's
+PYTHON_ENV = {r.name: (r.python.variable, r.python.venv) for r in DESCRIPTORS if r.python is not None}
 
 
 def python_for(runtime: str | None = None) -> str | None:

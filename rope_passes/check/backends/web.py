@@ -1,12 +1,11 @@
-"""One run of the checker in the browser (``check --runtime web``): a :class:`~.runner.RunSpec` on onnxruntime-web's
-WebGPU EP in headless Chromium (:mod:`rope_passes.runtime.web`), with the same schedule and the same
-:class:`~.runner.RunResult` as a run on a Python runtime.
+"""The browser's backend (``check --runtime web``): a :class:`~rope_passes.check.runner.RunSpec` on onnxruntime-web's
+WebGPU EP in headless Chromium (:mod:`rope_passes.runtime.web`), driven by the one run loop
+(:func:`rope_passes.check.runner.execute_run`) with the same schedule and the same result as a Python runtime's.
 
-* plain runs: :func:`.decode.run_decode` and :func:`.sweep.run_sweep` drive a :class:`~rope_passes.runtime.web.
-  WebSession` (every call's feeds go to the page, its outputs come back), so the browser sees exactly the inputs the
-  Python runtimes see;
-* captured runs (``graph_capture``): :class:`WebCaptureDriver`, the browser's form of :class:`.capture.
-  CaptureDriver`: ``enableGraphCapture`` on the session, every input and output bound to a fixed ``GPUBuffer`` on
+* plain runs: the loop drives a :class:`~rope_passes.runtime.web.WebSession` (every call's feeds go to the page, its
+  outputs come back), so the browser sees exactly the inputs the Python runtimes see;
+* captured runs (``graph_capture``): :class:`WebCaptureDriver`, the browser's form of
+  :class:`rope_passes.check.capture.CaptureDriver`: ``enableGraphCapture`` on the session, every input and output bound to a fixed ``GPUBuffer`` on
   onnxruntime-web's device (``Tensor.fromGpuBuffer``), a static KV buffer bound as both past and present, the
   attention mask at its maximum length, the prefill uncaptured (on a second session of the model without capture,
   writing the same KV buffers: onnxruntime-web binds a capture session's buffers on its first run only), decode
@@ -14,38 +13,47 @@ WebGPU EP in headless Chromium (:mod:`rope_passes.runtime.web`), with the same s
   ``Identity`` session): buffers the page creates itself make the native bundle's replays fail (docs/runtimes.md). Where a replay fails, the steps before it are kept and the run is
   ``run-failed`` at that step, with the browser's error.
 
-The CPU runs of a check (``original@cpu``) are not run here: they stay on onnxruntime's CPU EP in Python, the
-reference every runtime is compared with.
+The CPU runs of a check (``original@cpu``) are not run here (:func:`backend` is None for them): they stay on
+onnxruntime's CPU EP in Python, the reference every runtime is compared with. Its choices in the loop
+(:class:`WebBackend`): a failed run stops there (a page that failed a call would make every later call wait for
+its timeout), and a reference run makes each schedule once (each padded row alone and twice cost the browser
+minutes; the reference runs of a check are onnxruntime's CPU EP's, which make them).
 """
 
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from rope_passes.check.backends import RunBackend
 from rope_passes.check.decode import (
     ORT_DTYPES,
     PAST_PREFIX,
     PRESENT_PREFIX,
     DecoderSpec,
     keep_step,
-    random_feeds,
-    run_decode,
     step_feeds,
     token_ids,
 )
-from rope_passes.check.runner import LOAD_FAILED, OK, RUN_FAILED, RunResult, RunSpec
+from rope_passes.check.spec import RunResult, RunSpec, one_line
 from rope_passes.errors import UsageError
 
-_SEQ_DIMS = {"sequence_length", "seq_len", "sequence", "sequence_len"}  # sequence_len: mobius-onnx
+WHAT = "the browser runtime"
 
 
-def _one_line(exc: BaseException) -> str:
-    return (" ".join(str(exc).split()) or type(exc).__name__)[:600]
+def missing() -> str | None:
+    """Why the browser runtime cannot start here (None: it can), with the command that sets it up."""
+    from rope_passes.runtime.web import missing as web_missing
+
+    return web_missing()
+
+
+def backend(spec: RunSpec, bundle: str = "webgpu") -> WebBackend | None:
+    """The browser runs the WebGPU runs of a check; None for the others (onnxruntime's CPU EP here)."""
+    return WebBackend(bundle) if spec.ep == "webgpu" else None
 
 
 def _output_shapes(model: str) -> dict[str, tuple[Any, ...]]:
@@ -81,6 +89,7 @@ class WebCaptureDriver:
         # second session of the same model, without capture, writing the same static KV buffers
         self.prefill_session = WebSession(browser, spec.model, "webgpu", webgpu_options=spec.webgpu_options,
                                           outputs_on_gpu=True)
+        self.providers = self.session.get_providers()
         self.dspec = DecoderSpec.from_model(spec.model, spec.genai_config, dims=dict(spec.dims),
                                             embedding_table=embedding_table)
         if not self.dspec.is_decoder:
@@ -91,24 +100,9 @@ class WebCaptureDriver:
         #: False: onnxruntime's own buffers (outputs of a one-node Identity session), which replay
         self.own_buffers = own_buffers
 
-    def _shape(self, name: str, declared: tuple[Any, ...], seq: int) -> list[int]:
-        shape = []
-        for d in declared:
-            if isinstance(d, int) and d > 0:
-                shape.append(d)
-            elif d in ("batch_size", "batch"):
-                shape.append(1)
-            elif d in _SEQ_DIMS:
-                shape.append(seq)
-            elif isinstance(d, str) and d in self.dspec.dims:
-                shape.append(self.dspec.dims[d])
-            else:
-                raise UsageError(f"cannot size output {name} dimension {d!r} for graph capture: give --dim {d}=N")
-        return shape
-
     def run(self, on_step: Callable[[int], None] | None = None,
             results: list[dict[str, np.ndarray]] | None = None) -> list[dict[str, np.ndarray]]:
-        from rope_passes.runtime.web import _WEB_TYPES
+        from rope_passes.runtime.web import WEB_TYPES
 
         spec, dspec, b = self.spec, self.dspec, self.browser
         tokens = token_ids(spec.prefill + spec.steps, spec.seed, spec.vocab)
@@ -117,7 +111,7 @@ class WebCaptureDriver:
         buffers: list[dict[str, Any]] = []
 
         def alloc(key: str, dims: list[int], dtype: np.dtype) -> str:
-            buffers.append({"key": key, "dims": dims, "dtype": _WEB_TYPES[np.dtype(dtype)]})
+            buffers.append({"key": key, "dims": dims, "dtype": WEB_TYPES[np.dtype(dtype)]})
             return key
 
         kv = {n: alloc(f"kv:{n}", [empty[n].shape[0], empty[n].shape[1], self.max_len, empty[n].shape[3]],
@@ -133,7 +127,7 @@ class WebCaptureDriver:
             feeds = step_feeds(dspec, tokens[:, :seq], 0, None)
             ins = {i.name: alloc(f"{name}:{i.name}", list(feeds[i.name].shape), feeds[i.name].dtype)
                    for i in others}
-            outs = {n: alloc(f"{name}:out:{n}", self._shape(n, shapes[n], seq), types[n]) for n in plain}
+            outs = {n: alloc(f"{name}:out:{n}", dspec.output_shape(n, shapes[n], seq), types[n]) for n in plain}
             inputs = {"attention_mask": "mask", **ins, **kv}
             outputs = {**outs, **{dspec.present_name(n): k for n, k in kv.items()
                                   if dspec.present_name(n) in shapes}}
@@ -176,84 +170,50 @@ class WebCaptureDriver:
         return results
 
 
-def execute_web_run(spec: RunSpec, on_step: Callable[[int], None] | None = None,
-                    on_sweep: Callable[[int], None] | None = None, bundle: str = "webgpu",
-                    on_schedule: Callable[[int], None] | None = None) -> RunResult:
-    """Run ``spec`` (``ep == "webgpu"``) in this process's browser; every failure becomes a status with a one-line
-    reason, as :func:`.runner.execute_run` does for a Python runtime. A page that crashed is reopened."""
-    from rope_passes.check.sweep import run_sweep
-    from rope_passes.runtime.web import WebRuntimeUnavailable, WebSession, browser
+class WebBackend(RunBackend):
+    """One run in this process's browser (``bundle``: onnxruntime-web's, :data:`rope_passes.runtime.web.BUNDLES`);
+    a page that crashed during the run is said in its notes and reopened."""
 
-    start = time.perf_counter()
-    if spec.ep != "webgpu":
-        raise UsageError(f"the browser runs WebGPU sessions only, not {spec.ep!r}")
-    try:
-        b = browser(bundle)
-    except (WebRuntimeUnavailable, RuntimeError, OSError) as exc:
-        return RunResult(spec.label, LOAD_FAILED, f"cannot start the browser runtime: {_one_line(exc)}",
-                         wall_s=time.perf_counter() - start)
-    result = RunResult(spec.label, OK, runtime=b.label, providers=["WebGpuExecutionProvider (onnxruntime-web)"])
-    result.notes.append(f"browser WebGPU adapter: {b.adapter_summary}")
-    mark = len(b.events)
-    table = np.load(spec.embedding) if spec.embedding else None
-    session: Any = None
-    driver: WebCaptureDriver | None = None
-    try:
-        if spec.graph_capture:
-            driver = WebCaptureDriver(b, spec, table)
-            session = driver.session
-        else:
-            session = WebSession(b, spec.model, "webgpu", webgpu_options=spec.webgpu_options)
-    except Exception as exc:  # noqa: BLE001 - a model that does not load is a result
-        result.status, result.reason = LOAD_FAILED, _one_line(exc)
-        _after(b, mark, result)
-        result.wall_s = time.perf_counter() - start
-        return result
-    dspec = None
-    try:
-        if driver is not None:
-            driver.run(on_step=on_step, results=result.steps)
-            result.notes.extend(driver.notes)
-        else:
-            dspec = DecoderSpec.from_model(spec.model, spec.genai_config, dims=dict(spec.dims), embedding_table=table,
-                                           vocab=spec.vocab)
-            if dspec.is_decoder:
-                tokens = token_ids(spec.prefill + spec.steps, spec.seed, spec.vocab)
-                run_decode(session, dspec, tokens, spec.prefill, spec.steps, on_step=on_step, results=result.steps)
-            else:
-                feeds = random_feeds(dspec, spec.seed)
-                result.steps = [dict(zip(dspec.outputs, session.run(dspec.outputs, feeds)))]
-                if on_step:
-                    on_step(0)
-    except Exception as exc:  # noqa: BLE001
-        result.status, result.reason = RUN_FAILED, _one_line(exc)
-        result.failed_step = len(result.steps)
-    schedules = getattr(spec, "schedules", None) or []  # the checker's schedules (.schedules), where it has them
-    if schedules and dspec is not None and dspec.is_decoder and driver is None and result.ok:
-        from rope_passes.check.schedule_runs import run_schedule
-        from rope_passes.check.schedules import from_spec
+    what = WHAT
+    reference_runs = False  # each schedule once (the module docstring)
+    after_failure = False  # a failed call ends the run (the module docstring)
 
-        for k, data in enumerate(schedules):
-            calls = result.schedules.setdefault(data["name"], [])
-            try:
-                run_schedule(session, dspec, from_spec(data), calls)
-            except Exception as exc:  # noqa: BLE001 - a call that raises is a result; the calls before it are kept
-                result.schedule_errors[data["name"]] = _one_line(exc)
-            if on_schedule is not None:
-                on_schedule(k)
-    if spec.sweep and dspec is not None and dspec.is_decoder and driver is None and result.ok:
-        for k, position in enumerate(spec.sweep):
-            run_sweep(session, dspec, [position], spec.seed, result.sweep, result.sweep_errors)
-            for name, value in result.sweep.get(position, {}).items():
-                if name.startswith(PRESENT_PREFIX) and value.ndim == 4 and value.shape[2] > 1:
-                    result.sweep[position][name] = np.ascontiguousarray(value[:, :, -1:, :])
-            if on_sweep is not None:
-                on_sweep(k)
-    with contextlib.suppress(Exception):  # a page that crashed has nothing left to release
-        session.release()
-    _after(b, mark, result)
-    result.wall_s = time.perf_counter() - start
-    return result
+    def __init__(self, bundle: str = "webgpu") -> None:
+        self.bundle = bundle
+        self.browser: Any = None
+        self.mark = 0
+
+    def start(self) -> str:
+        from rope_passes.runtime.web import browser
+
+        self.browser = browser(self.bundle)
+        self.mark = len(self.browser.events)
+        return str(self.browser.label)
+
+    def notes(self) -> list[str]:
+        return [f"browser WebGPU adapter: {self.browser.adapter_summary}"]
+
+    def open(self, spec: RunSpec) -> Any:
+        from rope_passes.runtime.web import WebSession
+
+        if spec.ep != "webgpu":
+            raise UsageError(f"the browser runs WebGPU sessions only, not {spec.ep!r}")
+        return WebSession(self.browser, spec.model, "webgpu", webgpu_options=spec.webgpu_options)
+
+    def decoder_spec(self, session: Any, spec: RunSpec, table: np.ndarray | None) -> DecoderSpec:
+        return DecoderSpec.from_model(spec.model, spec.genai_config, dims=dict(spec.dims), embedding_table=table,
+                                        vocab=spec.vocab)
+
+    def capture(self, spec: RunSpec, table: np.ndarray | None) -> WebCaptureDriver:
+        return WebCaptureDriver(self.browser, spec, table)
+
+    def close(self, handle: Any, result: RunResult) -> None:
+        session = handle.session if isinstance(handle, WebCaptureDriver) else handle
+        if session is not None:
+            with contextlib.suppress(Exception):  # a page that crashed has nothing left to release
+                session.release()
+        if self.browser is not None:
+            _after(self.browser, self.mark, result)
 
 
 def _after(b: Any, mark: int, result: RunResult) -> None:
@@ -265,7 +225,7 @@ def _after(b: Any, mark: int, result: RunResult) -> None:
     try:
         b.reload()
     except Exception as exc:  # noqa: BLE001 - the next run starts a new browser
-        result.notes.append(f"reopening the page failed: {_one_line(exc)}")
+        result.notes.append(f"reopening the page failed: {one_line(exc)}")
 
 
-__all__ = ["WebCaptureDriver", "execute_web_run"]
+__all__ = ["WHAT", "WebBackend", "WebCaptureDriver", "backend", "missing"]
