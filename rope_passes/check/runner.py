@@ -1,4 +1,5 @@
-"""One decode run of one graph on one execution provider, in this process or isolated in a subprocess.
+"""One decode run of one graph on one execution provider, in this process or isolated in a subprocess: the one run
+loop of every runtime (:func:`execute_run`, its runtimes as backends: :mod:`rope_passes.check.backends`).
 
 A run is described by a :class:`RunSpec` (plain data, JSON-serialisable) so the same description runs in-process or in
 ``python -m rope_passes.check.runner SPEC.json OUT_DIR``. Isolation matters: onnxruntime-webgpu has been seen to

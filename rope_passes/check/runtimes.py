@@ -1,4 +1,5 @@
-"""Which WebGPU runtime a check runs on (``check --runtime``; :mod:`rope_passes.targets`).
+"""Which WebGPU runtime a check runs on (``check --runtime``): names resolved through the runtime descriptors
+(:mod:`rope_passes.runtimes`), never spelled here.
 
 * ``onnxruntime-webgpu`` (onnxruntime-webgpu 1.27) or ``onnxruntime-ep-webgpu`` (onnxruntime + the WebGPU plugin
   EP): every run of the check (original and rewritten, CPU and WebGPU) on that runtime. The one installed here runs
@@ -8,8 +9,8 @@
 * ``all``: one check per runtime, one verdict each (:func:`rope_passes.check.core.check_runtimes`); the exit code is the worst of them
   (:func:`worst`: not equivalent, then could not run, then equivalent);
 * ``web`` (``onnxruntime-web``): the WebGPU runs in headless Chromium (onnxruntime-web on the browser's WebGPU,
-  :mod:`rope_passes.check.web`, one browser per process), the CPU runs (the reference) on onnxruntime's CPU EP
-  here; set up by ``scripts/setup-web-runtime.sh``. Not part of ``all``;
+  its backend :mod:`rope_passes.check.backends.web`, one browser per process), the CPU runs (the reference) on
+  onnxruntime's CPU EP here; set up by ``scripts/setup-web-runtime.sh``. Not part of ``all``;
 * default: the runtime installed here.
 
 A runtime asked for by name that has no interpreter is a usage error before anything runs (never a silent switch to
