@@ -4,8 +4,10 @@
     report.verdict, report.exit_code, report.first_failure
 
 ``rope_passes.check`` is the function :func:`.core.check` (bound in ``rope_passes/__init__.py``); this package holds
-its parts. Modules: :mod:`.plan` (the options, what to run), :mod:`.schedules` (the calls callers make: batches,
-padding, prompt lengths, calls after a past, ids; random ones and shrinking), :mod:`.schedule_runs` (running them,
+its parts. Modules: :mod:`.plan` (the options, what to run), :mod:`.contract` (what the model accepts: its
+vocabulary, context, genai loop, caller positions), :mod:`.schedules` (the calls callers make: batches,
+padding, prompt lengths, calls after a past, ids; random ones and shrinking), :mod:`.client_schedules` (the real
+client's call pattern and the graph's thresholds), :mod:`.fit` (an output built for another runtime), :mod:`.schedule_runs` (running them,
 what a caller reads of them compared), :mod:`.decode` (decoder inputs),
 :mod:`.sweep` (single steps after a random past, over the whole table), :mod:`.runs` (which runs),
 :mod:`.runner` (one run, optionally in a subprocess or another interpreter), :mod:`.runtimes` (which WebGPU
