@@ -150,7 +150,13 @@ def test_client_schedules_come_from_the_graph_facts():
     assert for_graph(capture, GenaiLoop(True, 256, True)).kv == STATIC
     assert for_graph(capture, GenaiLoop(True, 256, False)).kv == SHARED  # total from the mask's shape
     assert for_graph(capture, GenaiLoop()).kv == PLAIN and for_graph(capture, GenaiLoop()).max_length is None
-    assert not client_schedules(GraphFacts(vocab=300))  # nothing in the graph: nothing added
+    batch = by["switch-32-batch"]  # rows on both sides of the switch: the batch's total decides
+    assert batch.lengths == (2, 34) and batch.padding == "left"
+    assert by["batch-rows"].batch >= 4 and len(set(by["batch-rows"].lengths)) == 1
+    turns = by["second-turn"].call_sizes
+    assert any(n > 8 for n in turns[1:]) and turns[0] < 8  # user messages past the prefill cap, after a past
+    # nothing in the graph: only what every caller does (batched prompts, chat turns)
+    assert {s.name for s in client_schedules(GraphFacts(vocab=300))} == {"batch-rows", "second-turn"}
 
 
 @pytest.mark.corpus

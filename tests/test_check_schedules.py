@@ -112,6 +112,18 @@ def batch_is_2(g, inputs):
     return _op(g, "Equal", _dim(g, inputs["input_ids"], 0), _const(g, np.int64(2)))
 
 
+def batch_over_3_multi_token(g, inputs):
+    """A batch of at least 4 rows in a multi-token call (red team 26: passed every schedule of 1-3 rows)."""
+    return _op(g, "And", _op(g, "Greater", _dim(g, inputs["input_ids"], 0), _const(g, np.int64(3))),
+               _op(g, "Greater", _dim(g, inputs["input_ids"], 1), _const(g, np.int64(1))))
+
+
+def call_over_8_after_past(g, inputs):
+    """A call of more than 8 tokens after a past: a chat's second turn (red team 26: chunked prefills stop at 8)."""
+    return _op(g, "And", _op(g, "Greater", _dim(g, inputs["input_ids"], 1), _const(g, np.int64(8))),
+               _op(g, "Greater", _dim(g, inputs["past_key_values.0.key"], 2), _const(g, np.int64(0))))
+
+
 def past_is_12(g, inputs):
     """One decode step at past 12 only (the 5th step after an 8-token prompt: the decode stopped at past 11)."""
     return _op(g, "Equal", _dim(g, inputs["past_key_values.0.key"], 2), _const(g, np.int64(12)))
@@ -231,6 +243,11 @@ CASES = {
     "multi-token-after-past": (FP32, logits_plus_half_when(multi_token_after_past),
                                ([[5, 6]], [[1] * 5], 3), ([[5]], [[1] * 4], 3),
                                {"one-token-prompt", "long-prompt", "long-prompt-chunked"}),
+    "batch>=4": (FP32, logits_plus_half_when(batch_over_3_multi_token),
+                 ([[5, 6]] * 4, [[1, 1]] * 4, 0), ([[5, 6]] * 3, [[1, 1]] * 3, 0), {"batch-rows"}),
+    "call>8-after-past": (FP32, logits_plus_half_when(call_over_8_after_past),
+                          ([list(range(10, 19))], [[1] * 12], 3), ([list(range(10, 18))], [[1] * 11], 3),
+                          {"second-turn"}),
     "ids-0-3": (FP32, embedding_rows_0_3, ([[0, 9]], [[1, 1]], 0), ([[4, 9]], [[1, 1]], 0),
                 {"vocabulary-edges"}),
     "batch==2": (FP32, logits_plus_half_when(batch_is_2),

@@ -8,11 +8,14 @@ real client sends, and calls at every threshold the graph has.
   length from the mask's sum. Each
   graph runs a schedule in the layout its own config and graph take (:func:`for_graph`), and only what a caller reads
   is compared (the real tokens, ``present.*`` trimmed to the tokens so far);
+* **batched prompts and chat turns** (every model): ``batch-rows``, a batch of :data:`BATCH_ROWS` equal prompts;
+  ``second-turn``, user messages of :data:`SECOND_TURNS` tokens after a past, a decode step between them;
 * **positions ahead of the cache** (a graph that rotates by the ``position_ids`` its caller sends: exporter, optimum,
   transformers.js layouts): a prompt and calls after it whose positions start :data:`AHEAD` past the cache's length;
 * **thresholds** (:func:`boundary_schedules`), read from the graph: each LongRoPE switch and sliding window ``t``
   (totals above ``t`` read otherwise) gets single steps at totals ``t-1, t, t+1`` and multi-token calls that straddle
-  it (past ``t-2`` + 4 tokens, past ``t-4`` + 8 tokens); the context's end and a table's last row ``t`` get single
+  it (past ``t-2`` + 4 tokens, past ``t-4`` + 8 tokens) and a left-padded batch of a row below and a row above it
+  (lengths 2 and ``t+2``: the batch's total decides, not a row's); the context's end and a table's last row ``t`` get single
   steps at totals ``t-8..t`` and a call of the last 8 positions. A threshold past :data:`BOUNDARY_MAX` tokens is left
   to the sweep's single steps after a random past (a note says so).
 """
@@ -28,6 +31,11 @@ from rope_passes.check.schedules import PLAIN, SHARED, STATIC, GraphFacts, Sched
 
 #: how far ahead of the cache the positions of ``positions-ahead`` start
 AHEAD = 5
+#: rows of ``batch-rows`` (equal prompts, no padding)
+BATCH_ROWS = 8
+#: the user messages of ``second-turn``: multi-token calls after a past, past the software adapter's prefill cap (a
+#: CPU EP schedule there) and well beyond it
+SECOND_TURNS = (12, 30)
 #: the largest threshold the boundary schedules reach by a prompt (longer: the sweep stands in)
 BOUNDARY_MAX = 1024
 #: the most rows a genai schedule's shared buffers get (a real model's max_length of 131072 would be GBs per call at
@@ -36,7 +44,8 @@ SHARED_MAX = 2048
 
 
 def client_schedules(facts: GraphFacts, seed: int = 1) -> list[Schedule]:
-    """The genai loop's schedules and ``positions-ahead`` (module docstring), inside the context."""
+    """The genai loop's schedules, batched prompts, chat turns and ``positions-ahead`` (module docstring), inside the
+    context."""
     rng = np.random.RandomState(seed)
     v, pad, out = facts.vocab, facts.pad, []
     n = min(5, facts.max_call or 5)
@@ -49,6 +58,12 @@ def client_schedules(facts: GraphFacts, seed: int = 1) -> list[Schedule]:
                                 kv=STATIC, max_length=length))
     if facts.takes_positions:
         out.append(Schedule("positions-ahead", (4,), (_draw(rng, v, 7),), then=(1, 2), pad=pad, ahead=AHEAD))
+    # a server's batched prompts: BATCH_ROWS equal rows, no padding (a batch of at least 3, 4, ... rows)
+    out.append(Schedule("batch-rows", (n,) * BATCH_ROWS, tuple(_draw(rng, v, n + 2) for _ in range(BATCH_ROWS)),
+                        then=(1, 1), pad=pad))
+    # a chat's later turns: user messages of SECOND_TURNS tokens after a past (onnxruntime-genai's append_tokens)
+    turns = tuple(x for k in SECOND_TURNS for x in (1, k))
+    out.append(Schedule("second-turn", (n,), (_draw(rng, v, n + sum(turns) + 1),), then=(*turns, 1), pad=pad))
     out += boundary_schedules(facts, rng)
     if facts.context is not None:
         out = [s for s in out if s.width + sum(s.then) + s.ahead <= facts.context]
@@ -73,6 +88,11 @@ def boundary_schedules(facts: GraphFacts, rng: np.random.RandomState | None = No
         add(f"{kind}-{t}-steps", t - 2, (1, 1, 1))  # totals t-1, t, t+1
         add(f"{kind}-{t}-straddle", t - 2, (4,))  # past t-2, positions t-2..t+1 in one call
         add(f"{kind}-{t}-straddle-8", t - 4, (8,))
+        # a batch whose rows sit on both sides of it: the batch's total decides, not one row's length
+        if room is None or t + 3 <= room:
+            rows = (2, t + 2)
+            out.append(Schedule(f"{kind}-{t}-batch", rows, tuple(_draw(rng, v, n + 1) for n in rows), then=(1,),
+                                pad=pad))
     for t in sorted(set(facts.ends)):
         if t > BOUNDARY_MAX or t < 2:
             continue
@@ -100,4 +120,4 @@ def for_graph(schedule: Schedule, loop: GenaiLoop) -> Schedule:
     return dataclasses.replace(schedule, kv=kv, max_length=schedule.max_length if kv != PLAIN else None)
 
 
-__all__ = ["AHEAD", "BOUNDARY_MAX", "SHARED_MAX", "boundary_schedules", "client_schedules", "for_graph", "unreached"]
+__all__ = ["AHEAD", "BATCH_ROWS", "BOUNDARY_MAX", "SECOND_TURNS", "SHARED_MAX", "boundary_schedules", "client_schedules", "for_graph", "unreached"]
