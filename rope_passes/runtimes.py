@@ -61,6 +61,7 @@ class Runtime:
 WEBGPU_127 = "onnxruntime-webgpu"
 WEBGPU_PLUGIN = "onnxruntime-ep-webgpu"
 WEB = "onnxruntime-web"
+ORT_NODE = "onnxruntime-node"
 
 DESCRIPTORS: tuple[Runtime, ...] = (
     Runtime(WEBGPU_127, "PyPI onnxruntime-webgpu (1.27): the onnxruntime module with WebGPU built in",
@@ -71,8 +72,11 @@ DESCRIPTORS: tuple[Runtime, ...] = (
             distributions=("onnxruntime", "onnxruntime-ep-webgpu"),
             python=Python("ROPE_PASSES_PLUGIN_PYTHON", ".venv-plugin", "scripts/setup-plugin-runtime.sh"),
             in_all=True, genai=True),
-    Runtime(WEB, "npm onnxruntime-web (1.30) in headless Chromium (scripts/setup-web-runtime.sh)",
+    Runtime(WEB, "npm onnxruntime-web (1.30) in headless Chromium, or its bundle on Dawn for Node for a float16 graph "
+                 "the page's adapter cannot run (scripts/setup-web-runtime.sh)",
             aliases=("web",), backend="rope_passes.check.backends.web", fallback=WEBGPU_PLUGIN),
+    Runtime(ORT_NODE, "npm onnxruntime-node (1.30): onnxruntime's native WebGPU EP in Node (scripts/setup-web-runtime.sh)",
+            backend="rope_passes.check.backends.node", fallback=WEBGPU_PLUGIN),
 )
 
 #: name -> descriptor, aliases included
@@ -99,5 +103,5 @@ def check_names() -> tuple[str, ...]:
     return tuple(n for r in DESCRIPTORS for n in ((*r.aliases, r.name) if r.aliases else (r.name,)))
 
 
-__all__ = ["DESCRIPTORS", "NATIVE_BACKEND", "WEB", "WEBGPU_127", "WEBGPU_PLUGIN", "Python", "Runtime", "check_names",
+__all__ = ["DESCRIPTORS", "NATIVE_BACKEND", "ORT_NODE", "WEB", "WEBGPU_127", "WEBGPU_PLUGIN", "Python", "Runtime", "check_names",
            "descriptor", "python_runtimes", "with_tables"]

@@ -1,6 +1,15 @@
-"""Measure the browser runtime (onnxruntime-web's WebGPU EP in headless Chromium) and write its JSON runtime table.
+"""Measure a JavaScript runtime (onnxruntime-web's WebGPU EP in headless Chromium, or onnxruntime-node's) and write
+its JSON runtime table.
 
     .venv/bin/python tools/probe_web_runtime.py -o rope_passes/runtime_tables/onnxruntime-web.json
+    .venv/bin/python tools/probe_web_runtime.py --host onnxruntime-node -o rope_passes/runtime_tables/onnxruntime-node.json
+    .venv/bin/python tools/probe_web_runtime.py --host dawn --facts -o rope_passes/runtime_tables/onnxruntime-web.dawn.json
+
+``--host``: where the probes run (:mod:`rope_passes.runtime.web`): ``chromium`` (the browser), ``onnxruntime-node``
+(onnxruntime-node's native WebGPU EP: its log is read from the driver's stderr, not the console), ``dawn``
+(onnxruntime-web's bundle on Dawn for Node). ``--facts``: the adapter, fp16, capture-replay and option probes only
+(no kernel table), for a host of a runtime whose kernels are probed on another host (Dawn runs the browser's
+kernels).
 
 The same probes and the same table schema as tools/probe_runtime.py (whose functions this script runs), with every
 WebGPU session created in the page of :mod:`rope_passes.runtime.web` instead of a Python onnxruntime: placements,
@@ -37,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import probe_runtime as P  # noqa: E402 - the probes this script runs in the browser
 
 from rope_passes.runtime import web  # noqa: E402
+from rope_passes.runtime.web.install import HOSTS  # noqa: E402
 
 RUNTIME = "onnxruntime-web"
 _TYPES = {"float32": "tensor(float)", "float16": "tensor(float16)", "int64": "tensor(int64)",
@@ -58,17 +68,20 @@ CORPUS_OPS = (
 _TMP: list[Path] = []
 
 
+HOST = ["chromium"]
+
+
 def _browser() -> web.Browser:
-    return web.browser()
+    return web.browser(host=HOST[0])
 
 
-def _serve(model: bytes | str) -> str:
+def _serve(model: bytes | str) -> tuple[str, Path]:
     if isinstance(model, str):
-        return _browser().serve(Path(model))
+        return _browser().serve(Path(model)), Path(model).resolve()
     folder = _TMP[0]
     path = folder / f"m{time.monotonic_ns()}.onnx"
     path.write_bytes(model)
-    return _browser().serve(path)
+    return _browser().serve(path), path
 
 
 class _Session:
@@ -109,15 +122,17 @@ def run_child(model: bytes, options: dict[str, str], tmp: Path, timeout: float =
     b = _browser()
     options = dict(options)
     capture = options.pop("enableGraphCapture", "0") == "1"
-    url = _serve(model)
-    mark = len(b.events)
+    url, path = _serve(model)
+    mark, err_mark = len(b.events), b.stderr_mark()
     crashed = False
     try:
-        value = b.call("probeCreate", {"url": url, "webgpuOptions": options, "capture": capture,
+        value = b.call("probeCreate", {"url": url, "file": str(path), "webgpuOptions": options, "capture": capture,
                                        "optimize": optimize}, timeout=timeout)
     except web.WebError as exc:
         value, crashed = {"error": str(exc)}, True
     log = b.console_since(mark) if not crashed else []
+    if b.host == "onnxruntime-node":  # its native log goes to the process's stderr
+        log = b.stderr_since(err_mark)
     if crashed or b.crashed_since(mark) is not None or "Aborted" in (value.get("error") or ""):
         crashed = True
         b.reload()
@@ -172,8 +187,12 @@ def probe_capture_replay() -> dict[str, Any]:
     for name, own in (("page_buffers", True), ("onnxruntime_buffers", False)):
         b.reload()
         session = web.WebSession(b, path, "webgpu", graph_capture=True)
-        b.call("gpuAlloc", {"buffers": [{"key": k, "dtype": "float32", "dims": [4]} for k in ("x", "y")],
-                            "allocators": None if own else b.allocators()})
+        try:
+            b.call("gpuAlloc", {"buffers": [{"key": k, "dtype": "float32", "dims": [4]} for k in ("x", "y")],
+                                "allocators": None if own else b.allocators()})
+        except web.WebError as exc:  # onnxruntime-node: no GPU-buffer tensors, nothing to bind
+            res[name] = {"runs": [f"error: {exc}"], "replays_right": False}
+            continue
         runs: list[Any] = []
         for k in range(3):
             try:
@@ -213,6 +232,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("-o", "--output", required=True)
     ap.add_argument("--bundle", choices=web.BUNDLES, default="webgpu")
+    ap.add_argument("--host", choices=HOSTS, default="chromium", help="where the probes run (module docstring)")
+    ap.add_argument("--facts", action="store_true",
+                    help="the adapter, fp16, capture-replay and option probes only (no kernel table)")
     ap.add_argument("--opset", type=int, default=21)
     # bfloat16: onnxruntime-web refuses a model with a bfloat16 tensor at session creation ("unsupported data type:
     # 16"), so every kernel probe batch with one would bisect down to it (thousands of sessions): probed once instead
@@ -222,14 +244,16 @@ def main(argv: list[str] | None = None) -> int:
                     help="comma-separated op types whose kernels are probed (default: the ops of the genai and torch "
                          "corpus graphs and their rewrites; '' for every op); the others are listed as unprobed")
     args = ap.parse_args(argv)
-    why = web.missing()
+    HOST[0] = args.host
+    why = web.missing(args.host)
     if why is not None:
-        ap.error(f"the browser runtime is not set up: {why}")
+        ap.error(f"the {args.host} host is not set up: {why}")
+    runtime = "onnxruntime-node" if args.host == "onnxruntime-node" else RUNTIME
     P.make_session, P.run_child = make_session, run_child  # every WebGPU session of the probes: in the page
     t0 = time.time()
     import onnx
 
-    b = web.browser(args.bundle)
+    b = web.browser(args.bundle, args.host)
     opsets = {"": args.opset, P.MS: 1}
     types = tuple(t.strip().upper() for t in args.types.split(",") if t.strip())
     if args.only:
@@ -243,15 +267,20 @@ def main(argv: list[str] | None = None) -> int:
         tmp = Path(tmpdir)
         _TMP[:] = [tmp]
         table: dict[str, Any] = {
-            "schema_version": 1, "runtime": RUNTIME, "onnxruntime_version": web.package_version("onnxruntime-web"),
-            "plugin_version": None, "bundle": args.bundle, "onnx_version": onnx.__version__,
+            "schema_version": 1, "runtime": runtime, "onnxruntime_version": web.package_version(runtime),
+            "plugin_version": None, "host": args.host, "label": b.label,
+            "bundle": args.bundle if runtime == RUNTIME else None, "onnx_version": onnx.__version__,
             "python": sys.version.split()[0],
             "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "command": " ".join([os.path.relpath(sys.executable), *sys.argv]),
-            "adapter": {"browser": f"Chromium {b.chromium_version}", "webgpu": b.adapter,
-                        "playwright_core": web.package_version("playwright-core"),
-                        "chromium_args": list(web.CHROMIUM_ARGS)},
+            "adapter": _adapter(b),
         }
+        if args.facts:
+            table["options_read"] = P.probe_options(opsets)
+            table["capture_replay"] = probe_capture_replay()
+            table["fp16"] = probe_fp16(opsets)
+            table["probe_seconds"] = round(time.time() - t0, 1)
+            return _write(args.output, table, "facts only")
         table.update(P.probe_ir_versions(opsets))
         table["opsets"] = opsets
         table["probe_types"] = list(types)
@@ -282,11 +311,30 @@ def main(argv: list[str] | None = None) -> int:
         table["fp16"] = probe_fp16(opsets)
         table["probe_log"] = log
         table["probe_seconds"] = round(time.time() - t0, 1)
+    return _write(args.output, table, f"{len(kernels)} ops with WebGPU kernels, {len(nokernel)} without, "
+                                      f"{len(unprobed)} unprobed")
+
+
+def _adapter(b: web.Browser) -> dict[str, Any]:
+    """The host and its WebGPU adapter (``requestAdapter().info``, features, limits: ``shader-f16`` is the fp16
+    question). onnxruntime-node picks its adapter in its own Dawn: the one Dawn for Node finds is the same Vulkan
+    device list's."""
+    if b.host == "chromium":
+        return {"browser": f"Chromium {b.chromium_version}", "webgpu": b.adapter,
+                "playwright_core": web.package_version("playwright-core"), "chromium_args": list(web.CHROMIUM_ARGS)}
+    out: dict[str, Any] = {"node": b.chromium_version, "webgpu": b.adapter,
+                           "webgpu_package": web.package_version("webgpu")}
+    if b.host == "onnxruntime-node":
+        out["note"] = ("onnxruntime-node's own Dawn picks the adapter; webgpu is what Dawn for Node (the webgpu npm "
+                       "package) finds on the same Vulkan devices")
+    return out
+
+
+def _write(output: str, table: dict[str, Any], what: str) -> int:
     web.shutdown()
-    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.output).write_text(json.dumps(table, indent=1, sort_keys=False) + "\n")
-    print(f"{args.output}: {len(kernels)} ops with WebGPU kernels, {len(nokernel)} without, {len(unprobed)} unprobed; "
-          f"{table['probe_seconds']} s")
+    Path(output).parent.mkdir(parents=True, exist_ok=True)
+    Path(output).write_text(json.dumps(table, indent=1, sort_keys=False) + "\n")
+    print(f"{output}: {what}; {table['probe_seconds']} s")
     return 0
 
 

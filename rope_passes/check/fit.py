@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from rope_passes.config import GenaiConfig
-from rope_passes.targets import OPTION_PASSES, RUNTIMES, WEB, get_target
+from rope_passes.runtimes import with_tables
+from rope_passes.targets import OPTION_PASSES, get_target
 
 
 def _options(info: Any) -> dict[str, str]:
@@ -31,7 +32,7 @@ def runtime_fit(original: str | Path, orig: Any, rewritten: Any, runtime: str) -
     for option in sorted(set(OPTION_PASSES.values())):
         if option not in options or option in before or target.reads_option(option):
             continue
-        built_for = next((r for r in (*RUNTIMES, WEB) if r != runtime and get_target(r).reads_option(option)), None)
+        built_for = next((r for r in with_tables() if r != runtime and get_target(r).reads_option(option)), None)
         source = shlex.quote(str(original))
         out = shlex.quote(f"{Path(str(original)).name}-{runtime}")
         return (f"the rewritten model is built for {built_for or 'another runtime'} ({option}={options[option]} in "

@@ -13,6 +13,12 @@ WebGPU EP in headless Chromium (:mod:`rope_passes.runtime.web`), driven by the o
   ``Identity`` session): buffers the page creates itself make the native bundle's replays fail (docs/runtimes.md). Where a replay fails, the steps before it are kept and the run is
   ``run-failed`` at that step, with the browser's error.
 
+Where it runs (:func:`host_for`): in headless Chromium, unless the graph computes in float16 and Chromium's adapter
+lacks ``shader-f16`` (SwiftShader, on a machine without a GPU): then onnxruntime-web's same bundle runs in Node on
+the ``webgpu`` npm package (Dawn for Node), whose adapter (Mesa lavapipe here) has it. That is the browser's wasm
+and kernels, not the browser: the run's runtime label and notes say so. ``$ROPE_PASSES_WEB_HOST`` (``chromium`` or
+``dawn``) chooses the host for every graph.
+
 The CPU runs of a check (``original@cpu``) are not run here (:func:`backend` is None for them): they stay on
 onnxruntime's CPU EP in Python, the reference every runtime is compared with. Its choices in the loop
 (:class:`WebBackend`): a failed run stops there (a page that failed a call would make every later call wait for
@@ -23,6 +29,8 @@ minutes; the reference runs of a check are onnxruntime's CPU EP's, which make th
 from __future__ import annotations
 
 import contextlib
+import functools
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -42,6 +50,8 @@ from rope_passes.check.spec import RunResult, RunSpec, one_line
 from rope_passes.errors import UsageError
 
 WHAT = "the browser runtime"
+#: the host every browser run uses, whatever its graph (``chromium`` or ``dawn``; unset: :func:`host_for` chooses)
+HOST_ENV = "ROPE_PASSES_WEB_HOST"
 
 
 def missing() -> str | None:
@@ -53,7 +63,27 @@ def missing() -> str | None:
 
 def backend(spec: RunSpec, bundle: str = "webgpu") -> WebBackend | None:
     """The browser runs the WebGPU runs of a check; None for the others (onnxruntime's CPU EP here)."""
-    return WebBackend(bundle) if spec.ep == "webgpu" else None
+    return WebBackend(bundle, spec) if spec.ep == "webgpu" else None
+
+
+@functools.cache
+def computes_in_fp16(model: str) -> bool:
+    """Whether a graph has float16 inputs, outputs or initializers (its WebGPU kernels then need ``shader-f16``);
+    no weights are read."""
+    import onnx
+
+    proto = onnx.load(model, load_external_data=False)
+    graph = proto.graph
+    return (any(v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT16 for v in (*graph.input, *graph.output))
+            or any(t.data_type == onnx.TensorProto.FLOAT16 for t in graph.initializer))
+
+
+def host_for(spec: RunSpec, chromium: Any) -> str | None:
+    """The host that runs ``spec`` when Chromium (``chromium``: its started browser) should not: ``dawn`` for a
+    float16 graph on an adapter without ``shader-f16``; None: Chromium runs it."""
+    from rope_passes.runtime.web.install import DAWN
+
+    return DAWN if computes_in_fp16(spec.model) and not chromium.has_f16 else None
 
 
 def _output_shapes(model: str) -> dict[str, tuple[Any, ...]]:
@@ -178,20 +208,37 @@ class WebBackend(RunBackend):
     reference_runs = False  # each schedule once (the module docstring)
     after_failure = False  # a failed call ends the run (the module docstring)
 
-    def __init__(self, bundle: str = "webgpu") -> None:
-        self.bundle = bundle
+    def __init__(self, bundle: str = "webgpu", spec: RunSpec | None = None, host: str | None = None) -> None:
+        self.bundle, self.spec = bundle, spec
+        self.host = host or os.environ.get(HOST_ENV) or None
         self.browser: Any = None
         self.mark = 0
+        self._notes: list[str] = []
 
     def start(self) -> str:
         from rope_passes.runtime.web import browser
+        from rope_passes.runtime.web.install import CHROMIUM, DAWN, HOSTS
 
-        self.browser = browser(self.bundle)
+        if self.host is not None and self.host not in HOSTS:
+            raise UsageError(f"${HOST_ENV}={self.host!r}: choose chromium or dawn")
+        host = self.host
+        if host is None:
+            chromium = browser(self.bundle)
+            host = host_for(self.spec, chromium) if self.spec is not None else None
+            if host is not None:
+                self._notes.append(f"Chromium's WebGPU adapter ({chromium.adapter_summary}) cannot run this float16 "
+                                   f"graph: {_CODE_PATH}")
+            else:
+                host = CHROMIUM
+        self.browser = browser(self.bundle, host)
         self.mark = len(self.browser.events)
+        if host == DAWN and not self._notes:
+            self._notes.append(_CODE_PATH)
         return str(self.browser.label)
 
     def notes(self) -> list[str]:
-        return [f"browser WebGPU adapter: {self.browser.adapter_summary}"]
+        where = "browser" if self.browser.host == "chromium" else self.browser.host
+        return [*self._notes, f"{where} WebGPU adapter: {self.browser.adapter_summary}"]
 
     def open(self, spec: RunSpec) -> Any:
         from rope_passes.runtime.web import WebSession
@@ -216,6 +263,11 @@ class WebBackend(RunBackend):
             _after(self.browser, self.mark, result)
 
 
+#: what a run on the Dawn host is (in its notes)
+_CODE_PATH = ("onnxruntime-web's wasm on Dawn for Node (the webgpu npm package): the browser's kernels, not the "
+              "browser")
+
+
 def _after(b: Any, mark: int, result: RunResult) -> None:
     """A page crash or uncaught page error during the run: say so, and give the next run a fresh page."""
     crash = b.crashed_since(mark)
@@ -228,4 +280,4 @@ def _after(b: Any, mark: int, result: RunResult) -> None:
         result.notes.append(f"reopening the page failed: {one_line(exc)}")
 
 
-__all__ = ["WHAT", "WebBackend", "WebCaptureDriver", "backend", "missing"]
+__all__ = ["HOST_ENV", "WHAT", "WebBackend", "WebCaptureDriver", "backend", "computes_in_fp16", "host_for", "missing"]

@@ -1,6 +1,11 @@
 """The browser: ``node driver.cjs`` (playwright-core launching Chromium, evaluating ``window.rope.<fn>(args)`` in the
 page for each JSON line it reads; the page's console comes back as events) and the :mod:`.server` it loads the page
-from. :func:`browser` is one per process and bundle, started on first use and stopped at exit."""
+from. :func:`browser` is one per process, host and bundle, started on first use and stopped at exit.
+
+Hosts (:data:`.install.HOSTS`): ``chromium`` (the page in headless Chromium, the browser itself), and two where
+``node node_driver.mjs`` evaluates the page's functions in Node, on the same server: ``dawn`` (onnxruntime-web's
+bundle on the ``webgpu`` npm package, Dawn for Node: the browser's wasm and kernels, not the browser) and
+``onnxruntime-node`` (onnxruntime-node's own WebGPU EP)."""
 
 from __future__ import annotations
 
@@ -21,6 +26,10 @@ import numpy as np
 
 from rope_passes.runtime.web.codec import WEB_TYPES, WebError, decode, encode
 from rope_passes.runtime.web.install import (
+    CHROMIUM,
+    DAWN,
+    HOSTS,
+    ORT_NODE,
     WebRuntimeUnavailable,
     chromium_path,
     missing,
@@ -39,46 +48,57 @@ BUNDLES = ("webgpu", "all")
 
 
 class Browser:
-    """The server, the driver and Chromium; :meth:`call` evaluates ``window.rope.<fn>(args)`` in the page."""
+    """The server, the driver and its host (Chromium, or Node itself); :meth:`call` evaluates
+    ``window.rope.<fn>(args)`` in the page."""
 
-    def __init__(self, bundle: str = "webgpu", timeout: float = 120) -> None:
-        why = missing()
+    def __init__(self, bundle: str = "webgpu", timeout: float = 120, host: str = CHROMIUM) -> None:
+        if host not in HOSTS:
+            raise ValueError(f"unknown host {host!r} (choose from {', '.join(HOSTS)})")
+        why = missing(host)
         if why is not None:
-            raise WebRuntimeUnavailable(f"the browser runtime is not set up: {why}")
+            what = "the browser runtime" if host == CHROMIUM else f"the {host} host"
+            raise WebRuntimeUnavailable(f"{what} is not set up: {why}")
         if bundle not in BUNDLES:
             raise ValueError(f"unknown onnxruntime-web bundle {bundle!r} (choose from {', '.join(BUNDLES)})")
-        self.bundle = bundle
+        self.bundle, self.host = bundle, host
         self.events: list[dict[str, Any]] = []  # console errors, page errors, crashes (the latest last)
         self._ids = itertools.count(1)
         self._io = itertools.count(1)
         self._files = itertools.count(1)
         self._allocators: dict[str, str] = {}
         self._temp: list[Path] = []
-        self._lines: queue.Queue[dict[str, Any] | None] = queue.Queue()
         self.server = Server()
         threading.Thread(target=self.server.serve_forever, name="rope-web-server", daemon=True).start()
-        config = {"node_modules": str(web_runtime_dir() / "node_modules"), "chromium": chromium_path(),
-                  "args": list(CHROMIUM_ARGS), "url": self.server.url + "/",
-                  "timeout_ms": int(timeout * 1000)}
-        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - the driver's stderr, closed in close()
-        self.proc = subprocess.Popen(["node", str(HERE / "driver.cjs"), json.dumps(config)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=self._stderr, text=True, bufsize=1,
-                                     start_new_session=True)
-        threading.Thread(target=self._read, name="rope-web-driver", daemon=True).start()
-        ready = self._wait(None, timeout)
-        self.chromium_version = str(ready.get("version", ""))
-        self.info = self.call("init", {"bundle": bundle}, timeout=timeout)
+        self._config = {"node_modules": str(web_runtime_dir() / "node_modules"), "chromium": chromium_path(),
+                        "args": list(CHROMIUM_ARGS), "url": self.server.url + "/",
+                        "timeout_ms": int(timeout * 1000), "host": host}
+        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - the drivers' stderr, closed in close()
+        self._start(timeout)
         self.adapter: dict[str, Any] = self.call("adapter", {}, timeout=timeout)
 
+    def _start(self, timeout: float) -> None:
+        """Start the driver (and its page) and load the bundle."""
+        driver = HERE / ("driver.cjs" if self.host == CHROMIUM else "node_driver.mjs")
+        self.proc = subprocess.Popen(["node", str(driver), json.dumps(self._config)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self._stderr, text=True, bufsize=1,
+                                     start_new_session=True)
+        self._lines: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        threading.Thread(target=self._read, args=(self.proc, self._lines), name="rope-web-driver",
+                         daemon=True).start()
+        ready = self._wait(None, timeout)
+        self.chromium_version = str(ready.get("version", ""))  # Node's version on the Node hosts
+        self.info = self.call("init", {"bundle": self.bundle}, timeout=timeout)
+
     # -- the driver's lines ------------------------------------------------------------------------------------
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
+    @staticmethod
+    def _read(proc: subprocess.Popen, lines: queue.Queue) -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
             try:
-                self._lines.put(json.loads(line))
+                lines.put(json.loads(line))
             except ValueError:
                 continue
-        self._lines.put(None)
+        lines.put(None)
 
     def _wait(self, call_id: int | None, timeout: float) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
@@ -116,9 +136,14 @@ class Browser:
         return self._wait(call_id, timeout)
 
     def reload(self) -> None:
-        """A fresh page (after a crash, or to drop every session and buffer); loads the bundle again."""
-        self.call("__reload", {})
-        self.call("init", {"bundle": self.bundle})
+        """A fresh page (after a crash, or to drop every session and buffer); loads the bundle again. On the Node
+        hosts the process is the page: a new one is started."""
+        if self.host == CHROMIUM and self.proc.poll() is None:
+            self.call("__reload", {})
+            self.call("init", {"bundle": self.bundle})
+            return
+        self._stop()
+        self._start(120)
 
     def console_since(self, mark: int) -> list[str]:
         """The page's console lines logged after ``len(self.events) == mark``, up to now (a marker line is logged
@@ -140,6 +165,16 @@ class Browser:
                     break
                 lines.append(str(e.get("text", "")))
         return lines
+
+    def stderr_mark(self) -> int:
+        """Where the driver's stderr ends now: onnxruntime-node's native log goes there, not to the console."""
+        self._stderr.seek(0, 2)
+        return self._stderr.tell()
+
+    def stderr_since(self, mark: int) -> list[str]:
+        """The driver's stderr lines written after :meth:`stderr_mark` gave ``mark``."""
+        self._stderr.seek(mark)
+        return self._stderr.read().decode(errors="replace").splitlines()
 
     def crashed_since(self, mark: int) -> str | None:
         """The page's crash or error message logged after ``len(self.events) == mark``, if any."""
@@ -198,8 +233,19 @@ class Browser:
     # -- identity ------------------------------------------------------------------------------------------------
     @property
     def label(self) -> str:
+        if self.host == ORT_NODE:
+            return f"onnxruntime-node {package_version('onnxruntime-node')} (Node.js {self.chromium_version})"
+        if self.host == DAWN:
+            adapter = str(self.adapter.get("description") or "no adapter").split(":")[0]
+            return (f"onnxruntime-web {package_version('onnxruntime-web')} wasm ({self.bundle} bundle) on Dawn for "
+                    f"Node (webgpu {package_version('webgpu')}, Node.js {self.chromium_version}) / {adapter}")
         return (f"onnxruntime-web {package_version('onnxruntime-web')} ({self.bundle} bundle) in Chromium "
                 f"{self.chromium_version}")
+
+    @property
+    def has_f16(self) -> bool:
+        """Whether the adapter has ``shader-f16`` (an fp16 graph's WebGPU kernels need it)."""
+        return "shader-f16" in self.adapter.get("features", [])
 
     @property
     def adapter_summary(self) -> str:
@@ -211,6 +257,14 @@ class Browser:
         return f"{name or 'unnamed adapter'}{' (fallback adapter)' if a.get('isFallbackAdapter') else ''}, {f16}"
 
     def close(self) -> None:
+        self._stop()
+        self.server.shutdown()
+        self.server.server_close()
+        self._stderr.close()
+        for folder in self._temp:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def _stop(self) -> None:
         if self.proc.poll() is None:
             try:
                 if self.proc.stdin is not None:
@@ -220,11 +274,6 @@ class Browser:
             except (OSError, subprocess.TimeoutExpired):
                 self.proc.kill()
                 self.proc.wait()
-        self.server.shutdown()
-        self.server.server_close()
-        self._stderr.close()
-        for folder in self._temp:
-            shutil.rmtree(folder, ignore_errors=True)
 
 
 def _clean(message: str) -> str:
@@ -237,19 +286,19 @@ def _clean(message: str) -> str:
     return " ".join(" ".join(lines).split())[:800]
 
 
-_BROWSERS: dict[str, Browser] = {}
+_BROWSERS: dict[tuple[str, str], Browser] = {}
 _LOCK = threading.Lock()
 
 
-def browser(bundle: str = "webgpu") -> Browser:
-    """This process's browser with ``bundle`` loaded, started on first use (stopped at exit or by
+def browser(bundle: str = "webgpu", host: str = CHROMIUM) -> Browser:
+    """This process's browser on ``host`` with ``bundle`` loaded, started on first use (stopped at exit or by
     :func:`shutdown`); a browser whose driver died is replaced."""
     with _LOCK:
-        b = _BROWSERS.get(bundle)
+        b = _BROWSERS.get((host, bundle))
         if b is None or b.proc.poll() is not None:
             if b is not None:
                 b.close()
-            b = _BROWSERS[bundle] = Browser(bundle)
+            b = _BROWSERS[(host, bundle)] = Browser(bundle, host=host)
         return b
 
 

@@ -32,18 +32,33 @@ def chromium_path() -> str:
     return os.environ.get(CHROMIUM_ENV) or DEFAULT_CHROMIUM
 
 
-def missing() -> str | None:
-    """Why the browser runtime cannot start here (None: it can), with the command that sets it up."""
+#: the hosts of onnxruntime's JS packages: where the driver runs them (:mod:`.browser`)
+CHROMIUM, DAWN, ORT_NODE = "chromium", "dawn", "onnxruntime-node"
+HOSTS = (CHROMIUM, DAWN, ORT_NODE)
+#: the npm packages each host needs, and the file of each that must be there (an install script that did not run
+#: leaves onnxruntime-node without its binary: its package.json alone is no proof)
+PACKAGES: dict[str, tuple[tuple[str, str], ...]] = {
+    CHROMIUM: (("onnxruntime-web", "package.json"), ("playwright-core", "package.json")),
+    DAWN: (("onnxruntime-web", "package.json"), ("webgpu", "dist/linux-x64/dawn.node")),
+    ORT_NODE: (("onnxruntime-node", "bin/napi-v6/linux/x64/onnxruntime_binding.node"),),
+}
+
+
+def missing(host: str = CHROMIUM) -> str | None:
+    """Why ``host`` cannot start here (None: it can), with the command that sets it up."""
     setup = "run scripts/setup-web-runtime.sh"
     if shutil.which("node") is None:
         return f"no node (Node.js) on PATH: install Node.js >= 18, then {setup}"
     modules = web_runtime_dir() / "node_modules"
-    for package in ("onnxruntime-web", "playwright-core"):
+    for package, file in PACKAGES[host]:
         if not (modules / package / "package.json").is_file():
             return f"{modules / package} is missing: {setup}"
-    chromium = chromium_path()
-    if not (os.path.isfile(chromium) and os.access(chromium, os.X_OK)):
-        return f"no chromium at {chromium}: {setup} (apt-get install chromium), or set ${CHROMIUM_ENV}"
+        if not (modules / package / file).is_file():
+            return f"{modules / package / file} is missing: {setup}"
+    if host == CHROMIUM:
+        chromium = chromium_path()
+        if not (os.path.isfile(chromium) and os.access(chromium, os.X_OK)):
+            return f"no chromium at {chromium}: {setup} (apt-get install chromium), or set ${CHROMIUM_ENV}"
     return None
 
 
@@ -56,5 +71,5 @@ def package_version(name: str) -> str:
         return "?"
 
 
-__all__ = ["CHROMIUM_ENV", "DEFAULT_CHROMIUM", "WEB_RUNTIME_ENV", "WebRuntimeUnavailable", "chromium_path", "missing",
+__all__ = ["CHROMIUM", "CHROMIUM_ENV", "DAWN", "DEFAULT_CHROMIUM", "HOSTS", "ORT_NODE", "PACKAGES", "WEB_RUNTIME_ENV", "WebRuntimeUnavailable", "chromium_path", "missing",
            "package_version", "web_runtime_dir"]

@@ -3,6 +3,10 @@
 // GET /io/<id> holds a call's feeds, POST /io/<id> takes its outputs (format: uint32 header length, JSON header
 // [{name, dtype, dims, offset, nbytes}], then the raw little-endian data; offsets are from the data's start).
 // Every function returns plain JSON; an exception becomes the driver's error line (its message, verbatim).
+// In Node (node_driver.mjs) the same functions run with ROPE_HOST set: the server's absolute URL, where
+// onnxruntime is imported from, and (onnxruntime-node) models opened from their files.
+const HOST = globalThis.ROPE_HOST ?? { base: '', ort: '/ort/', wasmPaths: '/ort/' };
+const at = (url) => HOST.base + url;
 
 const TYPED = {
   float32: Float32Array, float16: Uint16Array, int64: BigInt64Array, int32: Int32Array, bool: Uint8Array,
@@ -42,13 +46,13 @@ function encode(arrays) {  // arrays: [{name, dtype, dims, bytes: Uint8Array}]
 const bytesOf = (data) => new Uint8Array(data.buffer, data.byteOffset, data.byteLength);
 
 async function feedsOf(io) {
-  const r = await fetch(`/io/${io}`);
+  const r = await fetch(at(`/io/${io}`));
   if (!r.ok) throw new Error(`GET /io/${io}: ${r.status}`);
   return decode(await r.arrayBuffer());
 }
 
 async function post(io, arrays) {
-  const r = await fetch(`/io/${io}`, { method: 'POST', body: encode(arrays) });
+  const r = await fetch(at(`/io/${io}`), { method: 'POST', body: encode(arrays) });
   if (!r.ok) throw new Error(`POST /io/${io}: ${r.status}`);
 }
 
@@ -61,11 +65,17 @@ async function init({ bundle }) {
     if (bundle !== state.bundle) throw new Error(`this page already loaded ${state.bundle}`);
     return { bundle };
   }
+  if (HOST.module) {  // onnxruntime-node
+    state.ort = await import(HOST.module);
+    state.bundle = bundle;
+    state.ort.env.logLevel = 'error';
+    return { bundle, version: state.ort.env.versions?.node ?? state.ort.env.versions?.common ?? '' };
+  }
   const file = { webgpu: 'ort.webgpu.bundle.min.mjs', all: 'ort.all.bundle.min.mjs' }[bundle];
   if (!file) throw new Error(`unknown onnxruntime-web bundle ${bundle}`);
-  state.ort = await import(`/ort/${file}`);
+  state.ort = await import(`${HOST.ort}${file}`);
   state.bundle = bundle;
-  state.ort.env.wasm.wasmPaths = '/ort/';
+  if (HOST.wasmPaths) state.ort.env.wasm.wasmPaths = HOST.wasmPaths;
   state.ort.env.logLevel = 'error';
   return { bundle, version: state.ort.env.versions?.web ?? '' };
 }
@@ -81,25 +91,26 @@ async function adapter() {
     webgpu: true, vendor: info.vendor ?? '', architecture: info.architecture ?? '', device: info.device ?? '',
     description: info.description ?? '', isFallbackAdapter: !!info.isFallbackAdapter,
     features: [...a.features].sort(), limits, userAgent: navigator.userAgent,
-    crossOriginIsolated: self.crossOriginIsolated,
+    crossOriginIsolated: !!self.crossOriginIsolated,
   };
 }
 
-async function create({ url, externalData, ep, capture, webgpuOptions, outputsOnGpu }) {
+function source(url, file) {  // what InferenceSession.create opens: a URL, or (onnxruntime-node) the file
+  return HOST.files ? file : at(url);
+}
+
+async function create({ url, file, externalData, ep, capture, webgpuOptions, outputsOnGpu }) {
   const ort = state.ort;
-  const provider = ep === 'webgpu' ? [{ name: 'webgpu' }] : ['wasm'];
-  const options = {
-    executionProviders: provider,
-    externalData: externalData.map((d) => ({ path: d.path, data: d.url })),
-    extra: {},
-  };
+  const provider = ep === 'webgpu' ? [{ name: 'webgpu' }] : [HOST.module ? 'cpu' : 'wasm'];
+  const options = { executionProviders: provider, extra: {} };
+  if (!HOST.files) options.externalData = externalData.map((d) => ({ path: d.path, data: at(d.url) }));
   if (capture) options.enableGraphCapture = true;
   if (outputsOnGpu) options.preferredOutputLocation = 'gpu-buffer';
   if (webgpuOptions && Object.keys(webgpuOptions).length) {
     options.extra.ep = { webgpuexecutionprovider: { ...webgpuOptions } };
   }
   const t0 = performance.now();
-  const session = await ort.InferenceSession.create(url, options);
+  const session = await ort.InferenceSession.create(source(url, file), options);
   const id = state.next++;
   state.sessions.set(id, session);
   return { id, inputs: session.inputNames, outputs: session.outputNames, ms: performance.now() - t0 };
@@ -136,7 +147,10 @@ const SIZE = { float32: 4, float16: 2, int64: 8, int32: 4, bool: 1, uint8: 1, in
 
 function device() {
   const d = state.ort.env.webgpu.device;
-  if (!d || typeof d.createBuffer !== 'function') throw new Error('onnxruntime-web has no WebGPU device yet');
+  if (!d || typeof d.createBuffer !== 'function') {
+    throw new Error(HOST.module ? 'onnxruntime-node exposes no WebGPU device (no GPU-buffer tensors to bind)'
+                                : 'onnxruntime-web has no WebGPU device yet');
+  }
   return d;
 }
 
@@ -159,7 +173,7 @@ async function gpuAlloc({ buffers, allocators }) {
       if (!state.allocators) state.allocators = new Map();
       let alloc = state.allocators.get(b.dtype);
       if (!alloc) {
-        alloc = await ort.InferenceSession.create(allocators[b.dtype], {
+        alloc = await ort.InferenceSession.create(at(allocators[b.dtype]), {
           executionProviders: [{ name: 'webgpu' }], preferredOutputLocation: 'gpu-buffer' });
         state.allocators.set(b.dtype, alloc);
       }
@@ -240,7 +254,7 @@ async function gpuFree() {
 
 // A session created with verbose logging and released at once (tools/probe_web_runtime.py reads the placement
 // lines from the console): its error, input/output names and output element types.
-async function probeCreate({ url, webgpuOptions, capture, optimize }) {
+async function probeCreate({ url, file, webgpuOptions, capture, optimize }) {
   const ort = state.ort;
   const options = { executionProviders: [{ name: 'webgpu' }], logSeverityLevel: 0, logVerbosityLevel: 0, extra: {} };
   if (capture) options.enableGraphCapture = true;
@@ -250,7 +264,7 @@ async function probeCreate({ url, webgpuOptions, capture, optimize }) {
   }
   let session;
   try {
-    session = await ort.InferenceSession.create(url, options);
+    session = await ort.InferenceSession.create(source(url, file), options);
   } catch (e) {
     return { error: String(e && e.message || e) };
   }

@@ -59,7 +59,7 @@ class WebSession:
         path = Path(self.model)
         data = [{"path": loc, "url": self.browser.serve(path.parent / loc)} for loc in external_data(path)]
         value = self.browser.call("create", {
-            "url": self.browser.serve(path), "externalData": data, "ep": self.ep, "capture": self.graph_capture,
+            "url": self.browser.serve(path), "file": str(path.resolve()), "externalData": data, "ep": self.ep, "capture": self.graph_capture,
             "webgpuOptions": dict(self.webgpu_options), "outputsOnGpu": self.graph_capture or self.outputs_on_gpu}, timeout=self.timeout)
         self.id: int = value["id"]
         self.input_names: list[str] = value["inputs"]
