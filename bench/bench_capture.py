@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
 
         tmp = Path(tempfile.mkdtemp(prefix="rope-bench-"))
         folder = tmp / "out"
-        rope_passes.optimize(str(build_tiny_decoder(tmp / "tiny")), str(folder), target="webgpu-graph")
+        rope_passes.optimize(str(build_tiny_decoder(tmp / "tiny")), str(folder), preset="webgpu-graph")
     bundle = load_bundle(folder)
     max_len = args.prefill + args.steps + 1
     tokens = token_ids(max_len)

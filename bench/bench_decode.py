@@ -43,7 +43,7 @@ def step_timer(model_dir: Path, prefill: int, ep: str):
 
 def bench(model_dir: Path, target: str, steps: int, ep: str, prefill: int) -> tuple[float, float, str]:
     out = Path(tempfile.mkdtemp(prefix="rope-bench-")) / "out"
-    report = rope_passes.optimize(str(model_dir), str(out), target=target, options={"text_only": True})
+    report = rope_passes.optimize(str(model_dir), str(out), preset=target, options={"text_only": True})
     changed = ", ".join(p.pass_name for p in report.passes if p.modified) or "nothing"
     a, b = step_timer(model_dir, prefill, ep), step_timer(out, prefill, ep)
     for _ in range(3):  # warm-up

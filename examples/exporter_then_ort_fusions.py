@@ -8,7 +8,7 @@ repository with its config. Four variants of the graph are written to DIR (defau
 the end) and run as decode steps (batch 1, one new token, past 0..N-1) on onnxruntime's WebGPU EP and on CPU:
 
 * ``original``: the export as it is;
-* ``exporter``: ``rope_passes.optimize(..., target="exporter")``: cos/sin read from tables (sized by config.json);
+* ``exporter``: ``rope_passes.optimize(..., preset="exporter")``: cos/sin read from tables (sized by config.json);
 * ``original+fusions`` / ``exporter+fusions``: then ``onnxscript.rewriter.ort_fusions.optimize_for_ort`` (RMSNorm,
   SkipRMSNorm, RotaryEmbedding + cos/sin cache, SDPA/GQA/MHA fusions where its patterns match).
 
@@ -111,7 +111,7 @@ def run(work: Path, args: list[str], steps: int, kept: bool) -> int:
         src.mkdir()
         shutil.copy(DEFAULT, src / "model.onnx")
         shutil.copy(DEFAULT_CONFIG, src / "config.json")
-    report = rope_passes.optimize(str(src), str(work / "exporter"), target="exporter")
+    report = rope_passes.optimize(str(src), str(work / "exporter"), preset="exporter")
     for p in report.passes:
         print(f"rope-passes {p.pass_name}: {p.status}")
     variants = {"original": src / "model.onnx", "exporter": work / "exporter" / "model.onnx"}

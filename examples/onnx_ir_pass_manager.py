@@ -21,9 +21,8 @@ import onnx_ir as ir
 
 from rope_passes import load_bundle, save_bundle
 from rope_passes.api import RUNTIME_METADATA_KEY, capture_config
-from rope_passes.passes import ALL_PASSES, PassContext
-from rope_passes.pipeline import presets_for
-from rope_passes.targets import default_runtime, get_target
+from rope_passes.passes import PassContext
+from rope_passes.plan import make_plan
 
 
 def main() -> None:
@@ -34,22 +33,20 @@ def main() -> None:
     args = ap.parse_args()
 
     bundle = load_bundle(args.model_dir)  # onnx_ir model (weights stay on disk) + its genai_config.json
-    runtime = default_runtime()  # the WebGPU runtime installed here: the preset runs the downlevel passes it needs
-    context = PassContext(bundle.genai_config, runtime=runtime)
-    passes = []
-    for name in presets_for(runtime)["webgpu-graph"]:
-        cls = ALL_PASSES[name]
-        options = {"text_only": True} if args.text_only and "text_only" in cls.option_names() else {}
-        passes.append(cls(context, **options))
+    # the run: the webgpu-graph preset for the WebGPU runtime installed here (the downlevel passes it needs), each
+    # pass with its options (one pass by hand reads the same: FoldTextMRoPEPass(context, text_only=True))
+    plan = make_plan("webgpu-graph", options={"text_only": True} if args.text_only else None)
+    context = PassContext(bundle.genai_config, runtime=plan.runtime)
+    passes = plan.build(context)
     result = ir.passes.PassManager(passes)(bundle.model)
     for p in passes:
         print(f"{p.name}: {p.report.status}")
     bundle.model = result.model
     if result.modified:  # as optimize does: a rewritten graph names the runtime its passes were chosen for
-        bundle.model.metadata_props[RUNTIME_METADATA_KEY] = runtime
+        bundle.model.metadata_props[RUNTIME_METADATA_KEY] = plan.runtime.name
     # as optimize does for webgpu-graph: genai_config.json's enableGraphCapture made to agree with the output's capture
     # verdict ("1" when capture-ready, so onnxruntime-genai captures the folder as it is)
-    capture = capture_config(bundle, get_target(runtime))
+    capture = capture_config(bundle, plan.runtime)
     print(f"graph capture: {capture['verdict']}; {capture['config']}")
     # save_bundle: IR version <= 13 (onnxruntime 1.27), external data beside the model, the folder copied whole,
     # genai_config.json written from the context the passes changed; nothing changed: a byte-for-byte copy

@@ -26,7 +26,7 @@ def main(argv: list[str]) -> int:
 
 
 def optimize_and_check(src: Path, out: Path, text_only: bool) -> int:
-    report = rope_passes.optimize(str(src), str(out), target="webgpu-graph", options={"text_only": text_only})
+    report = rope_passes.optimize(str(src), str(out), preset="webgpu-graph", options={"text_only": text_only})
     for p in report.passes:
         print(f"{p.pass_name:>22}: {p.status}")
     result = rope_passes.check(str(src), str(out), steps=4)

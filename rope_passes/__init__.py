@@ -1,7 +1,7 @@
 """rope-passes: ONNX graph rewrite passes for rotary position embeddings, for onnxruntime's WebGPU EP.
 
     import rope_passes
-    report = rope_passes.optimize("model_dir", "out_dir", target="webgpu-graph")
+    report = rope_passes.optimize("model_dir", "out_dir", preset="webgpu-graph")
     bundle = rope_passes.load_bundle("model_dir")
 
 The names below are imported on first use (onnx_ir, onnxscript and the passes take a second or two to import): the
@@ -26,7 +26,9 @@ _EXPORTS = {
     "load_bundle": "rope_passes.io",
     "load_model": "rope_passes.io",
     "save_bundle": "rope_passes.io",
-    "PRESETS": "rope_passes.pipeline",
+    "PRESETS": "rope_passes.plan",
+    "RunPlan": "rope_passes.plan",
+    "make_plan": "rope_passes.plan",
     "run_pipeline": "rope_passes.pipeline",
     "Finding": "rope_passes.report",
     "Outcome": "rope_passes.report",
@@ -38,7 +40,8 @@ if TYPE_CHECKING:
     from rope_passes.api import optimize
     from rope_passes.errors import ModelLoadError, ModelSaveError, RopePassesError, UsageError
     from rope_passes.io import ModelBundle, load_bundle, load_model, save_bundle
-    from rope_passes.pipeline import PRESETS, run_pipeline
+    from rope_passes.pipeline import run_pipeline
+    from rope_passes.plan import PRESETS, RunPlan, make_plan
     from rope_passes.report import Finding, Outcome, PassReport, PipelineReport
 
 
@@ -65,11 +68,13 @@ __all__ = [
     "PassReport",
     "PipelineReport",
     "RopePassesError",
+    "RunPlan",
     "UsageError",
     "__version__",
     "check",
     "load_bundle",
     "load_model",
+    "make_plan",
     "optimize",
     "run_pipeline",
     "save_bundle",

@@ -40,13 +40,11 @@ cos/sin's own rounding.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import dataclasses
 import json
 import math
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -72,22 +70,6 @@ INV_FREQ_ULPS = 3
 VALUE_ULPS = 4
 
 _F = np.float32
-_OVERRIDE: contextvars.ContextVar[str | None] = contextvars.ContextVar("rope_passes_hf_config", default=None)
-
-
-@contextlib.contextmanager
-def use_hf_config(path: str | os.PathLike | None) -> Iterator[None]:
-    """Within the block, :meth:`HFConfig.find` reads ``path`` (``--hf-config``) instead of looking beside models."""
-    token = _OVERRIDE.set(None if path is None else str(path))
-    try:
-        yield
-    finally:
-        _OVERRIDE.reset(token)
-
-
-def explicit_hf_config() -> str | None:
-    """The config given by the user for this run (``--hf-config`` through :func:`use_hf_config`), or None."""
-    return _OVERRIDE.get()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -352,11 +334,11 @@ class HFConfig:
 
     @classmethod
     def find(cls, model_path: str | os.PathLike | None, explicit: str | os.PathLike | None = None) -> HFConfig | None:
-        """``explicit`` (or the :func:`use_hf_config` path) if given, else the config beside ``model_path`` (for a
-        model in a transformers.js folder's ``onnx/``: the folder's, :func:`rope_passes.io.layout.model_root`)."""
+        """``explicit`` (``--hf-config``: the run plan's :attr:`~rope_passes.plan.RunPlan.hf_config`) if given, else
+        the config beside ``model_path`` (for a model in a transformers.js folder's ``onnx/``: the folder's,
+        :func:`rope_passes.io.layout.model_root`)."""
         from rope_passes.io.layout import model_root
 
-        explicit = explicit if explicit is not None else _OVERRIDE.get()
         if explicit is not None:
             return cls.load(explicit)
         if model_path is None:
@@ -502,4 +484,4 @@ class HFConfig:
 
 
 __all__ = ["CONFIG_NAMES", "INTERLEAVED_TYPES", "INV_FREQ_ULPS", "STATIC_TYPES", "TABLE_INTERLEAVED_TYPES",
-           "VALUE_ULPS", "HFConfig", "Rope", "explicit_hf_config", "use_hf_config"]
+           "VALUE_ULPS", "HFConfig", "Rope"]

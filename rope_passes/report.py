@@ -164,7 +164,8 @@ class PipelineReport:
 
     input_path: str
     output_path: str | None
-    target: str | None
+    #: the preset the passes came from (None: an explicit pass list)
+    preset: str | None
     passes: list[PassReport] = dataclasses.field(default_factory=list)
     dry_run: bool = False
     #: the output is a byte-for-byte copy of the input (nothing changed, nothing re-serialized)
@@ -199,7 +200,7 @@ class PipelineReport:
         return {
             "input": self.input_path,
             "output": self.output_path,
-            "target": self.target,
+            "preset": self.preset,
             "runtime": self.runtime,
             "skipped": self.skipped,
             "dry_run": self.dry_run,

@@ -219,3 +219,37 @@ def test_cycle_finder_finds_a_cycle():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert _cycles(graph) == [["a", "b", "c", "a"]]
     assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+#: the modules a run of optimize / lint crosses from the command line to the passes: none of them decides the runtime
+#: or the preset again; rope_passes.plan (make_plan, lint_plan) does, once
+RUN_PATH = ("rope_passes.api", "rope_passes.pipeline", "rope_passes.lint", "rope_passes.passes",
+            "rope_passes.cli.optimize_cmd", "rope_passes.cli.lint_cmd", "rope_passes.hf_config")
+RESOLVERS = {"resolve_target", "default_runtime", "get_target", "detect_installed", "PRESETS", "presets_for",
+             "skipped_for", "DEFAULT_PRESET", "ContextVar"}
+#: the one default below the plan: a PassContext built by hand (a user's own onnx_ir PassManager, no plan) is for the
+#: runtime installed here; our runs always give the plan's
+EDGES = {("rope_passes.passes.base", "resolve_target")}
+
+
+def _names_used(path: Path) -> list[tuple[str, int]]:
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Name) and node.id in RESOLVERS:
+            out.append((node.id, node.lineno))
+        elif isinstance(node, ast.Attribute) and node.attr in RESOLVERS:
+            out.append((node.attr, node.lineno))
+        elif isinstance(node, ast.ImportFrom):
+            out.extend((alias.name, node.lineno) for alias in node.names if alias.name in RESOLVERS)
+    return out
+
+
+def test_the_run_is_resolved_once_by_the_plan():
+    """The preset, the runtime and the options of a run are resolved by rope_passes.plan only; the CLI builds the plan,
+    and api, pipeline, lint and the passes read it (PassContext.runtime, LintContext.runtime and .hf_config) instead
+    of resolving a default runtime, a preset or a context variable of their own."""
+    offenders = [f"{path.relative_to(PACKAGE.parent)}:{line} uses {what}"
+                 for name, path in _modules().items() if any(_in(name, m) for m in RUN_PATH)
+                 for what, line in _names_used(path) if (name, what) not in EDGES]
+    assert not offenders, "the run is resolved by rope_passes.plan only:\n" + "\n".join(offenders)
+    assert _names_used(PACKAGE / "plan.py")  # the finder finds what it looks for

@@ -85,7 +85,7 @@ def test_the_issues_exporter_graph_runs_every_reference_run(tmp_path):
     position of the original too, and the verdict is a full one (exit 0, JSON evidence "full")."""
     src = TORCH / "tf5/dynamo/llama/decode.onnx"
     out = tmp_path / "out.onnx"
-    rope_passes.optimize(src, out, target="exporter", options={"max_positions": 256})
+    rope_passes.optimize(src, out, preset="exporter", options={"max_positions": 256})
     report = rope_passes.check(src, out, steps=2, sweep=8)
     assert report.exit_code == 0, report.reason or report.to_json()[:2000]
     for run in report.runs:
@@ -111,7 +111,7 @@ def test_an_output_built_for_another_runtime_names_the_optimize_command(tmp_path
     An offset the original sets itself (the builder's concat model) is not the rewrite's: no line."""
     src = GENAI / "current/phi3_mini_128k/webgpu_fp32"
     out = tmp_path / "out"
-    rope_passes.optimize(src, out, target="webgpu-graph", weights="copy")
+    rope_passes.optimize(src, out, preset="webgpu-graph", weights="copy")
     orig, rew = read_model(src), read_model(out)
     line = runtime_fit(src, orig, rew, "onnxruntime-web")
     assert line is not None and "\n" not in line
@@ -171,7 +171,7 @@ def test_the_capture_loops_mask_goes_to_graphs_whose_total_is_the_mask_sum(tmp_p
     plain = genai_loop(read_model(GENAI / "current/llama/cpu_fp32"))
     assert plain.share_buffer and not plain.static_mask
     out = tmp_path / "out"
-    rope_passes.optimize(GENAI / "current/llama/cpu_fp32", out, target="webgpu-graph", weights="copy")
+    rope_passes.optimize(GENAI / "current/llama/cpu_fp32", out, preset="webgpu-graph", weights="copy")
     assert not genai_loop(read_model(out)).static_mask
     assert genai_loop(read_model(TORCH / "tf5/dynamo/llama/decode.onnx")).share_buffer is False  # no genai_config
 

@@ -31,7 +31,7 @@ def test_capture_run_that_cannot_size_an_output_dimension_is_exit_2(tmp_path):
         value.type.tensor_type.shape.dim[1].dim_param = "query_tokens"  # a name the checker does not know
     onnx.save(model, src / "model.onnx", save_as_external_data=True, location="model.onnx.data")
     out = tmp_path / "out"
-    rope_passes.optimize(src, out, target="webgpu-graph")
+    rope_passes.optimize(src, out, preset="webgpu-graph")
     report = check(src, out, graph_capture=True, steps=2, sweep=0, schedules=[], isolate=False)
     assert report.verdict == COULD_NOT_RUN and report.exit_code == 2, report.to_json()
     assert report.reason.startswith("rewritten@webgpu+capture could not run: ") and "'query_tokens'" in report.reason
@@ -46,7 +46,7 @@ def test_tables_only_verdict_says_so(tmp_path):
     tables are compared. Before, the verdict was a bare "equivalent"."""
     src = GENAI / "current/qwen25_vl/webgpu_fp16"
     out = tmp_path / "out"
-    rope_passes.optimize(src, out, target="webgpu-graph", options={"text_only": True}, weights="copy")
+    rope_passes.optimize(src, out, preset="webgpu-graph", options={"text_only": True}, weights="copy")
     report = check(src, out, fallback_python=None, isolate=False, sweep=0, schedules=[], steps=1)
     assert report.verdict == EQUIVALENT_TABLES_ONLY and report.exit_code == 3 and report.equivalent  # issue 26
     data = json.loads(report.to_json())

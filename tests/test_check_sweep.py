@@ -178,7 +178,7 @@ def folded(tmp_path_factory):
     out = {}
     for i, src in enumerate(MROPE):
         out[src] = root / f"m{i}"
-        rope_passes.optimize(src, out[src], target="webgpu-graph", options={"text_only": True}, weights="copy")
+        rope_passes.optimize(src, out[src], preset="webgpu-graph", options={"text_only": True}, weights="copy")
     return out
 
 
@@ -258,7 +258,7 @@ def test_concatenated_cache_equals_the_if_model_at_its_offset():
 @pytest.mark.webgpu
 def test_if_model_vs_its_concat_rewrite_end_to_end(tmp_path):
     src = PHI3 / "webgpu_fp32"
-    rope_passes.optimize(src, tmp_path / "concat", target="webgpu-graph", weights="copy")
+    rope_passes.optimize(src, tmp_path / "concat", preset="webgpu-graph", weights="copy")
     report = check(src, tmp_path / "concat", isolate=False)
     assert report.verdict == EQUIVALENT, report.first_differences()
     assert report.tables.ok and report.tables.positions == 256
@@ -274,7 +274,7 @@ def test_if_model_vs_its_concat_rewrite_end_to_end(tmp_path):
 def test_position_cone_of_an_exporter_graph(tmp_path):
     """transformers-5 llama (cos/sin computed per call) vs precompute-cos-sin's table: equal; one value off: named."""
     src = TORCH / "tf5/dynamo/llama/decode.onnx"
-    rope_passes.optimize(src, tmp_path / "pre.onnx", target="exporter", options={"max_positions": 256})
+    rope_passes.optimize(src, tmp_path / "pre.onnx", preset="exporter", options={"max_positions": 256})
     same = rotation_tables(src, tmp_path / "pre.onnx")
     assert same.ok and same.form == "position cone" and same.positions == 256
     bundle = load_bundle(tmp_path / "pre.onnx")

@@ -27,9 +27,10 @@ from conftest import FIXTURES, GENAI
 from rope_passes.analysis.graph import nodes_of
 from rope_passes.check.compare import TOLERANCES
 from rope_passes.check.decode import DecoderSpec, run_decode, token_ids
-from rope_passes.hf_config import HFConfig, use_hf_config
+from rope_passes.hf_config import HFConfig
 from rope_passes.io import load_bundle
 from rope_passes.lint import lint_bundle
+from rope_passes.plan import lint_plan
 from rope_passes.runtime.sessions import create_session
 
 pytestmark = pytest.mark.corpus
@@ -84,8 +85,7 @@ KNOWN = {
 
 
 def _lint(path: Path, cfg: Path | None) -> list:
-    with use_hf_config(str(cfg) if cfg is not None else None):
-        return lint_bundle(str(path), select=RULES)
+    return lint_bundle(str(path), lint_plan(hf_config=str(cfg) if cfg is not None else None), select=RULES)
 
 
 def test_the_corpus_is_there():
@@ -298,7 +298,7 @@ def test_interleaved_exports_precompute_right_or_refuse(variant, tmp_path):
     folder.mkdir()
     shutil.copy(src / "decode.onnx", folder / "model.onnx")
     shutil.copy(src / "config.json", folder / "config.json")
-    report = optimize(str(folder), str(tmp_path / "out"), target="exporter")
+    report = optimize(str(folder), str(tmp_path / "out"), preset="exporter")
     (pc,) = [p for p in report.passes if p.pass_name == "precompute-cos-sin"]
     if variant == "cohere":
         assert pc.count(Outcome.REFUSED) == 2 and "Tile" in pc.findings[0].reason and not report.modified

@@ -22,7 +22,7 @@ from rope_passes.passes import PassContext, RopePass
 from rope_passes.passes._rewrite import NodeTape, opset_of
 from rope_passes.proofs.validity import schema_errors
 from rope_passes.report import PassReport
-from rope_passes.targets import WEBGPU_127
+from rope_passes.targets import WEBGPU_127, get_target
 
 
 @pytest.fixture
@@ -78,7 +78,7 @@ def test_validity_contract_in_a_plain_pass_manager(tiny, tmp_path, opset, valid)
     loads the result either way."""
     folder = _at_opset(tiny, opset)
     model = load_bundle(folder).model
-    manager = ir.passes.PassManager([_ReduceSumAsInput(PassContext(runtime=WEBGPU_127))])
+    manager = ir.passes.PassManager([_ReduceSumAsInput(PassContext(runtime=get_target(WEBGPU_127)))])
     result = manager(model)
     names = [n.name for n in model.graph]
     assert ("test/ReduceSum" in names) is valid
@@ -100,7 +100,7 @@ def _ort_loads(model: ir.Model, folder) -> None:
 def test_a_load_failure_is_rolled_back_with_onnxruntime_s_reason(tiny):
     model = load_bundle(tiny).model
     before = ir.serde.serialize_model(model).SerializeToString()
-    pass_ = _WrongType(PassContext(runtime=WEBGPU_127))
+    pass_ = _WrongType(PassContext(runtime=get_target(WEBGPU_127)))
     ir.passes.PassManager([pass_])(model)
     assert pass_.report.status.startswith("refused"), pass_.report.status
     assert "load" in pass_.report.status and "onnxruntime (CPU) no longer loads the model" in pass_.report.status
@@ -112,7 +112,7 @@ def test_placement_contract_in_a_plain_pass_manager(tiny):
     from test_pipeline_work import _AddsACpuNode
 
     bundle = load_bundle(tiny)
-    pass_ = _AddsACpuNode(PassContext(bundle.genai_config, runtime=WEBGPU_127))
+    pass_ = _AddsACpuNode(PassContext(bundle.genai_config, runtime=get_target(WEBGPU_127)))
     config = json.dumps(bundle.genai_config.data)
     ir.passes.PassManager([pass_])(bundle.model)
     assert "placement worse" in pass_.report.status
@@ -160,7 +160,7 @@ def test_presets_at_each_opset_give_valid_equal_outputs(tiny, tmp_path, opset):
     folder = _at_opset(tiny, opset)
     for preset in ("webgpu", "webgpu-graph"):
         out = tmp_path / f"out-{preset}"
-        optimize(folder, out, target=preset, runtime=WEBGPU_127)
+        optimize(folder, out, preset=preset, runtime=WEBGPU_127)
         a = _logits(folder / "model.onnx")
         b = _logits(out / "model.onnx")
         np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-6)

@@ -527,8 +527,9 @@ def test_reused_weights_give_the_rewrite_outputs(genai_corpus, tmp_path, monkeyp
     monkeypatch.setattr(weights, "INLINE_NEW_BYTES", 0)  # every new table over the limit: the second file
     bundle = load_bundle(src)
     from rope_passes.pipeline import run_pipeline
+    from rope_passes.plan import make_plan
 
-    run_pipeline(bundle, target="webgpu-graph")
+    run_pipeline(bundle, make_plan(preset="webgpu-graph"))
     save_bundle(bundle, side)
     extra = side / "model.onnx.rope.data"
     assert extra.is_file() and 0 < extra.stat().st_size < (src / "model.onnx.data").stat().st_size

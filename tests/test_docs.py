@@ -1,9 +1,9 @@
 """The docs say true things where a test can read both sides (issue 17).
 
 * README's layout table names every top-level module and package of ``rope_passes``, and every path it names exists;
-* docs/graph-capture.md's ``webgpu-graph`` table is :data:`rope_passes.pipeline.PRESETS` in order;
+* docs/graph-capture.md's ``webgpu-graph`` table is :data:`rope_passes.plan.PRESETS` in order;
 * the names the docs (README, docs/**) quote in backticks are real: a path (``rope_passes/io/load.py``, ``passes/_rewrite.py``,
-  ``census.py``) exists, a dotted name that starts with a rope_passes module or class (``pipeline.PRESETS``,
+  ``census.py``) exists, a dotted name that starts with a rope_passes module or class (``plan.PRESETS``,
   ``core.check``, ``PassReport.record``, ``rope_passes.runtime.sessions.create_session(model, ep)``) is defined
   there. Read from the source with ``ast``: nothing is imported, so the check costs no start-up.
 * docs/runtimes.md: every onnxruntime session comes from ``runtime/sessions.py`` - no ``InferenceSession(`` call in
@@ -82,7 +82,7 @@ def test_readme_layout_names_every_top_level_module_and_package():
 
 
 def test_graph_capture_preset_table_is_the_preset():
-    from rope_passes.pipeline import PRESETS
+    from rope_passes.plan import PRESETS
 
     text = (REPO / "docs" / "graph-capture.md").read_text(encoding="utf-8")
     section = text[text.index("## The `webgpu-graph` preset, in order"):]
@@ -224,7 +224,7 @@ def test_quoted_paths_and_names_are_real(doc):
 
 
 def test_the_name_checker_finds_what_does_not_exist():
-    assert _resolves("pipeline.PRESETS") and _resolves("core.check") and _resolves("PassReport.record")
+    assert _resolves("plan.PRESETS") and _resolves("core.check") and _resolves("PassReport.record")
     assert _resolves("rope_passes.runtime.sessions.create_session") and _resolves("Memcpy.aliases")
     assert _resolves("pipeline.PRESETZ") is False and _resolves("PassReport.recorded") is False
     assert _resolves("analysis.mrope.Evaluate") is False
@@ -252,7 +252,7 @@ def test_every_session_is_opened_by_runtime_sessions():
 
 
 def _preset_rows(path: Path) -> dict[str, list[str]]:
-    from rope_passes.pipeline import PRESETS
+    from rope_passes.plan import PRESETS
 
     """`preset` -> the cells after it, for every table row of ``path`` whose first cell is a backticked preset."""
     rows = {}
@@ -264,8 +264,8 @@ def _preset_rows(path: Path) -> dict[str, list[str]]:
 
 
 def test_preset_tables_are_the_presets():
-    """docs/passes/README.md and docs/runtimes.md list the presets per runtime: they are `pipeline.presets_for`."""
-    from rope_passes.pipeline import presets_for
+    """docs/passes/README.md and docs/runtimes.md list the presets per runtime: they are `plan.presets_for`."""
+    from rope_passes.plan import presets_for
     from rope_passes.targets import WEBGPU_127, WEBGPU_PLUGIN
 
     def arrows(names: list[str]) -> str:

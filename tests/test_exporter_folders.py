@@ -69,7 +69,7 @@ def test_fixtures_are_there():
 @pytest.mark.parametrize("graph", GRAPHS)
 def test_exporter_folder(graph, tmp_path):
     folder = _folder(tmp_path, graph)
-    report = rope_passes.optimize(str(folder), str(tmp_path / "out"), target="exporter")
+    report = rope_passes.optimize(str(folder), str(tmp_path / "out"), preset="exporter")
     (pc,) = [p for p in report.passes if p.pass_name == "precompute-cos-sin"]
     findings = [f for f in pc.findings if f.outcome is not Outcome.NOTE]
     if graph in RANGE_POSITIONS:  # positions made in the graph: Gather by the Range's output
@@ -103,7 +103,7 @@ def test_frozen_longrope_repaired_on_request(graph, tmp_path):
     reported as *repaired* in the words of lint's RP401 (what the input computed, what the output computes, what the
     config says), never as an ordinary rewrite."""
     folder = _folder(tmp_path, graph)
-    report = rope_passes.optimize(str(folder), str(tmp_path / "out"), target="exporter",
+    report = rope_passes.optimize(str(folder), str(tmp_path / "out"), preset="exporter",
                                   options={"hf_config": str(folder / "config.json")})
     (pc,) = [p for p in report.passes if p.pass_name == "precompute-cos-sin"]
     repaired = [f for f in pc.findings if f.outcome is Outcome.REPAIRED]
@@ -147,8 +147,8 @@ def _check_switch(graph: str, model: ir.Model, tables: dict[str, np.ndarray], fo
 
 
 def test_lint_names_frozen_longrope_and_fix_repairs_it(tmp_path):
-    from rope_passes.hf_config import use_hf_config
     from rope_passes.lint import fix_bundle, lint_bundle
+    from rope_passes.plan import lint_plan
 
     folder = _folder(tmp_path, "tf4/optimum/phi3_longrope")
     found = lint_bundle(str(folder), select=["RP401", "RP402", "RP403"])
@@ -165,8 +165,8 @@ def test_lint_names_frozen_longrope_and_fix_repairs_it(tmp_path):
     assert "rope_passes.cos_table_long" not in ir.load(folder / "model.onnx").graph.initializers
     (tmp_path / "again").mkdir()
     folder = _folder(tmp_path / "again", "tf4/optimum/phi3_longrope")
-    with use_hf_config(folder / "config.json"):  # lint --fix --hf-config: the repair, on request
-        assert fix_bundle(str(folder), select=["RP401"], log=lambda m: None) == ["precompute-cos-sin", "cleanup"]
+    asked = lint_plan(fix=True, hf_config=str(folder / "config.json"))  # lint --fix --hf-config: the repair
+    assert fix_bundle(str(folder), asked, select=["RP401"], log=lambda m: None) == ["precompute-cos-sin", "cleanup"]
     model = ir.load(folder / "model.onnx")
     assert "rope_passes.cos_table_long" in model.graph.initializers
 
@@ -226,7 +226,7 @@ def test_per_call_switch_must_be_one_choice_for_the_call(tmp_path):
     switch, where a rewrite to the call-wide switch would give a batch [[10], [70]] the long factors in row 0."""
     folder = _folder(tmp_path, "tf5/hf_onnx/phi3_longrope")
     _per_row_switch(folder)
-    report = rope_passes.optimize(str(folder), str(tmp_path / "out"), target="exporter")
+    report = rope_passes.optimize(str(folder), str(tmp_path / "out"), preset="exporter")
     (pc,) = [p for p in report.passes if p.pass_name == "precompute-cos-sin"]
     refused = [f for f in pc.findings if f.outcome is Outcome.REFUSED]
     assert pc.count(Outcome.REWRITTEN) == 0 and len(refused) == pc.matched > 0, pc.status
@@ -236,7 +236,7 @@ def test_per_call_switch_must_be_one_choice_for_the_call(tmp_path):
 def test_per_call_switch_past_the_table_is_refused(tmp_path):
     """--max-positions at or below the switch: the long factors could never be read; refused, not a crash."""
     folder = _folder(tmp_path, "tf5/hf_onnx/phi3_longrope")
-    report = rope_passes.optimize(str(folder), str(tmp_path / "out"), target="exporter",
+    report = rope_passes.optimize(str(folder), str(tmp_path / "out"), preset="exporter",
                                   options={"max_positions": 48})
     (pc,) = [p for p in report.passes if p.pass_name == "precompute-cos-sin"]
     refused = [f for f in pc.findings if f.outcome is Outcome.REFUSED]

@@ -226,7 +226,7 @@ def test_qwen3_vl_prefill_on_webgpu_matches_hf_and_decode_the_original(variant, 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_qwen3_vl_is_capture_ready_under_webgpu_graph(variant, tmp_path):
     out = tmp_path / "out"
-    report = rope_passes.optimize(str(FIXTURES / variant), str(out), target="webgpu-graph",
+    report = rope_passes.optimize(str(FIXTURES / variant), str(out), preset="webgpu-graph",
                                   options={"text_only": True})
     (fold,) = [p for p in report.passes if p.pass_name == "fold-text-mrope"]
     assert fold.status == "rewritten 2", fold.status

@@ -30,6 +30,7 @@ from rope_passes.config import GenaiConfig
 from rope_passes.io import load_bundle, save_bundle
 from rope_passes.passes import CleanupPass, FoldTextMRoPEPass, LowerMRoPEPass, PassContext
 from rope_passes.pipeline import run_pipeline
+from rope_passes.plan import make_plan
 from rope_passes.report import Outcome
 from rope_passes.runtime.sessions import create_session, session_options
 
@@ -288,7 +289,7 @@ def test_legacy_qwen35_3d_input_without_text_only_is_unchanged_in_the_pipeline(g
     bundle = load_bundle(genai_corpus / "legacy/qwen35/cpu_fp32")
     nodes_before = [(n.name, n.op_type) for n in bundle.model.graph]
     inputs_before = [i.name for i in bundle.model.graph.inputs]
-    report = run_pipeline(bundle, target="webgpu")
+    report = run_pipeline(bundle, make_plan(preset="webgpu"))
     fold, lower = _passes(report, "fold-text-mrope", "lower-mrope")
     assert fold.count(Outcome.REFUSED) == 2
     assert "'position_ids' is a [3, batch, seq] graph input" in fold.status and "--text-only" in fold.status
@@ -303,11 +304,11 @@ def test_legacy_qwen35_3d_input_without_text_only_is_unchanged_in_the_pipeline(g
 @pytest.mark.corpus
 def test_webgpu_preset_folds_with_text_only_and_lowers_without(genai_corpus):
     folded = load_bundle(genai_corpus / "current/qwen25_vl/cpu_fp32")
-    report = run_pipeline(folded, target="webgpu", options={"text_only": True})
+    report = run_pipeline(folded, make_plan(preset="webgpu", options={"text_only": True}))
     fold, lower = _passes(report, "fold-text-mrope", "lower-mrope")
     assert [fold.status, lower.status] == ["rewritten 2", "not matched: no com.microsoft::MRotaryEmbedding node"]
     lowered = load_bundle(genai_corpus / "current/qwen25_vl/cpu_fp32")
-    report = run_pipeline(lowered, target="webgpu")
+    report = run_pipeline(lowered, make_plan(preset="webgpu"))
     fold, lower = _passes(report, "fold-text-mrope", "lower-mrope")
     assert fold.status.startswith("refused: ") and lower.status == "rewritten 4"
     assert len(nodes_of(lowered.model, "RotaryEmbedding")) == 4 and not nodes_of(lowered.model, "MRotaryEmbedding")

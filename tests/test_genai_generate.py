@@ -78,7 +78,7 @@ def generate(folder: Path, mode: str) -> list[int]:
 def test_unedited_output_generates_with_capture_like_the_original(rel, tmp_path):
     text = {"text_only": True} if "qwen" in rel else None
     out = tmp_path / "out"
-    report = rope_passes.optimize(GENAI / rel, out, target="webgpu-graph", options=text, weights="copy")
+    report = rope_passes.optimize(GENAI / rel, out, preset="webgpu-graph", options=text, weights="copy")
     assert report.capture is not None and report.capture["state"] == "ready", report.capture
     config = json.loads((out / "genai_config.json").read_text())
     webgpu = {k: v for e in config["model"]["decoder"]["session_options"]["provider_options"]

@@ -18,8 +18,8 @@ import onnx_ir as ir
 import pytest
 from conftest import FIXTURES
 
-from rope_passes.hf_config import use_hf_config
 from rope_passes.lint import lint_bundle
+from rope_passes.plan import lint_plan
 
 pytestmark = pytest.mark.corpus
 
@@ -53,8 +53,8 @@ def _folder(tmp_path: Path, theta: float, tables: tuple[np.ndarray, np.ndarray] 
 
 
 def _lint(folder: Path) -> list:
-    with use_hf_config(str(folder / "hf_config.json")):
-        return lint_bundle(str(folder), select=["RP401", "RP402", "RP403", "RP404"])
+    plan = lint_plan(hf_config=str(folder / "hf_config.json"))
+    return lint_bundle(str(folder), plan, select=["RP401", "RP402", "RP403", "RP404"])
 
 
 def test_source_graph_is_what_the_test_assumes():

@@ -252,10 +252,9 @@ def _private_copy(bundle, layer: int, change) -> None:
 
 
 def _lint(bundle, hf: Path) -> list:
-    from rope_passes.hf_config import use_hf_config
+    from rope_passes.plan import lint_plan
 
-    with use_hf_config(hf):
-        return [d for d in lint_bundle(bundle) if d.code in CODES]
+    return [d for d in lint_bundle(bundle, lint_plan(hf_config=str(hf))) if d.code in CODES]
 
 
 @pytest.mark.corpus

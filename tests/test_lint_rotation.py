@@ -17,9 +17,10 @@ import pytest
 from conftest import FIXTURES
 from conftest import TORCH as CORPUS
 
-from rope_passes.hf_config import HFConfig, use_hf_config
+from rope_passes.hf_config import HFConfig
 from rope_passes.io import load_bundle
 from rope_passes.lint import lint_bundle
+from rope_passes.plan import lint_plan
 from rope_passes.runtime.sessions import create_session
 
 pytestmark = pytest.mark.corpus
@@ -37,8 +38,7 @@ def _case(family: str, tf: str = "tf5", exporter: str = "hf_onnx"):
 
 
 def _lint(bundle, cfg) -> list:
-    with use_hf_config(str(cfg)):
-        return lint_bundle(bundle, select=RULES)
+    return lint_bundle(bundle, lint_plan(hf_config=str(cfg)), select=RULES)
 
 
 def _rotations(model: ir.Model) -> list[ir.Node]:
@@ -289,8 +289,7 @@ def _frozen(name: str) -> bool:
 @pytest.mark.parametrize(("name", "path", "cfg"), _fixtures(), ids=[c[0] for c in _fixtures()])
 def test_no_finding_on_correct_fixtures(name, path, cfg):
     """No finding on any correct graph; the frozen LongRoPE exports: each layer's query and key, in the long call."""
-    with use_hf_config(str(cfg) if cfg is not None else None):
-        found = lint_bundle(str(path), select=RULES)
+    found = lint_bundle(str(path), lint_plan(hf_config=str(cfg) if cfg is not None else None), select=RULES)
     if not _frozen(name):
         assert found == [], [(d.code, d.message) for d in found]
         return
@@ -386,7 +385,6 @@ def test_positions_plus_one_in_the_chain_is_no_table_error():
         user.replace_input_with(index, shift.outputs[0])
     model.graph.sort()
     assert float(np.abs(_logits(model) - before).max()) < 1e-4
-    with use_hf_config(str(cfg)):
-        found = lint_bundle(bundle, select=["RP402", "RP405", "RP406"])
+    found = lint_bundle(bundle, lint_plan(hf_config=str(cfg)), select=["RP402", "RP405", "RP406"])
     assert not [d for d in found if d.code in ("RP402", "RP405")], [d.message for d in found]
     assert len([d for d in found if d.code == "RP406"]) == 2

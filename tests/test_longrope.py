@@ -32,6 +32,7 @@ from rope_passes.passes.longrope_concat import (
     LongRoPEConcatPass,
 )
 from rope_passes.pipeline import run_pipeline
+from rope_passes.plan import make_plan
 from rope_passes.report import Outcome
 from rope_passes.runtime.sessions import create_session
 
@@ -56,7 +57,7 @@ def rewritten(genai_corpus, tmp_path_factory) -> dict[str, Path]:
     out = {}
     for variant in ("cpu_fp32", "webgpu_fp32"):
         dest = tmp_path_factory.mktemp("longrope") / variant
-        report = optimize(str(PHI3 / variant), str(dest), target="webgpu-graph")
+        report = optimize(str(PHI3 / variant), str(dest), preset="webgpu-graph")
         statuses = {p.pass_name: p.status for p in report.passes}
         assert statuses["longrope-concat"] == "rewritten 1", statuses
         out[variant] = dest
@@ -183,7 +184,7 @@ def _graph_bundle(config_edit=None):
 def test_annotate_writes_missing_or_wrong_offset(genai_corpus, edit, expected_before):
     bundle = _graph_bundle(edit)
     assert _webgpu_options(bundle.genai_config.data).get("multiRotaryCacheConcatOffset") == expected_before
-    report = run_pipeline(bundle, passes=["annotate-cache-offset"]).passes[0]
+    report = run_pipeline(bundle, make_plan(passes=["annotate-cache-offset"])).passes[0]
     assert report.count(Outcome.REWRITTEN) == 1, report.status
     assert _webgpu_options(bundle.genai_config.data)["multiRotaryCacheConcatOffset"] == "32"
     assert bundle.model.metadata_props[OFFSET_METADATA] == "32"
@@ -197,7 +198,7 @@ def test_annotate_refuses_a_table_that_is_not_two_rope_tables(genai_corpus):
     table = cos.const_value.numpy().copy()
     table[40] = table[200]  # one row out of place
     cos.const_value = ir.tensor(table, name="cos_cache")
-    report = run_pipeline(bundle, passes=["annotate-cache-offset"]).passes[0]
+    report = run_pipeline(bundle, make_plan(passes=["annotate-cache-offset"])).passes[0]
     assert report.count(Outcome.REFUSED) == 1 and "do not fit a short+long RoPE pair" in report.findings[0].reason
     assert "multiRotaryCacheConcatOffset" not in _webgpu_options(bundle.genai_config.data)
 
@@ -205,7 +206,7 @@ def test_annotate_refuses_a_table_that_is_not_two_rope_tables(genai_corpus):
 def test_annotate_leaves_plain_rope_alone(genai_corpus):
     bundle = load_bundle(GENAI / "current/llama/webgpu_fp16")
     before = copy.deepcopy(bundle.genai_config.data)
-    report = run_pipeline(bundle, passes=["annotate-cache-offset"]).passes[0]
+    report = run_pipeline(bundle, make_plan(passes=["annotate-cache-offset"])).passes[0]
     assert not report.modified and "not a concatenated cache" in report.status
     assert bundle.genai_config.data == before
 
@@ -236,7 +237,7 @@ def test_separate_qkv_packed_then_captured_decode_matches(genai_corpus, tmp_path
     from rope_passes.io import save_bundle
 
     save_bundle(bundle, tmp_path / "unpacked")
-    report = optimize(str(tmp_path / "unpacked"), str(tmp_path / "out"), target="webgpu-graph")
+    report = optimize(str(tmp_path / "unpacked"), str(tmp_path / "out"), preset="webgpu-graph")
     longrope = next(p for p in report.passes if p.pass_name == "longrope-concat")
     assert longrope.status == "rewritten 1", longrope.status
     assert any("packed separate query/key/value" in f.reason and "2 GroupQueryAttention" in f.reason

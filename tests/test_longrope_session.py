@@ -73,7 +73,7 @@ def test_stale_offset_is_a_lint_error_and_optimize_removes_it(name, tmp_path):
     found = [d for d in lint_bundle(path) if d.code == "RP208"]
     assert len(found) == 1 and found[0].severity == "error" and found[0].fix == "annotate-cache-offset", found
     assert f"{KEY}=32" in found[0].message and "no layer can honour it" in found[0].message
-    report = optimize(str(path), str(tmp_path / "out"), target="webgpu-graph")
+    report = optimize(str(path), str(tmp_path / "out"), preset="webgpu-graph")
     annotate = _pass(report, "annotate-cache-offset")
     removed = [c for c in annotate.genai_config_changes if c.startswith("removed") and KEY in c]
     assert len(removed) == 1 and "no layer can honour" in removed[0], annotate.genai_config_changes
@@ -87,7 +87,7 @@ def test_an_offset_a_same_factor_table_needs_is_kept(tmp_path):
     the table is right only at that offset, so neither optimize nor lint --fix removes it, and RP208 is silent."""
     _, path = _build("annotate-same-factors-offset-kept", tmp_path)
     assert not [d for d in lint_bundle(path) if d.code in ("RP208", "RP209")]
-    optimize(str(path), str(tmp_path / "out"), target="webgpu-graph")
+    optimize(str(path), str(tmp_path / "out"), preset="webgpu-graph")
     assert _offset(tmp_path / "out") == "32"
 
 
@@ -116,7 +116,7 @@ def test_an_offset_right_for_one_layer_and_wrong_for_another_is_rp209(tmp_path):
     found = [d for d in lint_bundle(path) if d.code in ("RP208", "RP209")]
     assert [(d.code, d.target) for d in found] == [("RP209", "/model/layers.1/attn/GroupQueryAttention")], found
     assert found[0].fix is None and "one value for the whole session" in found[0].message
-    report = optimize(str(path), str(tmp_path / "out"), target="webgpu-graph")
+    report = optimize(str(path), str(tmp_path / "out"), preset="webgpu-graph")
     annotate = _pass(report, "annotate-cache-offset")
     (refused,) = [f for f in annotate.findings if f.outcome is Outcome.REFUSED]
     assert refused.target == "/model/layers.1/attn/GroupQueryAttention"
@@ -141,7 +141,7 @@ def test_builder_graph_lints_clean_of_the_session_rules(genai_corpus):
 ])
 def test_longrope_concat_refuses_naming_the_layer_the_offset_breaks(name, reads, tmp_path):
     _, path = _build(name, tmp_path)
-    report = optimize(str(path), str(tmp_path / "out"), target="webgpu-graph")
+    report = optimize(str(path), str(tmp_path / "out"), preset="webgpu-graph")
     longrope = _pass(report, "longrope-concat")
     assert longrope.count(Outcome.REWRITTEN) == 0, longrope.status
     session = [f for f in longrope.findings if f.outcome is Outcome.REFUSED and "not rewritten" in f.reason]
@@ -154,7 +154,7 @@ def test_longrope_concat_refuses_naming_the_layer_the_offset_breaks(name, reads,
 
 def test_two_switches_at_one_offset_are_both_rewritten(tmp_path):
     _, path = _build("longrope-cpu-second-switch-other-long-table", tmp_path)
-    report = optimize(str(path), str(tmp_path / "out"), target="webgpu-graph")
+    report = optimize(str(path), str(tmp_path / "out"), preset="webgpu-graph")
     longrope = _pass(report, "longrope-concat")
     assert longrope.status == "rewritten 2", longrope.status
     assert not nodes_of(ir.load(tmp_path / "out" / "model.onnx"), "If")
@@ -244,7 +244,7 @@ def test_a_context_length_past_the_table_keeps_the_offset(name, tmp_path):
     Before, annotate-cache-offset read the table as plain and removed the builder's offset 32 (or the one
     longrope-concat had just written): WebGPU logits off by up to 6.9 from total 33."""
     src = _copy(name, tmp_path, context_length=512)
-    optimize(str(src), str(tmp_path / "out"), target="webgpu-graph")
+    optimize(str(src), str(tmp_path / "out"), preset="webgpu-graph")
     assert _offset(tmp_path / "out") == "32"
     assert not [d for d in lint_bundle(tmp_path / "out") if d.code in ("RP208", "RP209")]
 
@@ -278,7 +278,7 @@ def test_a_groupqueryattention_in_a_model_local_function_breaks_the_session_proo
     model.graph.node.extend(nodes)
     model.opset_import.append(helper.make_opsetid("rt.fn", 1))
     onnx.save(model, src / "model.onnx")
-    report = optimize(str(src), str(tmp_path / "out"), target="webgpu-graph")
+    report = optimize(str(src), str(tmp_path / "out"), preset="webgpu-graph")
     assert _pass(report, "longrope-concat").count(Outcome.REWRITTEN) == 0
     annotate = _pass(report, "annotate-cache-offset")
     assert annotate.count(Outcome.REFUSED) == 1 and "rt.fn::Attn1" in annotate.status, annotate.status
@@ -305,7 +305,7 @@ def test_a_concatenation_the_context_length_cannot_split_is_found_by_its_rows(tm
     assert _offset(src) is None
     (found,) = [d for d in lint_bundle(src) if d.code == "RP203"]
     assert found.severity == "error" and "32 short + 256 long" in found.message, found.message
-    optimize(str(src), str(tmp_path / "out"), target="webgpu")
+    optimize(str(src), str(tmp_path / "out"), preset="webgpu")
     assert _offset(tmp_path / "out") == "32"
     assert not [d for d in lint_bundle(tmp_path / "out") if d.code in ("RP203", "RP208", "RP209")]
 
@@ -339,7 +339,7 @@ def test_a_cache_read_through_a_node_keeps_the_offset(op, tmp_path):
     onnx.save(model, src / "model.onnx")
     assert _offset(src) == "32"
     assert not [d for d in lint_bundle(src) if d.code in ("RP208", "RP209")]
-    optimize(str(src), str(tmp_path / "out"), target="webgpu")
+    optimize(str(src), str(tmp_path / "out"), preset="webgpu")
     assert _offset(tmp_path / "out") == "32"
 
 

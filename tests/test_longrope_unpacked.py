@@ -30,6 +30,7 @@ from rope_passes.check.runner import RunSpec
 from rope_passes.io import load_bundle, save_bundle
 from rope_passes.lint import lint_bundle
 from rope_passes.pipeline import run_pipeline
+from rope_passes.plan import make_plan
 from rope_passes.report import Outcome
 from rope_passes.runtime.sessions import create_session
 
@@ -51,7 +52,7 @@ def optimized(tmp_path_factory) -> dict[str, Path]:
     out = {}
     for build in BUILDS:
         dest = tmp_path_factory.mktemp("unpacked") / build.replace("/", "_")
-        report = optimize(str(FIXTURES / "genai" / build), str(dest), target="webgpu-graph")
+        report = optimize(str(FIXTURES / "genai" / build), str(dest), preset="webgpu-graph")
         statuses = {p.pass_name: p.status for p in report.passes}
         assert statuses["annotate-cache-offset"].startswith("rewritten"), statuses
         out[build] = dest
@@ -119,7 +120,7 @@ def test_refuses_qkv_it_cannot_pack(tmp_path):
     bundle = load_bundle(FIXTURES / "genai" / BUILDS[0])
     gqa = nodes_of(bundle.model, "GroupQueryAttention")[0]
     gqa.replace_input_with(1, None)  # a value but no key
-    report = run_pipeline(bundle, passes=["annotate-cache-offset"]).passes[0]
+    report = run_pipeline(bundle, make_plan(passes=["annotate-cache-offset"])).passes[0]
     assert report.count(Outcome.REFUSED) == 1 and "only one of key/value is given" in report.findings[0].reason
     assert not report.modified and gqa.inputs[0].producer().op_type == "MatMul"
     save_bundle(bundle, tmp_path / "m")
@@ -215,7 +216,7 @@ def test_ragged_batch_whole_batch_if_versus_per_row_offset(tmp_path):
     """The original If graph on CPU (= transformers: one factor set per call, from the batch's largest position)
     against longrope-concat's output on WebGPU (a factor set per row, from the row's own length)."""
     out = tmp_path / "concat"
-    optimize(str(PHI3_IF), str(out), target="webgpu-graph")
+    optimize(str(PHI3_IF), str(out), preset="webgpu-graph")
     if_logits, if_keys = _ragged_decode(PHI3_IF, "cpu")
     concat_logits, concat_keys = _ragged_decode(out, "webgpu")
     # The unpadded row (its length is the batch total): the same either way, every step.

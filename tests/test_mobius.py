@@ -55,7 +55,7 @@ def optimized(tmp_path_factory) -> dict[str, tuple[Path, object]]:
     out = {}
     for family in FAMILIES:
         dest = root / family
-        out[family] = (dest, optimize(str(_folder(family)), str(dest), target="webgpu-graph"))
+        out[family] = (dest, optimize(str(_folder(family)), str(dest), preset="webgpu-graph"))
     return out
 
 

@@ -215,7 +215,7 @@ def evaluate(mutant: Mutant, tmp: Path) -> Result:
     built = mutant.build(tmp / "mutant")
     folder_input = built.path.is_dir()
     out = tmp / "out" if folder_input else tmp / "out" / built.model_file.name
-    report = rope_passes.optimize(str(built.path), str(out), target=mutant.target, options=dict(mutant.options))
+    report = rope_passes.optimize(str(built.path), str(out), preset=mutant.target, options=dict(mutant.options))
     out_folder = out if folder_input else None
     out_model = out / built.model_file.name if folder_input else out
     (pass_report,) = [p for p in report.passes if p.pass_name == mutant.pass_name]
@@ -342,7 +342,7 @@ def test_offset_reference_sees_the_offset(tmp_path):
     offset equals the If graph on every LongRoPE call; without the offset it does not (past 32)."""
     src = CORPUS / "genai/current/phi3_mini_128k/cpu_fp32"
     out = tmp_path / "out"
-    rope_passes.optimize(str(src), str(out), target="webgpu-graph")
+    rope_passes.optimize(str(src), str(out), preset="webgpu-graph")
     offset = _config_offset(_config(out))
     assert offset == 32
     head = _config(src)["model"]["decoder"]["head_size"]
@@ -361,7 +361,7 @@ def test_mrotary_reference_agrees_with_the_fold_on_the_corpus(tmp_path):
     so a disagreement on a mutant is the mutant's doing."""
     src = CORPUS / "genai/current/qwen25_vl/cpu_fp32"
     out = tmp_path / "out"
-    report = rope_passes.optimize(str(src), str(out), target="webgpu", options={"text_only": True})
+    report = rope_passes.optimize(str(src), str(out), preset="webgpu", options={"text_only": True})
     assert [p.status for p in report.passes if p.pass_name == "fold-text-mrope"] == ["rewritten 2"]
     model = oracle.load_in_memory(src / "model.onnx")
     assert oracle.lower_mrotary(model) == 4

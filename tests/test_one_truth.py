@@ -27,6 +27,7 @@ from rope_passes.io import load_bundle
 from rope_passes.lint import lint_bundle
 from rope_passes.passes import ALL_PASSES, RopePass
 from rope_passes.pipeline import run_pipeline
+from rope_passes.plan import lint_plan, make_plan
 from rope_passes.report import PassReport
 from rope_passes.runtime.placement_probe import probe_placement
 from rope_passes.targets import RUNTIMES, WEBGPU_127
@@ -67,13 +68,13 @@ def test_demo_after_webgpu_graph_is_capture_ready_everywhere(tmp_path):
     real capture session works. Now all of them say what the session says, and the config turns capture on."""
     src = build_tiny_decoder(tmp_path / "demo")
     out = tmp_path / "out"
-    report = rope_passes.optimize(src, out, target="webgpu-graph", runtime=WEBGPU_127)
+    report = rope_passes.optimize(src, out, preset="webgpu-graph", runtime=WEBGPU_127)
     probe = probe_placement(out / "model.onnx", graph_capture=True)
     assert probe.capture_ok and not probe.memcpy, probe.summary()
     static = capture_verdict(ir.load(out / "model.onnx"), WEBGPU_127)
     assert static.state == "ready" and not static.memcpy and not static.cpu_nodes, static.summary()
     assert report.capture is not None and report.capture["state"] == "ready" and not report.capture["blockers"]
-    assert not {d.code for d in lint_bundle(out, runtime=WEBGPU_127)} & (CAPTURE_BLOCKERS | {"RP220", "RP222"})
+    assert not {d.code for d in lint_bundle(out, lint_plan(runtime=WEBGPU_127))} & (CAPTURE_BLOCKERS | {"RP220", "RP222"})
     [verdict] = runtime_verdicts(load_bundle(out).model, [WEBGPU_127])
     assert verdict["capture"] == "ready" and verdict["verdict"] == "loads; capture-ready (0 Memcpy)"
     options = GenaiConfig.load(out).provider_options("webgpu")
@@ -117,7 +118,7 @@ def test_unknown_placement_is_a_note_not_a_warning(tmp_path):
     assert placement.state == "unknown" and "es" in placement.unknown and placement.cpu_nodes == {"hm": placement.cpu_nodes["hm"]}
     assert placement.verdict().startswith("loads; capture unknown: run `rope-passes check --graph-capture`")
     ir.save(model, tmp_path / "m.onnx")
-    found = {d.code: d for d in lint_bundle(tmp_path / "m.onnx", runtime=WEBGPU_127)}
+    found = {d.code: d for d in lint_bundle(tmp_path / "m.onnx", lint_plan(runtime=WEBGPU_127))}
     assert "RP205" not in found and str(found["RP220"].severity) == "note"
 
 
@@ -145,27 +146,27 @@ def test_optimize_leaves_capture_off_and_names_the_blocker(tmp_path):
     """Not capture-ready after the passes: the config's "1" is turned off (onnxruntime-genai would fail at session
     creation), each blocker is named with its node; lint says RP221 (error) on the input, nothing on the output."""
     src = _with_cpu_blocker(build_tiny_decoder(tmp_path / "demo"))
-    found = {d.code: d for d in lint_bundle(src, runtime=WEBGPU_127)}
+    found = {d.code: d for d in lint_bundle(src, lint_plan(runtime=WEBGPU_127))}
     assert str(found["RP221"].severity) == "error"
-    report = rope_passes.optimize(src, tmp_path / "out", target="webgpu-graph", runtime=WEBGPU_127)
+    report = rope_passes.optimize(src, tmp_path / "out", preset="webgpu-graph", runtime=WEBGPU_127)
     capture = report.capture
     assert capture is not None and capture["state"] == "blocked"
     # MemcpyToHost into the Hardmax, MemcpyFromHost out of it: both name the CPU node
     assert [b["node"] for b in capture["blockers"]] == ["blocker/Hardmax"] * 2, capture["blockers"]
     assert "enableGraphCapture = '0' (was '1')" in capture["config"]
     assert GenaiConfig.load(tmp_path / "out").graph_capture is False
-    codes = {d.code for d in lint_bundle(tmp_path / "out", runtime=WEBGPU_127)}
+    codes = {d.code for d in lint_bundle(tmp_path / "out", lint_plan(runtime=WEBGPU_127))}
     assert "RP205" in codes and "RP221" not in codes
 
 
 def test_capture_ready_but_off_is_a_note(tmp_path):
     src = build_tiny_decoder(tmp_path / "demo")
-    rope_passes.optimize(src, tmp_path / "out", target="webgpu-graph", runtime=WEBGPU_127)
+    rope_passes.optimize(src, tmp_path / "out", preset="webgpu-graph", runtime=WEBGPU_127)
     path = tmp_path / "out" / "genai_config.json"
     config = json.loads(path.read_text())
     config["model"]["decoder"]["session_options"]["provider_options"][0]["webgpu"]["enableGraphCapture"] = "0"
     path.write_text(json.dumps(config))
-    found = {d.code: d for d in lint_bundle(tmp_path / "out", runtime=WEBGPU_127)}
+    found = {d.code: d for d in lint_bundle(tmp_path / "out", lint_plan(runtime=WEBGPU_127))}
     assert str(found["RP222"].severity) == "note" and "RP221" not in found
 
 
@@ -197,7 +198,7 @@ def test_a_pass_that_adds_a_cpu_node_is_refused_and_rolled_back(tmp_path, monkey
     monkeypatch.setitem(ALL_PASSES, _AddsACpuNode.name, _AddsACpuNode)
     bundle = load_bundle(build_tiny_decoder(tmp_path / "demo"))
     config = json.dumps(bundle.genai_config.data)
-    report = run_pipeline(bundle, passes=["total-seq-on-gpu", _AddsACpuNode.name], runtime=WEBGPU_127)
+    report = run_pipeline(bundle, make_plan(passes=["total-seq-on-gpu", _AddsACpuNode.name], runtime=WEBGPU_127))
     done, refused = report.passes
     assert done.modified and not refused.modified and refused.status.startswith("refused: refused for this model")
     assert "Memcpy 0→" in refused.status and "CPU nodes 0→1 (new: test/Mul)" in refused.status, refused.status
@@ -217,7 +218,7 @@ def test_a_pass_that_adds_a_cpu_node_is_refused_and_rolled_back(tmp_path, monkey
 
 
 def _verdicts(folder: Path, runtime: str, report=None) -> dict[str, object]:
-    codes = {d.code for d in lint_bundle(folder, runtime=runtime)}
+    codes = {d.code for d in lint_bundle(folder, lint_plan(runtime=runtime))}
     [inspect] = runtime_verdicts(load_bundle(folder).model, [runtime])
     probe = probe_placement(folder / "model.onnx", graph_capture=True, runtime=runtime)
     out = {"lint": bool(codes & CAPTURE_BLOCKERS), "inspect": inspect["capture"] == "blocked",
@@ -247,7 +248,7 @@ def test_every_command_agrees_with_a_capture_session(genai_corpus, tmp_path, run
             if text and "qwen" not in name:
                 continue
             out = tmp_path / "out" / (name.replace("/", "_") + ("_text" if text else ""))
-            report = rope_passes.optimize(src, out, target="webgpu-graph", runtime=runtime, weights="copy",
+            report = rope_passes.optimize(src, out, preset="webgpu-graph", runtime=runtime, weights="copy",
                                           options={"text_only": True} if text else None)
             runs.append((f"{name} -> webgpu-graph{' --text-only' if text else ''}", out, report))
         for label, folder, report in runs:
@@ -265,6 +266,6 @@ def test_the_verdict_reads_a_model_optimize_hard_linked(tmp_path):
     """``optimize --weights link`` leaves the data file with two hard links, which plain ``onnx_ir.load`` refuses to
     read ("may indicate a hard link attack") once a small constant is read; the verdict by path must still come."""
     src = build_tiny_decoder(tmp_path / "demo")
-    rope_passes.optimize(src, tmp_path / "out", target="webgpu-graph", weights="link", runtime=WEBGPU_127)
+    rope_passes.optimize(src, tmp_path / "out", preset="webgpu-graph", weights="link", runtime=WEBGPU_127)
     for path in (src / "model.onnx", tmp_path / "out" / "model.onnx"):
         assert capture_verdict(path, WEBGPU_127).state in ("ready", "blocked")

@@ -154,6 +154,7 @@ def test_optimize_table_keeps_the_whole_reason():
     from rich.console import Console
 
     from rope_passes.cli.optimize_cmd import render
+    from rope_passes.plan import make_plan
     from rope_passes.report import PassReport, PipelineReport
 
     reason = ("no GroupQueryAttention reads total_sequence_length from Shape(attention_mask) here: the builder's "
@@ -161,7 +162,7 @@ def test_optimize_table_keeps_the_whole_reason():
     p = PassReport("total-seq-on-gpu")
     p.not_matched("<model>", reason)
     console = Console(width=100, record=True, file=open(__import__("os").devnull, "w"))  # noqa: SIM115
-    render(PipelineReport("in.onnx", None, "webgpu-graph", passes=[p]), console)
+    render(PipelineReport("in.onnx", None, "webgpu-graph", passes=[p]), console, make_plan("webgpu-graph"))
     text = console.export_text()
     status = " ".join(cells[-2].strip() for line in text.splitlines() if len(cells := line.split("│")) > 2)
     assert f"not matched: {reason}" in " ".join(status.split()), text

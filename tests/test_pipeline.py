@@ -9,7 +9,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from rope_passes.errors import UsageError
 from rope_passes.passes import ALL_PASSES, CleanupPass
-from rope_passes.pipeline import PRESETS, pass_names_for
+from rope_passes.plan import PRESETS, make_plan, pass_order
 from rope_passes.report import Outcome
 
 
@@ -83,10 +83,38 @@ def test_passes_work_in_an_onnx_ir_pass_manager():
 
 def test_presets_are_explicit_registered_and_end_with_cleanup():
     for target, names in PRESETS.items():
-        assert names == pass_names_for(target, None)
         assert all(n in ALL_PASSES for n in names), target
         assert names[-1] == "cleanup", f"{target}: cleanup must run last to drop what earlier passes left dead"
         assert len(set(names)) == len(names)
+        assert [n for n in pass_order() if n in names] == names, f"{target}: not in the registry's order"
+    # lint --fix picks passes by need and runs them in the registry's order: webgpu-graph's, then the exporter's
+    assert pass_order() == (*PRESETS["webgpu-graph"][:-1], "precompute-cos-sin", "name-batch-dim", "cleanup")
+
+
+def test_a_plan_is_resolved_once_and_frozen():
+    """make_plan resolves the runtime, the preset's passes for it and each pass's typed options; the plan cannot be
+    changed afterwards, and RunPlan.only keeps them without resolving again (lint --fix)."""
+    import dataclasses
+
+    from rope_passes.passes.fold_text_mrope import FoldTextMRoPEOptions
+    from rope_passes.targets import WEBGPU_PLUGIN, get_target
+
+    plan = make_plan("webgpu-graph", options={"text_only": True}, runtime=WEBGPU_PLUGIN)
+    assert plan.runtime is get_target(WEBGPU_PLUGIN) and plan.runtime_given and plan.preset == "webgpu-graph"
+    assert plan.passes == ("fold-text-mrope", "longrope-concat", "annotate-cache-offset", "total-seq-on-gpu",
+                           "narrow-int64", "cleanup")
+    assert set(plan.skipped) == {"unfuse-gqa-qk-norm", "lower-mrope"}
+    assert plan.options["fold-text-mrope"] == FoldTextMRoPEOptions(text_only=True)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.preset = "exporter"  # type: ignore[misc]
+    fixing = plan.only({"cleanup", "fold-text-mrope", "precompute-cos-sin"})
+    assert fixing.passes == ("fold-text-mrope", "cleanup") and fixing.runtime is plan.runtime
+    assert fixing.options["fold-text-mrope"].text_only and fixing.preset is None and not fixing.skipped
+    with pytest.raises(UsageError, match="max_positions must be a positive integer"):
+        make_plan("exporter", options={"max_positions": 0})
+    with pytest.raises(UsageError, match="option 'hf_config' is not taken by any pass of this run"):
+        make_plan("webgpu", hf_config="config.json")  # --hf-config is the exporter's (and lint's)
+    assert make_plan("exporter", hf_config="c.json").options["precompute-cos-sin"].hf_config == "c.json"
 
 
 def test_narrow_int64_runs_right_after_total_seq_on_gpu():
@@ -97,10 +125,10 @@ def test_narrow_int64_runs_right_after_total_seq_on_gpu():
 
 
 def test_unknown_target_and_pass_are_usage_errors():
-    with pytest.raises(UsageError, match="unknown target 'gpu'"):
-        pass_names_for("gpu", None)
+    with pytest.raises(UsageError, match="unknown preset 'gpu'"):
+        make_plan("gpu")
     with pytest.raises(UsageError, match="unknown pass 'nope'"):
-        pass_names_for(None, ["cleanup", "nope"])
+        make_plan(passes=["cleanup", "nope"])
 
 
 def test_docs_list_presets_in_code_order():

@@ -20,8 +20,9 @@ from rope_passes.demo import build_tiny_decoder
 from rope_passes.io import load_bundle
 from rope_passes.passes import ALL_PASSES, PassContext, RopePass
 from rope_passes.pipeline import run_pipeline
+from rope_passes.plan import make_plan
 from rope_passes.report import PassReport
-from rope_passes.targets import WEBGPU_127
+from rope_passes.targets import WEBGPU_127, get_target
 
 
 class _AddsACpuNode(RopePass):
@@ -66,7 +67,7 @@ def test_one_capture_verdict_per_graph_state(tiny, tmp_path, monkeypatch):
     (before: 5 predictions, the input's, 2 after passes, narrow-int64's own and capture_config's)."""
     calls = _count(monkeypatch, placement, "predict_placement")
     monkeypatch.setattr(narrow_int64, "predict_placement", placement.predict_placement)
-    report = rope_passes.optimize(tiny, tmp_path / "out", target="webgpu-graph", runtime=WEBGPU_127, weights="copy")
+    report = rope_passes.optimize(tiny, tmp_path / "out", preset="webgpu-graph", runtime=WEBGPU_127, weights="copy")
     changed = [p.pass_name for p in report.passes if p.modified]
     assert changed == ["total-seq-on-gpu", "cleanup"]
     assert len(calls) == 1 + len(changed)
@@ -82,7 +83,7 @@ def test_snapshot_only_for_a_new_graph_state(tiny, monkeypatch):
     (before: one per pass, 8 here)."""
     bundle = load_bundle(tiny)
     calls = _count(monkeypatch, ir.serde, "serialize_model")
-    report = run_pipeline(bundle, target="webgpu-graph", runtime=WEBGPU_127)
+    report = run_pipeline(bundle, make_plan(preset="webgpu-graph", runtime=WEBGPU_127))
     assert len(report.passes) == 8
     # the input's state, the state after total-seq-on-gpu (narrow-int64 runs on it), the state after cleanup
     assert [p.pass_name for p in report.passes if p.modified] == ["total-seq-on-gpu", "cleanup"]
@@ -95,8 +96,7 @@ def test_roll_back_after_a_pass_that_changed_nothing(tiny, monkeypatch):
     monkeypatch.setitem(ALL_PASSES, _AddsACpuNode.name, _AddsACpuNode)
     bundle = load_bundle(tiny)
     config = json.dumps(bundle.genai_config.data)
-    report = run_pipeline(bundle, passes=["total-seq-on-gpu", "narrow-int64", _AddsACpuNode.name],
-                          runtime=WEBGPU_127)
+    report = run_pipeline(bundle, make_plan(passes=["total-seq-on-gpu", "narrow-int64", _AddsACpuNode.name], runtime=WEBGPU_127))
     done, nothing, refused = report.passes
     assert done.modified and not nothing.modified and refused.status.startswith("refused: refused for this model")
     assert "test/Mul" not in [n.name for n in bundle.model.graph]
@@ -110,8 +110,7 @@ def test_two_roll_backs_in_a_row(tiny, monkeypatch):
     snapshot of it) and is rolled back too; the weights still read from the input's data file."""
     monkeypatch.setitem(ALL_PASSES, _AddsACpuNode.name, _AddsACpuNode)
     bundle = load_bundle(tiny)
-    report = run_pipeline(bundle, passes=["total-seq-on-gpu", _AddsACpuNode.name, _AddsACpuNode.name],
-                          runtime=WEBGPU_127)
+    report = run_pipeline(bundle, make_plan(passes=["total-seq-on-gpu", _AddsACpuNode.name, _AddsACpuNode.name], runtime=WEBGPU_127))
     assert [p.status.startswith("refused") for p in report.passes] == [False, True, True]
     assert "test/Mul" not in [n.name for n in bundle.model.graph]
     embed = next(n for n in bundle.model.graph if n.name == "/model/embed_tokens/Gather")
@@ -123,7 +122,7 @@ def test_two_roll_backs_in_a_row(tiny, monkeypatch):
 def test_take_verdict_once_and_only_for_its_model(tiny):
     model = load_bundle(tiny).model
     verdict = capture_verdict(model, WEBGPU_127)
-    ctx = PassContext(runtime=WEBGPU_127)
+    ctx = PassContext(runtime=get_target(WEBGPU_127))
     ctx.verdict = (model, WEBGPU_127, verdict)
     assert ctx.take_verdict(load_bundle(tiny).model, WEBGPU_127) is None  # another model object
     ctx.verdict = (model, WEBGPU_127, verdict)
@@ -325,7 +324,7 @@ def test_snapshot_holds_in_memory_tensors_by_reference(tiny, monkeypatch):
 
     monkeypatch.setattr(base, "Snapshot", kept)
     bundle = load_bundle(tiny)
-    report = run_pipeline(bundle, passes=[_AddsATable.name, _AddsACpuNode.name], runtime=WEBGPU_127)
+    report = run_pipeline(bundle, make_plan(passes=[_AddsATable.name, _AddsACpuNode.name], runtime=WEBGPU_127))
     assert [p.status.startswith("refused") for p in report.passes] == [False, True]
     after_table = snapshots[1]
     assert after_table.proto.ByteSize() < (1 << 20)  # the 16 MB table is not in it

@@ -29,6 +29,7 @@ from rope_passes.errors import UsageError
 from rope_passes.passes import ALL_PASSES, PassContext, PrecomputeCosSinPass
 from rope_passes.passes.precompute_cos_sin import MAX_POSITIONS_KEY
 from rope_passes.pipeline import run_pipeline
+from rope_passes.plan import make_plan
 from rope_passes.report import Outcome
 from rope_passes.runtime.sessions import WEBGPU, create_session
 
@@ -463,7 +464,7 @@ def test_registered_and_runs_in_a_pipeline(tmp_path):
     path = tmp_path / "m.onnx"
     path.write_bytes(serialize(_chain_graph()))
     bundle = load_bundle(str(path))
-    report = run_pipeline(bundle, passes=["precompute-cos-sin", "cleanup"], options={"max_positions": 16})
+    report = run_pipeline(bundle, make_plan(passes=["precompute-cos-sin", "cleanup"], options={"max_positions": 16}))
     assert report.passes[0].status == "rewritten 2"
     assert report.passes[0].metadata_changes == [f"metadata_props[{MAX_POSITIONS_KEY!r}] = '16'"]
     assert bundle.model.metadata_props[MAX_POSITIONS_KEY] == "16"

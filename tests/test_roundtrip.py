@@ -83,7 +83,7 @@ def test_noop_optimize_copies_every_torch_export_byte_for_byte(tmp_path):
     assert len(models) == 62, "shared torch corpus missing or changed"
     for i, src in enumerate(models):
         out = tmp_path / f"{i}" / "out.onnx"
-        report = rope_passes.optimize(str(src), str(out), target="webgpu")
+        report = rope_passes.optimize(str(src), str(out), preset="webgpu")
         assert not report.modified and report.copied_verbatim, (src, [p.status for p in report.passes])
         assert out.read_bytes() == src.read_bytes(), src
         for data in rope_passes.load_bundle(src).external_data_files:

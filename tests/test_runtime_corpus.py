@@ -83,7 +83,7 @@ def outcomes(genai_corpus, embeddings, tmp_path_factory) -> dict[tuple[str, str]
     def one(job: tuple[str, str]) -> Outcome:
         runtime, rel = job
         dest = root / runtime / rel.replace("/", "_")
-        report = optimize(str(GENAI / rel), str(dest), target="webgpu-graph", options={"text_only": True},
+        report = optimize(str(GENAI / rel), str(dest), preset="webgpu-graph", options={"text_only": True},
                           runtime=runtime)
         embedding = embeddings.get("/".join(rel.split("/")[:2]))
         worker, prefill, last = run_worker(runtime, dest / "model.onnx", Path(tempfile.mkdtemp(dir=root)),

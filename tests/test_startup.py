@@ -95,7 +95,7 @@ def test_spelled_out_choices_agree_with_their_sources():
     from rope_passes.io import WEIGHT_MODES
     from rope_passes.lint.core import Severity
     from rope_passes.lint.formats import FORMATS
-    from rope_passes.pipeline import PRESETS
+    from rope_passes.plan import PRESETS
     from rope_passes.targets import RUNTIMES
 
     assert tuple(RUNTIMES) == cli.RUNTIMES
@@ -105,7 +105,7 @@ def test_spelled_out_choices_agree_with_their_sources():
     assert tuple(CHOICES) == check_cmd.RUNTIME_CHOICES
     assert set(lint_cmd.FORMAT_NAMES) == set(FORMATS)
     assert set(lint_cmd.SEVERITIES) == {s.value for s in Severity} == set(lint_cmd.ORDER)
-    assert set(optimize_cmd.TARGET_NAMES) == set(PRESETS)
+    assert set(optimize_cmd.PRESET_NAMES) == set(PRESETS)
     assert tuple(optimize_cmd.WEIGHT_MODES) == tuple(WEIGHT_MODES)
 
 

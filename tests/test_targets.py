@@ -14,7 +14,7 @@ from rope_passes.cli import main
 from rope_passes.errors import UsageError
 from rope_passes.io import load_bundle
 from rope_passes.lint import lint_bundle
-from rope_passes.pipeline import PRESETS, pass_names_for, presets_for, runtime_presets, skipped_for
+from rope_passes.plan import PRESETS, lint_plan, make_plan, presets_for, runtime_presets, skipped_for
 from rope_passes.runtime.interpreters import child_env, python_for
 from rope_passes.targets import (
     DOWNLEVEL,
@@ -121,8 +121,8 @@ def test_presets_per_runtime():
                                       "total-seq-on-gpu", "narrow-int64", "cleanup"]
     assert plugin["exporter"] == old["exporter"]
     assert runtime_presets() == {WEBGPU_127: old, WEBGPU_PLUGIN: plugin}
-    assert pass_names_for("webgpu", None, WEBGPU_PLUGIN) == plugin["webgpu"]
-    assert pass_names_for(None, ["unfuse-gqa-qk-norm"], WEBGPU_PLUGIN) == ["unfuse-gqa-qk-norm"]  # --passes: as given
+    assert list(make_plan("webgpu", runtime=WEBGPU_PLUGIN).passes) == plugin["webgpu"]
+    assert make_plan(passes=["unfuse-gqa-qk-norm"], runtime=WEBGPU_PLUGIN).passes == ("unfuse-gqa-qk-norm",)  # as given
     assert skipped_for("webgpu-graph", WEBGPU_127) == {}
     assert set(skipped_for("webgpu-graph", WEBGPU_PLUGIN)) == {"unfuse-gqa-qk-norm", "lower-mrope"}
     for names in PRESETS.values():  # downlevel passes come first: later passes read the standard form
@@ -154,22 +154,22 @@ def test_load_problems_per_runtime(genai_corpus):
 
 @pytest.mark.corpus
 def test_lint_qwen3_fused_on_127_is_rp002(genai_corpus):
-    codes = {d.code for d in lint_bundle(GENAI / QWEN3_FUSED, runtime=WEBGPU_127)}
+    codes = {d.code for d in lint_bundle(GENAI / QWEN3_FUSED, lint_plan(runtime=WEBGPU_127))}
     assert codes & LOAD_RULES == {"RP002"}
-    found = [d for d in lint_bundle(GENAI / QWEN3_FUSED, runtime=WEBGPU_127) if d.code == "RP002"]
+    found = [d for d in lint_bundle(GENAI / QWEN3_FUSED, lint_plan(runtime=WEBGPU_127)) if d.code == "RP002"]
     assert "16 inputs (onnxruntime-webgpu 1.27.0 accepts 7..14)" in found[0].message
     assert found[0].fix == "unfuse-gqa-qk-norm"
 
 
 @pytest.mark.corpus
 def test_lint_qwen3_fused_on_plugin_loads(genai_corpus):
-    assert not {d.code for d in lint_bundle(GENAI / QWEN3_FUSED, runtime=WEBGPU_PLUGIN)} & LOAD_RULES
+    assert not {d.code for d in lint_bundle(GENAI / QWEN3_FUSED, lint_plan(runtime=WEBGPU_PLUGIN))} & LOAD_RULES
 
 
 @pytest.mark.corpus
 @pytest.mark.parametrize("rel", QWEN25_VL)
 def test_lint_qwen25_vl_on_127_is_rp101(genai_corpus, rel):
-    diags = lint_bundle(GENAI / rel, runtime=WEBGPU_127)
+    diags = lint_bundle(GENAI / rel, lint_plan(runtime=WEBGPU_127))
     assert {d.code for d in diags} & LOAD_RULES == {"RP101"}
     assert all("not registered in onnxruntime-webgpu 1.27.0" in d.message for d in diags if d.code == "RP101")
     assert len([d for d in diags if d.code == "RP101"]) == 4  # q and k of both layers
@@ -178,7 +178,7 @@ def test_lint_qwen25_vl_on_127_is_rp101(genai_corpus, rel):
 @pytest.mark.corpus
 @pytest.mark.parametrize("rel", QWEN25_VL)
 def test_lint_qwen25_vl_on_plugin_loads(genai_corpus, rel):
-    assert not {d.code for d in lint_bundle(GENAI / rel, runtime=WEBGPU_PLUGIN)} & LOAD_RULES
+    assert not {d.code for d in lint_bundle(GENAI / rel, lint_plan(runtime=WEBGPU_PLUGIN))} & LOAD_RULES
 
 
 @pytest.mark.corpus
@@ -268,7 +268,7 @@ def test_onnxruntime_is_the_judge_of_attributes(runtime, tmp_path):
 def test_offset_passes_skipped_where_the_runtime_does_not_read_the_offset():
     """onnxruntime-web 1.30's probe shows multiRotaryCacheConcatOffset has no effect (runtime_tables/onnxruntime-web.json):
     a preset for it leaves out the passes whose rewrite needs the offset read; the Python runtimes read it."""
-    from rope_passes.pipeline import presets_for, skipped_for
+    from rope_passes.plan import presets_for, skipped_for
     from rope_passes.targets import OPTION_PASSES, RUNTIMES, WEB, get_target
 
     web = get_target(WEB)
@@ -287,7 +287,7 @@ def test_offset_passes_skipped_where_the_runtime_does_not_read_the_offset():
 def test_a_pass_measured_not_exact_on_a_runtime_is_left_out_for_it():
     """fold-text-mrope is not exact on onnxruntime-web 1.30 (measured, tests/test_web_runtime.py): its presets leave
     it out with the reason; the Python runtimes keep it."""
-    from rope_passes.pipeline import presets_for, skipped_for
+    from rope_passes.plan import presets_for, skipped_for
     from rope_passes.targets import INEXACT_PASSES, RUNTIMES, WEB
 
     assert set(INEXACT_PASSES) == {WEB} and set(INEXACT_PASSES[WEB]) == {"fold-text-mrope"}
@@ -304,10 +304,11 @@ def test_an_option_of_a_pass_the_runtime_leaves_out_is_no_error(tmp_path):
     from rope_passes.demo import build_tiny_decoder
     from rope_passes.io import load_bundle
     from rope_passes.pipeline import run_pipeline
+    from rope_passes.plan import make_plan
     from rope_passes.targets import WEB
 
     src = build_tiny_decoder(tmp_path / "demo")
-    report = run_pipeline(load_bundle(src), target="webgpu-graph", options={"text_only": True}, runtime=WEB)
+    report = run_pipeline(load_bundle(src), make_plan(preset="webgpu-graph", options={"text_only": True}, runtime=WEB))
     assert "fold-text-mrope" in report.skipped and "fold-text-mrope" not in [p.pass_name for p in report.passes]
     with pytest.raises(UsageError, match="option 'text_onyl' is not taken"):
-        run_pipeline(load_bundle(src), target="webgpu-graph", options={"text_onyl": True}, runtime=WEB)
+        make_plan(preset="webgpu-graph", options={"text_onyl": True}, runtime=WEB)

@@ -29,6 +29,7 @@ from rope_passes.check.decode import DecoderSpec, run_decode, token_ids
 from rope_passes.io import load_bundle
 from rope_passes.passes.total_seq_on_gpu import TotalSeqOnGpuPass
 from rope_passes.pipeline import run_pipeline
+from rope_passes.plan import make_plan
 from rope_passes.report import Outcome
 from rope_passes.runtime.placement_probe import probe_placement
 from rope_passes.runtime.sessions import create_session
@@ -247,7 +248,7 @@ def optimized(genai_corpus, tmp_path_factory) -> dict[str, Path | str]:
     root = tmp_path_factory.mktemp("webgpu_graph")
     for rel in LOADABLE:
         dest = root / rel.replace("/", "_")
-        report = optimize(str(GENAI / rel), str(dest), target="webgpu-graph")
+        report = optimize(str(GENAI / rel), str(dest), preset="webgpu-graph")
         if rel in VL_3D:
             fold = next(p for p in report.passes if p.pass_name == "fold-text-mrope")
             assert fold.status.startswith("refused: positions come from outside"), fold.status
@@ -303,7 +304,7 @@ def test_captured_decode_matches_original(optimized, rel):
 @pytest.mark.corpus
 def test_int64_movement_narrowed_on_3d_vl_graph(genai_corpus):
     bundle = load_bundle(GENAI / "legacy/qwen35/cpu_fp32")
-    report = run_pipeline(bundle, passes=["total-seq-on-gpu", "narrow-int64", "cleanup"])
+    report = run_pipeline(bundle, make_plan(passes=["total-seq-on-gpu", "narrow-int64", "cleanup"]))
     total_seq, narrow = report.passes[:2]
     assert total_seq.status == "rewritten 1" and narrow.count(Outcome.REWRITTEN) > 0, (total_seq.status, narrow.status)
     assert all("int32" in f.reason for f in narrow.findings)
@@ -351,7 +352,7 @@ def test_text_only_vl_models_capture_with_zero_memcpy(genai_corpus, tmp_path):
     outs = []
     for rel in VL_MODELS:
         dest = tmp_path / rel.replace("/", "_")
-        optimize(str(GENAI / rel), str(dest), target="webgpu-graph", options={"text_only": True})
+        optimize(str(GENAI / rel), str(dest), preset="webgpu-graph", options={"text_only": True})
         outs.append(dest / "model.onnx")
     with ThreadPoolExecutor(2) as pool:
         probes = list(pool.map(lambda p: probe_placement(p, graph_capture=True), outs))
@@ -404,7 +405,7 @@ def test_lowered_mrope_graph_captures_and_keeps_its_bits(genai_corpus, tmp_path)
     preset. The preset's extra work (int32 position movement, GPU lengths) changes no bit on WebGPU and captures."""
     rel = "current/qwen35/webgpu_fp32"
     optimize(str(GENAI / rel), str(tmp_path / "lowered"), passes=["lower-mrope", "cleanup"])
-    optimize(str(GENAI / rel), str(tmp_path / "graph"), target="webgpu-graph")
+    optimize(str(GENAI / rel), str(tmp_path / "graph"), preset="webgpu-graph")
     report = check(tmp_path / "lowered", tmp_path / "graph", prefill=8, steps=4, graph_capture=True)
     assert report.equivalent, report.to_json()[:2000]
     same_ep = report.comparison("rewritten@webgpu", "original@webgpu")
@@ -507,7 +508,7 @@ def test_bf16_attention_is_said_once_and_not_rewritten(tmp_path):
     model = _bf16_gqa_model(ir.DataType.BFLOAT16)
     before = [n.op_type for n in model.graph]
     bundle = ModelBundle(model=model, model_path=tmp_path / "model.onnx")
-    report = run_pipeline(bundle, passes=["total-seq-on-gpu", "narrow-int64"])
+    report = run_pipeline(bundle, make_plan(passes=["total-seq-on-gpu", "narrow-int64"]))
     for p in report.passes:
         notes = [f for f in p.findings if f.outcome is Outcome.NOTE]
         assert len(notes) == 1 and notes[0].reason == BF16_GQA_NOTE and notes[0].target == "gqa", p.findings
@@ -517,4 +518,4 @@ def test_bf16_attention_is_said_once_and_not_rewritten(tmp_path):
     assert len(found) == 1 and str(found[0].severity) == "note" and found[0].target == "gqa"
     fp32 = ModelBundle(model=_bf16_gqa_model(ir.DataType.FLOAT), model_path=tmp_path / "model.onnx")
     assert not [d for d in lint_bundle(fp32) if d.code == "RP207"]
-    assert run_pipeline(fp32, passes=["total-seq-on-gpu"]).passes[0].status == "rewritten 1"
+    assert run_pipeline(fp32, make_plan(passes=["total-seq-on-gpu"])).passes[0].status == "rewritten 1"

@@ -26,7 +26,7 @@ from rope_passes.hf_config import HFConfig
 from rope_passes.io import discover_models, load_bundle, save_bundle
 from rope_passes.lint import lint_bundle
 from rope_passes.passes import ALL_PASSES
-from rope_passes.pipeline import PRESETS
+from rope_passes.plan import PRESETS
 
 WEIGHTS = np.arange(1024, dtype=np.float32)  # 4 KiB: external (above the 256-byte inline threshold)
 

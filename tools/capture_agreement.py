@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
             out = work / (name.replace("/", "_") + ("_text" if text else ""))
             out = out if src.is_dir() else out.with_suffix(".onnx")
             try:
-                rope_passes.optimize(src, out, target="webgpu-graph", runtime=args.runtime, weights="link",
+                rope_passes.optimize(src, out, preset="webgpu-graph", runtime=args.runtime, weights="link",
                                      options={"text_only": True} if text else None)
             except Exception as exc:  # noqa: BLE001 - a graph optimize refuses is reported, not fatal
                 print(f"optimize failed: {name}{' --text-only' if text else ''}: {exc}")

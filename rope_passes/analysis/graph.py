@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
-from typing import Protocol
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 import onnx_ir as ir
@@ -17,17 +16,6 @@ SMALL_TENSOR = 256
 
 #: Ops that pass a value through unchanged for the purpose of tracing a cache or a hidden size.
 PASS_THROUGH = ("Cast", "Identity", "CastLike")
-
-
-class Evaluate(Protocol):
-    """Runs the subgraph of ``model`` between ``inputs`` and ``outputs`` on ``feeds`` and returns the outputs.
-
-    Analysis never opens a runtime session itself: numeric proofs take one of these, and the passes hand in
-    :func:`rope_passes.runtime.evaluate.evaluate_subgraph` (onnxruntime CPU).
-    """
-
-    def __call__(self, model: ir.Model, inputs: Sequence[ir.Value], outputs: Sequence[ir.Value],
-                 feeds: list[np.ndarray]) -> list[np.ndarray]: ...
 
 
 def iter_nodes(model_or_graph: ir.Model | ir.Graph) -> Iterator[ir.Node]:
@@ -152,10 +140,6 @@ def ancestors(values: Iterable[ir.Value | None], stop: Iterable[str] = ()) -> li
             continue
         stack.extend(inp.producer() for inp in node.inputs if inp is not None and inp.producer() is not None)
     return list(seen.values())
-
-
-def consumers(value: ir.Value) -> list[ir.Node]:
-    return [user for user, _ in value.uses()]
 
 
 def small_const(value: ir.Value | None) -> np.ndarray | None:

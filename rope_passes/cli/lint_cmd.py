@@ -53,11 +53,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rope_passes.hf_config import use_hf_config
     from rope_passes.io import check_report_path, discover_models, write_report
     from rope_passes.lint import fix_bundle, lint_bundle
     from rope_passes.lint.core import RULES
     from rope_passes.lint.formats import FORMATS
+    from rope_passes.plan import lint_plan
 
     if args.list_rules:
         for r in sorted(RULES.values(), key=lambda r: r.code):
@@ -73,13 +73,14 @@ def run(args: argparse.Namespace) -> int:
     select = args.select.split(",") if args.select else None
     ignore = args.ignore.split(",") if args.ignore else ()
     paths = [str(m) for given in args.models for m in discover_models(given)]
+    # the run, resolved once: the runtime, the config.json the RP4xx rules (and --fix) read, the fixing passes
+    plan = lint_plan(fix=args.fix, options={"text_only": args.text_only}, runtime=args.runtime,
+                     hf_config=args.hf_config)
     results = {}
-    with use_hf_config(args.hf_config):  # the RP4xx rules and --fix read this config.json instead of the ones beside
-        for path in paths:
-            if args.fix:
-                fix_bundle(path, options={"text_only": args.text_only}, select=select, ignore=ignore,
-                           log=lambda m: print(m, file=sys.stderr), runtime=args.runtime)
-            results[path] = lint_bundle(path, select=select, ignore=ignore, runtime=args.runtime)
+    for path in paths:
+        if args.fix:
+            fix_bundle(path, plan, select=select, ignore=ignore, log=lambda m: print(m, file=sys.stderr))
+        results[path] = lint_bundle(path, plan, select=select, ignore=ignore)
     text = FORMATS[args.format](results)
     if args.output:
         write_report(args.output, text + "\n")

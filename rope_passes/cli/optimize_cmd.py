@@ -15,11 +15,12 @@ if TYPE_CHECKING:  # the work imports onnx_ir, the passes, rich: only when the c
     from rich.console import Console
 
     from rope_passes.io import ModelJob
+    from rope_passes.plan import RunPlan
     from rope_passes.report import PipelineReport
 
-#: :data:`rope_passes.pipeline.PRESETS` and :data:`rope_passes.io.WEIGHT_MODES`, spelled out so that the parser imports
+#: :data:`rope_passes.plan.PRESETS` and :data:`rope_passes.io.WEIGHT_MODES`, spelled out so that the parser imports
 #: nothing heavy (tests/test_startup.py checks they agree)
-TARGET_NAMES = ("exporter", "webgpu", "webgpu-graph")
+PRESET_NAMES = ("exporter", "webgpu", "webgpu-graph")
 WEIGHT_MODES = ("reflink", "copy", "link", "rewrite")
 #: the most rows --max-positions may ask for (a position past int32 cannot be fed to GroupQueryAttention)
 MAX_POSITIONS = 2**31 - 1
@@ -38,7 +39,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("input", help="model.onnx, a model folder (model + genai_config.json + tokenizer files), or a folder "
                                   "of model folders (each written to the same relative path under -o)")
     p.add_argument("-o", "--output", help="output .onnx path or folder (a folder input always gives a folder)")
-    p.add_argument("--target", default="webgpu", choices=TARGET_NAMES,
+    p.add_argument("--target", dest="preset", choices=PRESET_NAMES,
                    help="pass preset (default: webgpu; rope-passes passes lists what each runs)")
     p.add_argument("--passes", help="comma-separated pass names, run in this order instead of the preset")
     add_runtime_argument(p, "the WebGPU runtime the output is for: the preset runs the downlevel passes it needs "
@@ -71,44 +72,51 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from rope_passes.io import check_report_path, plan_outputs
-    from rope_passes.pipeline import pass_names_for
 
-    passes = args.passes.split(",") if args.passes is not None else None
+    plan = _plan(args)  # the run, resolved once: a bad --target/--passes/option is one error, not one per model
+    if args.report:  # an unwritable --report path fails before any work
+        check_report_path(args.report)
+    jobs = plan_outputs(args.input, args.output, in_place=args.in_place, dry_run=args.dry_run)
+    if len(jobs) == 1 and jobs[0].relative is None:
+        return _run_one(args, plan, jobs[0])
+    return _run_tree(args, plan, jobs)
+
+
+def _plan(args: argparse.Namespace) -> RunPlan:
+    """The :class:`~rope_passes.plan.RunPlan` of the command line (a UsageError for any argument it refuses)."""
+    from rope_passes.plan import make_plan
+
     if args.max_positions is not None and args.max_positions < 1:
         raise UsageError(f"--max-positions must be a positive number of rows, got {args.max_positions}")
     if args.max_positions is not None and args.max_positions > MAX_POSITIONS:
         raise UsageError(f"--max-positions {args.max_positions} is more rows than a table can have (at most "
                          f"{MAX_POSITIONS}: a position past int32 cannot be indexed)")
-    pass_names_for(args.target, passes, args.runtime)  # a bad --passes/--target is one error, not one per model
-    if args.report:  # an unwritable --report path fails before any work
-        check_report_path(args.report)
-    jobs = plan_outputs(args.input, args.output, in_place=args.in_place, dry_run=args.dry_run)
-    if len(jobs) == 1 and jobs[0].relative is None:
-        return _run_one(args, passes, jobs[0])
-    return _run_tree(args, passes, jobs)
+    options: dict = {"text_only": True} if args.text_only else {}
+    if args.max_positions is not None:
+        options["max_positions"] = args.max_positions
+    if args.hf_config is not None:
+        options["hf_config"] = args.hf_config
+    passes = args.passes.split(",") if args.passes is not None else None
+    return make_plan(args.preset, passes, options=options, runtime=args.runtime)
 
 
-def _optimize(args: argparse.Namespace, passes: list[str] | None, job: ModelJob, progress=None) -> PipelineReport:
+def _optimize(args: argparse.Namespace, plan: RunPlan, job: ModelJob, progress=None) -> PipelineReport:
     from rope_passes.api import optimize
 
-    return optimize(job.input, job.output, target=args.target, passes=passes, options=_options(args),
-                    dry_run=args.dry_run, in_place=args.in_place, weights=args.weights, progress=progress,
-                    runtime=args.runtime)
+    return optimize(job.input, job.output, plan, dry_run=args.dry_run, in_place=args.in_place, weights=args.weights,
+                    progress=progress)
 
 
-def _run_tree(args: argparse.Namespace, passes: list[str] | None, jobs: list[ModelJob]) -> int:
+def _run_tree(args: argparse.Namespace, plan: RunPlan, jobs: list[ModelJob]) -> int:
     """A folder of model folders: one line per model, then a tally; a broken model is reported, the others written."""
     from rope_passes.io import write_report
-    from rope_passes.pipeline import skipped_for
-    from rope_passes.targets import default_runtime
 
     reports: list[dict] = []
     tally = {"rewritten": 0, "unchanged": 0, "failed": 0}
-    runtime = args.runtime or default_runtime()
-    _say(runtime_line(runtime, args.runtime is not None, skipped_for(args.target, runtime) if passes is None else {}))
+    _say(runtime_line(plan.runtime.label, plan.runtime_given, plan.skipped))
     for i, job in enumerate(jobs, 1):
         try:
-            report = _optimize(args, passes, job)
+            report = _optimize(args, plan, job)
         except RopePassesError as exc:
             tally["failed"] += 1
             _say(f"[{i}/{len(jobs)}] {job.relative}: error: {exc}")
@@ -141,16 +149,7 @@ def _say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def _options(args: argparse.Namespace) -> dict:
-    options: dict = {"text_only": True} if args.text_only else {}
-    if args.max_positions is not None:
-        options["max_positions"] = args.max_positions
-    if args.hf_config is not None:
-        options["hf_config"] = args.hf_config
-    return options
-
-
-def _run_one(args: argparse.Namespace, passes: list[str] | None, job: ModelJob) -> int:
+def _run_one(args: argparse.Namespace, plan: RunPlan, job: ModelJob) -> int:
     from rich.console import Console
 
     from rope_passes.io import write_report
@@ -165,7 +164,7 @@ def _run_one(args: argparse.Namespace, passes: list[str] | None, job: ModelJob) 
     if status is not None:
         status.start()
     try:
-        report = _optimize(args, passes, job, progress)
+        report = _optimize(args, plan, job, progress)
     finally:
         if status is not None:
             status.stop()
@@ -174,18 +173,16 @@ def _run_one(args: argparse.Namespace, passes: list[str] | None, job: ModelJob) 
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:
-        render(report, output_console(), explicit_runtime=args.runtime is not None)
+        render(report, output_console(), plan)
         if args.explain:
             explain(report, output_console())
     return 0
 
 
-def runtime_line(runtime: str, explicit: bool, skipped: Mapping[str, str]) -> str:
+def runtime_line(label: str, explicit: bool, skipped: Mapping[str, str]) -> str:
     """``output for onnxruntime-webgpu 1.27.0 (...)``, then the preset passes that runtime does not need, and why."""
-    from rope_passes.targets import get_target
-
     how = "--runtime" if explicit else "the runtime installed here; --runtime to choose another"
-    lines = [f"output for {get_target(runtime).label} ({how})"]
+    lines = [f"output for {label} ({how})"]
     lines += [f"  {name} skipped: {why}" for name, why in skipped.items()]
     return "\n".join(lines)
 
@@ -216,11 +213,11 @@ def _short(value) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def render(report: PipelineReport, console: Console, explicit_runtime: bool = False) -> None:
+def render(report: PipelineReport, console: Console, plan: RunPlan) -> None:
     from rich.markup import escape  # reasons quote graphs ("[1, 3]", "[t]*s0"): text, never markup
     from rich.table import Table
 
-    table = Table(title=f"rope-passes optimize ({report.target or 'custom passes'})", title_justify="left")
+    table = Table(title=f"rope-passes optimize ({report.preset or 'custom passes'})", title_justify="left")
     for col in ("pass", "matched", "rewritten", "refused", "nodes −/+"):
         table.add_column(col, no_wrap=True)
     table.add_column("status", overflow="fold")  # wrapped, never cut: the reason is what the user reads this for
@@ -254,7 +251,6 @@ def render(report: PipelineReport, console: Console, explicit_runtime: bool = Fa
             what = "graph unchanged (re-saved with IR version ≤ 13 so onnxruntime 1.27 loads it)"
         weights = f" (weights: {report.weights})" if report.weights else ""
         console.print(f"{what} → {report.output_path}{weights}")
-    if report.runtime:
-        console.print(runtime_line(report.runtime, explicit_runtime, report.skipped), highlight=False,
-                      soft_wrap=True)
+    console.print(runtime_line(plan.runtime.label, plan.runtime_given, plan.skipped), highlight=False,
+                  soft_wrap=True)
     sys.stdout.flush()

@@ -20,7 +20,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from rope_passes.passes import ALL_PASSES
-    from rope_passes.pipeline import runtime_presets, skipped_for
+    from rope_passes.plan import runtime_presets, skipped_for
     from rope_passes.targets import default_runtime, get_target
 
     console = output_console()
@@ -36,8 +36,8 @@ def run(args: argparse.Namespace) -> int:
     for runtime, presets in runtime_presets().items():
         mark = " (installed: the default)" if runtime == installed else ""
         console.print(f"--runtime {runtime}{mark}: {get_target(runtime).label}", highlight=False)
-        for target, names in presets.items():
-            console.print(f"  --target {target}: " + " → ".join(names), highlight=False, soft_wrap=True)
-            for name, why in skipped_for(target, runtime).items():
+        for preset, names in presets.items():
+            console.print(f"  --target {preset}: " + " → ".join(names), highlight=False, soft_wrap=True)
+            for name, why in skipped_for(preset, runtime).items():
                 console.print(f"      {name} left out: {why}", highlight=False, soft_wrap=True)
     return 0

@@ -1,11 +1,14 @@
 """Graph lint: rules with a code, message, explanation and fix (``rope-passes lint``).
 
     from rope_passes.lint import lint_bundle
-    for d in lint_bundle("model_dir"):
+    for d in lint_bundle("model_dir"):                   # for the runtime installed here
         print(d.code, d.message)
+    lint_bundle("model_dir", lint_plan(runtime="onnxruntime-ep-webgpu", hf_config="config.json"))
 
-Layering: lint sits above :mod:`rope_passes.pipeline` (``fix_bundle`` runs the fixing passes) and below
-:mod:`rope_passes.api` (``optimize`` reports :func:`remaining_problems` of its output).
+What a lint run is for (the runtime, the Hugging Face config of the RP4xx rules, and for ``--fix`` the passes' order
+and options) is a :class:`rope_passes.plan.RunPlan`, resolved once by the caller (``rope-passes lint`` builds
+:func:`rope_passes.plan.lint_plan`). Layering: lint sits above :mod:`rope_passes.pipeline` (``fix_bundle`` runs the
+fixing passes) and below :mod:`rope_passes.api` (``optimize`` reports :func:`remaining_problems` of its output).
 """
 
 from __future__ import annotations
@@ -22,61 +25,59 @@ from rope_passes.lint import rules_container as _rules_container  # noqa: F401  
 from rope_passes.lint import rules_longrope as _rules_longrope  # noqa: F401  (RP206, RP207)
 from rope_passes.lint import rules_rotation as _rules_rotation  # noqa: F401  (RP405, RP406: rotation probed)
 from rope_passes.lint.core import RULES, Diagnostic, LintContext, Rule, Severity, run_rules
+from rope_passes.plan import RunPlan, lint_plan
 
 # The passes and the pipeline (onnxscript's rewriter, onnxruntime for the numeric proofs) are imported by
 # ``fix_bundle`` only: linting itself needs onnx_ir and the rules (tests/test_startup.py).
 
 
-def _context(bundle: ModelBundle, runtime: str | None = None) -> LintContext:
+def _context(bundle: ModelBundle, plan: RunPlan) -> LintContext:
     facts = census(bundle.model, bundle.genai_config)
-    return LintContext(bundle.model, bundle.genai_config, facts, str(bundle.model_path), runtime)
+    return LintContext(bundle.model, bundle.genai_config, facts, str(bundle.model_path), plan.runtime, plan.hf_config)
 
 
-def lint_bundle(path_or_bundle: Any, select: Iterable[str] | None = None, ignore: Iterable[str] = (),
-                runtime: str | None = None) -> list[Diagnostic]:
-    """Lint a model file/folder (or a loaded ModelBundle) for a WebGPU runtime (default: the one installed here)."""
+def lint_bundle(path_or_bundle: Any, plan: RunPlan | None = None, select: Iterable[str] | None = None,
+                ignore: Iterable[str] = ()) -> list[Diagnostic]:
+    """Lint a model file/folder (or a loaded ModelBundle) for ``plan``'s WebGPU runtime (default
+    :func:`~rope_passes.plan.lint_plan`: the runtime installed here, the config.json beside the model)."""
     bundle = path_or_bundle if isinstance(path_or_bundle, ModelBundle) else load_bundle(path_or_bundle)
-    return run_rules(_context(bundle, runtime), select, ignore)
+    return run_rules(_context(bundle, plan or lint_plan()), select, ignore)
 
 
 #: lint findings about the output worth printing after optimize: it will not load / run right, or runs on WebGPU only
 AFTER_OPTIMIZE = ("RP002", "RP005", "RP006", "RP101", "RP203", "RP206", "RP301", "RP204", "RP501")
 
 
-def remaining_problems(bundle: ModelBundle, runtime: str | None = None) -> list[dict[str, Any]]:
-    """Lint errors (and the WebGPU-only note) the optimized model still has on ``runtime``, one entry per code."""
+def remaining_problems(bundle: ModelBundle, plan: RunPlan) -> list[dict[str, Any]]:
+    """Lint errors (and the WebGPU-only note) the optimized model still has on ``plan``'s runtime, one entry per
+    code."""
     seen: dict[str, dict[str, Any]] = {}
-    for d in lint_bundle(bundle, select=AFTER_OPTIMIZE, runtime=runtime):
+    for d in lint_bundle(bundle, plan, select=AFTER_OPTIMIZE):
         entry = seen.setdefault(d.code, {**d.to_dict(), "count": 0})
         entry["count"] += 1
     return list(seen.values())
 
 
-def fix_bundle(path: str, *, options: dict | None = None, select: Iterable[str] | None = None,
-               ignore: Iterable[str] = (), log: Callable[[str], None] = print, runtime: str | None = None) -> list[str]:
-    """Rewrite ``path`` in place with the passes that fix its diagnostics on ``runtime`` (in pipeline order);
-    returns them."""
+def fix_bundle(path: str, plan: RunPlan | None = None, *, select: Iterable[str] | None = None,
+               ignore: Iterable[str] = (), log: Callable[[str], None] = print) -> list[str]:
+    """Rewrite ``path`` in place with the passes of ``plan`` (default: ``lint_plan(fix=True)``) that fix
+    its diagnostics on the plan's runtime, in the plan's order, then ``cleanup``; returns them."""
     from rope_passes.io import save_bundle
-    from rope_passes.passes import ALL_PASSES
-    from rope_passes.pipeline import PRESETS, run_pipeline
+    from rope_passes.pipeline import run_pipeline
 
+    plan = plan or lint_plan(fix=True)
     bundle = load_bundle(path)
-    found = run_rules(_context(bundle, runtime), select, ignore)
+    found = run_rules(_context(bundle, plan), select, ignore)
     wanted = {d.fix for d in found if d.fix}
     if not wanted:
         return []
-    order = [n for n in PRESETS["webgpu-graph"] if n in wanted] + sorted(wanted - set(PRESETS["webgpu-graph"]))
-    if "cleanup" not in order:
-        order.append("cleanup")
-    # the options that the fixing passes take (``text_only`` means nothing to cleanup alone)
-    taken = set().union(*(ALL_PASSES[n].option_names() for n in order))
-    report = run_pipeline(bundle, passes=order, options={k: v for k, v in (options or {}).items() if k in taken},
-                          runtime=runtime)
+    fixing = plan.only(wanted | {"cleanup"})
+    report = run_pipeline(bundle, fixing)
     for p in report.passes:
         log(f"{path}: {p.pass_name}: {p.status}")
     if report.modified or any(d.code == "RP001" for d in found):  # saving is RP001's fix (IR version capped)
         save_bundle(bundle, None, in_place=True)
-    return order
+    return list(fixing.passes)
 
 
 __all__ = ["AFTER_OPTIMIZE", "RULES", "Diagnostic", "LintContext", "Rule", "Severity", "fix_bundle", "lint_bundle",

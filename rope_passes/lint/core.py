@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import onnx_ir as ir
 
 from rope_passes.config import GenaiConfig
-from rope_passes.targets import LoadProblem, RuntimeTarget, resolve_target
+from rope_passes.targets import LoadProblem, RuntimeTarget
 
 if TYPE_CHECKING:
     from rope_passes.analysis.census import RopeCensus
@@ -50,17 +50,15 @@ class LintContext:
     genai_config: GenaiConfig
     census: RopeCensus | None
     path: str
-    #: the WebGPU runtime the model is linted for (None: the one installed here); rules read :attr:`target`
-    runtime: str | None = None
-
-    @property
-    def target(self) -> RuntimeTarget:
-        return resolve_target(self.runtime)
+    #: the WebGPU runtime the model is linted for (the plan's, :attr:`rope_passes.plan.RunPlan.runtime`)
+    runtime: RuntimeTarget
+    #: the Hugging Face config.json the user named (``--hf-config``; None: the one beside the model)
+    hf_config: str | None = None
 
     @functools.cached_property
     def load_problems(self) -> list[LoadProblem]:
-        """The target runtime's load problems with this model (one graph walk for the four rules that read them)."""
-        return self.target.load_problems(self.model)
+        """The runtime's load problems with this model (one graph walk for the four rules that read them)."""
+        return self.runtime.load_problems(self.model)
 
 
 @dataclasses.dataclass(frozen=True)

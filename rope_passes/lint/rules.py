@@ -2,7 +2,7 @@
 
 Each rule is a small function over the graph (and the RoPE census); its registration states code, name, severity,
 summary, explanation and the pass that fixes it. Rules about loading and placement read the runtime target
-(``ctx.target``, :mod:`rope_passes.targets`: its probed IR version limit, GroupQueryAttention input counts, registered
+(``ctx.runtime``, :mod:`rope_passes.targets`: its probed IR version limit, GroupQueryAttention input counts, registered
 ops, kernel table), so ``lint --runtime R`` gives R's findings: a current Qwen3 build (16-input GQA) is RP002 on
 onnxruntime-webgpu 1.27 and clean with the WebGPU plugin EP.
 """
@@ -49,7 +49,7 @@ def _load_problems(ctx: LintContext, kind: str) -> list[LoadProblem]:
       through rope-passes caps the IR version at 13.""",
       fix="cleanup")
 def ir_version(ctx: LintContext) -> Found:
-    target = ctx.target
+    target = ctx.runtime
     for _ in _load_problems(ctx, "ir-version"):
         yield "<model>", (f"IR version {ctx.model.ir_version} > {target.max_ir_version}: {target.label} will not "
                           "load it")
@@ -62,7 +62,7 @@ def ir_version(ctx: LintContext) -> Found:
       load; `unfuse-gqa-qk-norm` moves the norms back out (the `webgpu*` presets run it for 1.27 only).""",
       fix="unfuse-gqa-qk-norm")
 def gqa_inputs(ctx: LintContext) -> Found:
-    target = ctx.target
+    target = ctx.runtime
     low, high = target.gqa_range
     for problem in _load_problems(ctx, "gqa-inputs"):
         node = next(n for n in _gqa(ctx) if (n.name or "GroupQueryAttention") == problem.target)
@@ -78,7 +78,7 @@ def gqa_inputs(ctx: LintContext) -> Found:
 def unregistered(ctx: LintContext) -> Found:
     for problem in _load_problems(ctx, "unregistered-op"):
         if problem.op != f"{MS_DOMAIN}::MRotaryEmbedding":
-            yield problem.target, f"{problem.op} is not registered in {ctx.target.label}"
+            yield problem.target, f"{problem.op} is not registered in {ctx.runtime.label}"
 
 
 @rule("RP004", "unknown-attribute", Severity.ERROR,
@@ -90,7 +90,7 @@ def unregistered(ctx: LintContext) -> Found:
       attribute: the exporter that wrote it targets another onnxruntime.""")
 def unknown_attribute(ctx: LintContext) -> Found:
     for problem in _load_problems(ctx, "unknown-attribute"):
-        yield problem.target, f"{problem.message.split('): ', 1)[-1]} in {ctx.target.label}"
+        yield problem.target, f"{problem.message.split('): ', 1)[-1]} in {ctx.runtime.label}"
 
 
 @rule("RP101", "mrotary-embedding-unsupported", Severity.ERROR,
@@ -103,7 +103,7 @@ def unknown_attribute(ctx: LintContext) -> Found:
 def mrotary(ctx: LintContext) -> Found:
     for problem in _load_problems(ctx, "unregistered-op"):
         if problem.op == f"{MS_DOMAIN}::MRotaryEmbedding":
-            yield problem.target, f"MRotaryEmbedding is not registered in {ctx.target.label}"
+            yield problem.target, f"MRotaryEmbedding is not registered in {ctx.runtime.label}"
 
 
 @rule("RP102", "text-mrope-not-folded", Severity.WARNING,
@@ -166,7 +166,7 @@ def _capture(ctx: LintContext) -> Placement:
 
     cached = ctx.__dict__.get("_capture_verdict")
     if cached is None:
-        cached = ctx.__dict__["_capture_verdict"] = capture_verdict(ctx.model, ctx.target)
+        cached = ctx.__dict__["_capture_verdict"] = capture_verdict(ctx.model, ctx.runtime)
     return cached
 
 

@@ -1,7 +1,7 @@
 """Graph vs Hugging Face config lint rules (RP4xx): does the graph rotate by what ``config.json`` says?
 
 The config is the one beside the model (``config.json`` / ``model_config.json``) or ``--hf-config PATH``
-(:func:`rope_passes.hf_config.use_hf_config`); without one these rules say nothing. What the config says is computed
+(``LintContext.hf_config``, from the run plan); without one these rules say nothing. What the config says is computed
 with NumPy (:meth:`rope_passes.hf_config.Rope.tables`: inv_freq with its scaling, LongRoPE's short/long factors and
 their switch, attention scaling, partial rotary); what the graph computes is read from its cos/sin chains (evaluated
 on onnxruntime CPU for a call of positions ``0..N-1``, LongRoPE also ``0..original-1``) or from GroupQueryAttention's
@@ -40,7 +40,7 @@ class _Checked:
 
 def _config(ctx: LintContext) -> tuple[HFConfig | None, list[Rope], str]:
     try:
-        hf = HFConfig.find(ctx.path)
+        hf = HFConfig.find(ctx.path, ctx.hf_config)
     except Exception as exc:  # noqa: BLE001 - a broken config is a finding, not a crash of lint
         return None, [], f"the Hugging Face config cannot be read: {exc}"
     if hf is None:
@@ -313,7 +313,7 @@ def _ntk_cause(rope: Rope, role: str, table: np.ndarray) -> str:
 
 def _conformance(ctx: LintContext) -> Iterator[tuple[str, str]]:
     try:
-        hf = HFConfig.find(ctx.path)
+        hf = HFConfig.find(ctx.path, ctx.hf_config)
     except Exception:  # noqa: BLE001 - RP403 says why the config cannot be read
         return
     if hf is None or hf.num_layers is None:

@@ -162,7 +162,7 @@ def _findings(ctx: LintContext) -> list[tuple[str, str, str]]:
     out: list[tuple[str, str, str]] = []
     ctx._rp405 = out  # type: ignore[attr-defined]
     try:
-        hf = HFConfig.find(ctx.path)
+        hf = HFConfig.find(ctx.path, ctx.hf_config)
     except Exception:  # noqa: BLE001 - RP403 says why
         return out
     if hf is None or not hf.max_position_embeddings or not hf.head_dim:

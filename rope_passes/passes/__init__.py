@@ -1,7 +1,7 @@
 """The passes, one module each, and the registry the CLI and presets use.
 
 Add a pass: write ``rope_passes/passes/<name>.py`` with one ``RopePass`` subclass, import it here, add it to
-``ALL_PASSES`` and, if it belongs there, to a preset in ``rope_passes/pipeline.py``.
+``ALL_PASSES`` and, if it belongs there, to a preset in ``rope_passes/plan.py``.
 """
 
 from __future__ import annotations
@@ -23,12 +23,6 @@ ALL_PASSES: dict[str, type[RopePass]] = {cls.name: cls for cls in (
     TotalSeqOnGpuPass, NarrowInt64Pass, PrecomputeCosSinPass, NameBatchDimPass, CleanupPass)}
 
 
-def register(cls: type[RopePass]) -> type[RopePass]:
-    """Register a pass class under its CLI name (usable as a decorator)."""
-    ALL_PASSES[cls.name] = cls
-    return cls
-
-
 __all__ = ["ALL_PASSES", "AnnotateCacheOffsetPass", "CleanupPass", "FoldTextMRoPEPass", "LongRoPEConcatPass",
-           "LowerMRoPEPass", "NameBatchDimPass", "NarrowInt64Pass", "PassContext", "PrecomputeCosSinPass", "RopePass", "RopePassResult",
-           "TotalSeqOnGpuPass", "UnfuseGQAQKNormPass", "option", "register"]
+           "LowerMRoPEPass", "NameBatchDimPass", "NarrowInt64Pass", "PassContext", "PrecomputeCosSinPass", "RopePass",
+           "RopePassResult", "TotalSeqOnGpuPass", "UnfuseGQAQKNormPass", "option"]

@@ -46,7 +46,7 @@ from rope_passes.passes._snapshot import Snapshot
 from rope_passes.proofs.validity import Baseline, validity_errors
 from rope_passes.report import MatchFailure, PassReport
 from rope_passes.runtime.loads import cpu_load_error
-from rope_passes.targets import resolve_target
+from rope_passes.targets import RuntimeTarget, resolve_target
 
 
 @dataclasses.dataclass
@@ -56,8 +56,9 @@ class PassContext:
     genai_config: GenaiConfig = dataclasses.field(default_factory=GenaiConfig)
     #: the model file (or folder) the model was read from, when known: what else travels beside it (config.json)
     model_path: Path | None = None
-    #: the WebGPU runtime the output is for (:mod:`rope_passes.targets`; None: the one installed here)
-    runtime: str | None = None
+    #: the WebGPU runtime the output is for (:mod:`rope_passes.targets`; by default the one installed here: a run
+    #: of our pipeline gives its plan's, :attr:`rope_passes.plan.RunPlan.runtime`)
+    runtime: RuntimeTarget = dataclasses.field(default_factory=resolve_target)
     #: (model, runtime name, its capture verdict): set by the pipeline just before a pass runs, from the verdict it
     #: already computed for that graph state; read it with :meth:`take_verdict`
     verdict: tuple[ir.Model, str, Any] | None = dataclasses.field(default=None, repr=False, compare=False)
@@ -153,11 +154,26 @@ class RopePass(ir.passes.InPlacePass):
     #: The pass's options (a frozen dataclass whose fields are made with :func:`option`).
     options_type: ClassVar[type] = NoOptions
 
-    def __init__(self, context: PassContext | None = None, **options: Any) -> None:
+    #: the pass's validated options (an ``options_type`` instance)
+    options: Any
+
+    def __init__(self, context: PassContext | None = None) -> None:
+        """A pass with options declares its own typed keywords (``FoldTextMRoPEPass(ctx, text_only=True)``, checked
+        by mypy at the call site) and sets :attr:`options` with :meth:`make_options`; their names, types and
+        defaults are its ``options_type``'s (tests/test_registry.py)."""
         super().__init__()
         self.context = context if context is not None else PassContext()
-        self.options = self.make_options(**options)
+        self.options = self.make_options()
         self.report = PassReport(self.name)
+
+    @classmethod
+    def with_options(cls, context: PassContext, options: Any) -> RopePass:
+        """The pass with an already validated ``options_type`` instance (a :class:`rope_passes.plan.RunPlan`'s)."""
+        if not isinstance(options, cls.options_type):
+            raise TypeError(f"{cls.name}: options must be a {cls.options_type.__name__}, not {options!r}")
+        made = cls(context)
+        made.options = options
+        return made
 
     # -- options ---------------------------------------------------------------------------------------------
     @classmethod

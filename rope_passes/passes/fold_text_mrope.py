@@ -74,7 +74,7 @@ from rope_passes.analysis.mrope import (
     trace_rotation,
 )
 from rope_passes.passes._rewrite import NodeTape, add_initializer, drop_unused_input, opset_of, remove_dead
-from rope_passes.passes.base import RopePass, option
+from rope_passes.passes.base import PassContext, RopePass, option
 from rope_passes.proofs.mrope_cone import ConeKeys, ManualCone, evaluate_tables, manual_cone
 from rope_passes.report import MatchFailure, PassReport
 from rope_passes.runtime.evaluate import subgraph_runner
@@ -138,6 +138,12 @@ class FoldTextMRoPEPass(RopePass):
     summary = "fold text-only mRoPE (MRotaryEmbedding or the manual subgraph) into GQA do_rotary=1 with 2D caches"
     options_type = FoldTextMRoPEOptions
     options: FoldTextMRoPEOptions
+
+    def __init__(self, context: PassContext | None = None, *, text_only: bool = False,
+                 max_positions: int | None = None) -> None:
+        super().__init__(context)
+        self.options = self.make_options(text_only=text_only, max_positions=max_positions)
+
     #: table evaluations of the last apply (one per distinct cone): what tests/test_fold_speed.py counts
     evaluations: int = 0
 

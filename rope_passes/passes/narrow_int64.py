@@ -52,7 +52,6 @@ from rope_passes.passes._rewrite import NodeTape, opset_of
 from rope_passes.passes.base import RopePass
 from rope_passes.proofs.intervals import FITS_INT32, Intervals
 from rope_passes.report import MatchFailure, PassReport
-from rope_passes.targets import resolve_target
 
 #: ops that only move or select int64 values (no arithmetic): narrowing them to int32 is exact whenever the values fit
 #: in int32 (positions and token indices do: onnxruntime's GQA itself keeps lengths in int32)
@@ -77,7 +76,7 @@ class NarrowInt64Pass(RopePass):
             return
         narrowed: list[ir.Node] = []
         done: set[int] = set()  # narrowed, or refused (each refused once)
-        target = resolve_target(self.context.runtime)
+        target = self.context.runtime
         for _ in range(MAX_ROUNDS):
             # the first round: the pipeline's verdict of this graph where it has one (capture_verdict is this)
             placement = (self.context.take_verdict(model, target.name)

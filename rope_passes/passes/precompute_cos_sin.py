@@ -77,9 +77,9 @@ import numpy as np
 import onnx_ir as ir
 
 from rope_passes.analysis.longrope import longrope_where
-from rope_passes.hf_config import HFConfig, explicit_hf_config
+from rope_passes.hf_config import HFConfig
 from rope_passes.passes._rewrite import NodeTape, add_initializer, opset_of, remove_dead
-from rope_passes.passes.base import RopePass, option
+from rope_passes.passes.base import PassContext, RopePass, option
 from rope_passes.proofs.chain import Chain, find_chain
 from rope_passes.proofs.cone import Cone, Val
 from rope_passes.proofs.config import UNKNOWN_SIZE, against_config, find_ropes, per_call_tables, shape_feeds
@@ -106,6 +106,11 @@ class PrecomputeCosSinPass(RopePass):
     summary = "replace cos/sin computed per call from inv_freq by Gather from precomputed max_positions × D tables"
     options_type = PrecomputeCosSinOptions
     options: PrecomputeCosSinOptions
+
+    def __init__(self, context: PassContext | None = None, *, max_positions: int | None = None,
+                 hf_config: str | None = None) -> None:
+        super().__init__(context)
+        self.options = self.make_options(max_positions=max_positions, hf_config=hf_config)
 
     def apply(self, model: ir.Model, report: PassReport) -> None:
         trig = [n for n in model.graph if n.op_type in ("Cos", "Sin") and n.domain in ("", "ai.onnx")]
@@ -164,7 +169,7 @@ class PrecomputeCosSinPass(RopePass):
             excess = source.excess if source is not None else 0
             tables.update(self._tables(model, group, max_positions + excess, report))
         if ropes and hf is not None:  # a repair only when the user gave the config (--hf-config)
-            asked = self.options.hf_config is not None or explicit_hf_config() is not None
+            asked = self.options.hf_config is not None
             against_config(model, [c for c in chains if id(c.end) in tables], tables, ropes, report,
                            repair=str(hf.path) if asked else None)
         done = [c for c in chains if id(c.end) in tables] + done_per_call
