@@ -193,20 +193,31 @@ class GenaiConfig:
         return node if isinstance(node, dict) else {}
 
     @property
-    def model(self) -> dict[str, Any]:
+    def _model(self) -> dict[str, Any]:
         """``model`` (read-only use; {} when absent)."""
         return self._section("model")
 
     @property
-    def decoder(self) -> dict[str, Any]:
+    def _decoder(self) -> dict[str, Any]:
         """``model.decoder`` (read-only use; {} when absent)."""
         return self._section("model", "decoder")
+
+    @property
+    def has_decoder(self) -> bool:
+        """Whether the config has a ``model.decoder`` section (where the passes write their options)."""
+        return bool(self._decoder)
+
+    @property
+    def decoder_filename(self) -> str | None:
+        """``model.decoder.filename``: the decoder model of the folder, or None."""
+        name = self._decoder.get("filename")
+        return name if isinstance(name, str) and name else None
 
     # -- facts ---------------------------------------------------------------------------------------------------
     @property
     def context_length_with_source(self) -> tuple[int | None, str | None]:
         """(context length, where it was read): ``model.context_length``, else ``search.max_length``."""
-        value = _int(self.model.get("context_length"))
+        value = _int(self._model.get("context_length"))
         if value is not None:
             return value, "genai_config model.context_length"
         value = _int(self._section("search").get("max_length"))
@@ -221,7 +232,7 @@ class GenaiConfig:
     @property
     def head_size(self) -> int | None:
         """``model.decoder.head_size``, else hidden_size / num_attention_heads."""
-        decoder = self.decoder
+        decoder = self._decoder
         value = _int(decoder.get("head_size"))
         if value is not None:
             return value
@@ -231,8 +242,8 @@ class GenaiConfig:
     @property
     def original_context_length(self) -> int | None:
         """LongRoPE's original (short-factor) context, where the builder or the user recorded it."""
-        decoder = self.decoder
-        for source in (decoder, self.model, decoder.get("rope_scaling") or {}):
+        decoder = self._decoder
+        for source in (decoder, self._model, decoder.get("rope_scaling") or {}):
             for key in ("original_max_position_embeddings", "original_context_length"):
                 value = source.get(key) if isinstance(source, dict) else None
                 if isinstance(value, int) and not isinstance(value, bool):
@@ -242,11 +253,11 @@ class GenaiConfig:
     @property
     def decoder_inputs(self) -> dict[str, str]:
         """``model.decoder.inputs``: role (``position_ids``, ``attention_mask``, …) -> graph input name."""
-        inputs = self.decoder.get("inputs")
+        inputs = self._decoder.get("inputs")
         return {k: v for k, v in inputs.items() if isinstance(v, str)} if isinstance(inputs, dict) else {}
 
     def _provider_entries(self) -> Iterator[tuple[str, dict[str, Any]]]:
-        session = self.decoder.get("session_options")
+        session = self._decoder.get("session_options")
         providers = session.get("provider_options") if isinstance(session, dict) else None
         for entry in providers if isinstance(providers, list) else []:
             if isinstance(entry, dict):
@@ -280,7 +291,7 @@ class GenaiConfig:
         found = [(f".provider_options.{provider}.{CONCAT_OFFSET_OPTION}", options[CONCAT_OFFSET_OPTION])
                  for provider, options in self._provider_entries()
                  if _is_provider(provider, WEBGPU_PROVIDER) and CONCAT_OFFSET_OPTION in options][:1]
-        session = self.decoder.get("session_options")
+        session = self._decoder.get("session_options")
         if isinstance(session, dict) and CONCAT_OFFSET_SESSION_ENTRY in session:
             found.append((f"[{CONCAT_OFFSET_SESSION_ENTRY!r}]", session[CONCAT_OFFSET_SESSION_ENTRY]))
         where = "model.decoder.session_options"
@@ -293,7 +304,7 @@ class GenaiConfig:
     @property
     def concat_offset_session_entry(self) -> bool:
         """Whether the offset is (also) set as the plain session config entry :data:`CONCAT_OFFSET_SESSION_ENTRY`."""
-        session = self.decoder.get("session_options")
+        session = self._decoder.get("session_options")
         return isinstance(session, dict) and CONCAT_OFFSET_SESSION_ENTRY in session
 
     @property
@@ -305,7 +316,7 @@ class GenaiConfig:
         return self.provider_options(WEBGPU_PROVIDER).get(GRAPH_CAPTURE_OPTION, "0").strip() == "1"
 
     def session_option(self, key: str) -> Any:
-        session = self.decoder.get("session_options")
+        session = self._decoder.get("session_options")
         return session.get(key) if isinstance(session, dict) else None
 
     # -- changes (each returns the report line, or None when nothing changed / nowhere to write) ----------------
@@ -381,7 +392,7 @@ class GenaiConfig:
 
     def remove_session_option(self, key: str, why: str = "") -> list[str]:
         """Remove ``model.decoder.session_options[key]`` (one of our ``rope_passes.*`` markers)."""
-        session = self.decoder.get("session_options")
+        session = self._decoder.get("session_options")
         if not isinstance(session, dict) or key not in session:
             return []
         del session[key]
@@ -389,7 +400,7 @@ class GenaiConfig:
 
     def drop_decoder_input(self, graph_input: str) -> list[str]:
         """Remove every ``model.decoder.inputs`` entry naming ``graph_input``; the report lines."""
-        inputs = self.decoder.get("inputs")
+        inputs = self._decoder.get("inputs")
         if not isinstance(inputs, dict):
             return []
         changes = []

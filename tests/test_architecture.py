@@ -253,3 +253,32 @@ def test_the_run_is_resolved_once_by_the_plan():
                  for what, line in _names_used(path) if (name, what) not in EDGES]
     assert not offenders, "the run is resolved by rope_passes.plan only:\n" + "\n".join(offenders)
     assert _names_used(PACKAGE / "plan.py")  # the finder finds what it looks for
+
+
+#: what evaluates a graph: onnxruntime, onnx's reference evaluator, the layer that owns sessions and subgraph runs
+EVALUATORS = ("onnxruntime", "onnx.reference", "rope_passes.runtime")
+
+
+def test_lint_imports_no_module_that_evaluates_a_graph():
+    """lint rules judge and word; the evidence (constants evaluated, rotations probed, LongRoPE tables read) comes
+    from rope_passes.proofs and rope_passes.analysis, never from a graph evaluation written in lint/."""
+    offenders = [f"{path.relative_to(PACKAGE.parent)}:{line} imports {imported}"
+                 for name, path in _modules().items() if _in(name, "rope_passes.lint")
+                 for imported, line in _imports(name, path) if any(_in(imported, e) for e in EVALUATORS)]
+    assert not offenders, "lint must not evaluate graphs itself:\n" + "\n".join(sorted(offenders))
+    assert any(_in(i, "rope_passes.runtime") for i, _ in _imports("rope_passes.proofs.rotation",
+                                                                 PACKAGE / "proofs" / "rotation.py"))
+
+
+def test_genai_config_sections_are_read_by_config_only():
+    """Every genai_config.json fact is a GenaiConfig property (one rule per fact: a config with only
+    search.max_length has the same context length for lint and for annotate-cache-offset); no other module reads its
+    raw sections."""
+    offenders = []
+    for name, path in _modules().items():
+        if name == "rope_passes.config":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, ast.Attribute) and node.attr in ("_decoder", "_model", "_section", "decoder"):
+                offenders.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} reads .{node.attr}")
+    assert not offenders, "read genai_config.json through GenaiConfig's properties:\n" + "\n".join(offenders)

@@ -269,3 +269,32 @@ def test_the_verdict_reads_a_model_optimize_hard_linked(tmp_path):
     rope_passes.optimize(src, tmp_path / "out", preset="webgpu-graph", weights="link", runtime=WEBGPU_127)
     for path in (src / "model.onnx", tmp_path / "out" / "model.onnx"):
         assert capture_verdict(path, WEBGPU_127).state in ("ready", "blocked")
+
+
+def test_only_config_opens_genai_config_json(tmp_path, monkeypatch):
+    """Every read of genai_config.json goes through rope_passes.config (GenaiConfig): optimize (webgpu-graph, which
+    reads and writes it), lint and inspect's census open it for reading from there and nowhere else (io/save.py
+    copies an unchanged file's bytes as they are: no fact read)."""
+    import io
+    import traceback
+
+    from rope_passes.analysis.census import census
+
+    opened: list[str] = []
+    real_open = io.open
+
+    def spy(file, mode="r", *args, **kwargs):
+        if str(file).endswith("genai_config.json") and not set(mode) & set("wax+"):
+            frames = [f.filename for f in traceback.extract_stack()[:-1] if "/rope_passes/" in f.filename]
+            opened.append(frames[-1].split("/rope_passes/")[-1] if frames else "<not rope_passes>")
+        return real_open(file, mode, *args, **kwargs)
+
+    monkeypatch.setattr(io, "open", spy)
+    monkeypatch.setattr("builtins.open", spy)
+    src = build_tiny_decoder(tmp_path / "demo")
+    rope_passes.optimize(src, tmp_path / "out", preset="webgpu-graph", runtime=WEBGPU_127, weights="copy")
+    lint_bundle(tmp_path / "out", lint_plan(runtime=WEBGPU_127))
+    bundle = load_bundle(tmp_path / "out")
+    census(bundle.model, bundle.genai_config)
+    assert opened and set(opened) <= {"config.py", "io/save.py"}, opened
+    assert "config.py" in opened

@@ -99,8 +99,8 @@ def attention_groups(model: ir.Model, genai_config: GenaiConfig) -> list[Attenti
                 per_token_heads = 1
         if width is not None and per_token_heads and width % per_token_heads == 0:
             head_size, head_source = width // per_token_heads, "graph"
-        if head_size is None and genai_config.decoder.get("head_size"):
-            head_size, head_source = int(genai_config.decoder["head_size"]), "genai_config"
+        if head_size is None and genai_config.head_size:
+            head_size, head_source = genai_config.head_size, "genai_config"
         inputs = {slot_name(first, i): v.name for i, v in enumerate(first.inputs) if present(v)}
         group = AttentionGroup(
             op_type=op_type, domain=domain or "ai.onnx", count=len(nodes), nodes=[n.name or "" for n in nodes],

@@ -104,8 +104,32 @@ def const_tensor(value: ir.Value | None) -> ir.TensorProtocol | None:
     return None
 
 
+#: a Constant node's scalar and list attributes and the element type ONNX gives them (``value_float`` is float32)
+CONSTANT_ATTRIBUTE_DTYPES = {"value_int": np.int64, "value_ints": np.int64, "value_float": np.float32,
+                             "value_floats": np.float32}
+
+
+def constant_node_value(node: ir.Node, max_size: int | None = None, *, strings: bool = False) -> np.ndarray | None:
+    """The value of a ``Constant`` node, in any attribute form, with ONNX's element types
+    (:data:`CONSTANT_ATTRIBUTE_DTYPES`); ``value_string(s)`` as an object array where ``strings``; None for a
+    ``sparse_value``, or a value of more than ``max_size`` elements. The one reader of a Constant's attribute: the
+    leaf of :func:`const_array` and of :mod:`rope_passes.proofs.constants`' cone evaluation alike."""
+    for name, a in node.attributes.items():
+        if name == "value":
+            if a.type != ir.AttributeType.TENSOR or (max_size is not None and a.value.size > max_size):
+                return None
+            return a.value.numpy()
+        if name in CONSTANT_ATTRIBUTE_DTYPES:
+            array = np.array(a.value, dtype=CONSTANT_ATTRIBUTE_DTYPES[name])
+            return array if max_size is None or array.size <= max_size else None
+        if name in ("value_string", "value_strings"):
+            return np.array(a.value, dtype=object) if strings else None
+    return None  # sparse_value: not read
+
+
 def const_array(value: ir.Value | None, max_size: int | None = None) -> np.ndarray | None:
-    """The constant content of a value: an initializer or a Constant node's output; None if not constant.
+    """The constant content of a value: an initializer or a Constant node's output (:func:`constant_node_value`);
+    None if not such a constant (a value computed from constants is :func:`rope_passes.proofs.constants.constant`'s).
 
     ``max_size``: return None for tensors with more elements (so weights are never read by accident). Without it,
     an external initializer is read from disk, so only call it when the values are needed.
@@ -118,11 +142,9 @@ def const_array(value: ir.Value | None, max_size: int | None = None) -> np.ndarr
             return None
         return tensor.numpy()
     producer = value.producer()
-    if producer is not None and producer.op_type == "Constant" and producer.domain in ("", "ai.onnx"):
-        for key in ("value_int", "value_ints", "value_float", "value_floats"):
-            a = producer.attributes.get(key)
-            if a is not None:
-                return np.array(a.value)
+    if producer is not None and producer.op_type == "Constant" and producer.domain in ("", "ai.onnx") \
+            and not value.is_graph_input():
+        return constant_node_value(producer, max_size)
     return None
 
 

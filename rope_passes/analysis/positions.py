@@ -95,6 +95,15 @@ def position_inputs(model: ir.Model, genai_config: GenaiConfig) -> list[Position
     return out
 
 
+def position_input(model: ir.Model) -> ir.Value | None:
+    """The graph's integer position input by its name (``position_ids``, ``input_positions``...), or None: what the
+    rotation probe feeds (:mod:`rope_passes.proofs.rotation`)."""
+    for v in model.graph.inputs:
+        if "position" in (v.name or "") and v.dtype in (ir.DataType.INT64, ir.DataType.INT32):
+            return v
+    return None
+
+
 def describe_position_source(value: ir.Value | None, model: ir.Model) -> str | None:
     """One line on where the positions ``value`` come from: a graph input, a synthetic Range, or computed."""
     if value is None:

@@ -67,7 +67,7 @@ def find_model_file(folder: Path) -> Path:
                                  f"({ONNX_SUBFOLDER}/ holds {names}): give the model file to use")
         return found
     try:
-        name = GenaiConfig.load(folder).decoder.get("filename")
+        name = GenaiConfig.load(folder).decoder_filename
     except ModelLoadError:
         name = None  # an unreadable config is reported when the bundle loads it
     if isinstance(name, str) and name and (folder / name).is_file():

@@ -30,10 +30,6 @@ def _gqa(ctx: LintContext) -> list[ir.Node]:
     return nodes_of(ctx.model, "GroupQueryAttention", MS_DOMAIN)
 
 
-def _decoder(ctx: LintContext) -> dict:
-    return ctx.genai_config.decoder
-
-
 def _context_length(ctx: LintContext) -> int | None:
     return ctx.genai_config.context_length
 
@@ -275,7 +271,7 @@ def webgpu_only(ctx: LintContext) -> Found:
       """With do_rotary=1, GroupQueryAttention's cos_cache/sin_cache are [max_pos, rotary_dim/2] in the query's
       dtype, with rotary_dim/2 a multiple of 8 and at most head_size/2; cos and sin must match.""")
 def cache_layout(ctx: LintContext) -> Found:
-    head = _decoder(ctx).get("head_size")
+    head = ctx.genai_config.head_size
     for node in _gqa(ctx):
         if not flag(node, "do_rotary") or len(node.inputs) < 9:
             continue

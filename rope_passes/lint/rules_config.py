@@ -11,19 +11,19 @@ cos/sin caches. See :mod:`rope_passes.proofs.config` for the comparison and the 
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Iterator
 
 import numpy as np
 import onnx_ir as ir
 
 from rope_passes.analysis.graph import MS_DOMAIN, attr, const_tensor, flag, nodes_of
+from rope_passes.analysis.layers import layer_of
 from rope_passes.errors import ModelLoadError
 from rope_passes.hf_config import HFConfig, Rope
 from rope_passes.lint.core import LintContext, Severity, rule
-from rope_passes.lint.longrope_tables import longrope_fault
 from rope_passes.proofs.chain import find_chain
 from rope_passes.proofs.config import TOL, TOL_FP16, Verdict, best_verdict, check_rope, judge, repair_words, rows_of
+from rope_passes.proofs.longrope_tables import longrope_fault
 from rope_passes.report import MatchFailure
 
 Found = Iterator[tuple[str, str]]
@@ -122,7 +122,7 @@ def _caches(ctx: LintContext, ropes: list[Rope]) -> Iterator[_Checked]:
             continue
         if long_ropes and gqa.inputs[7] is not None and gqa.inputs[8] is not None and id(gqa.inputs[7]) not in seen:
             seen.add(id(gqa.inputs[7]))
-            faults = [longrope_fault(ctx, r, gqa.inputs[7], gqa.inputs[8]) for r in long_ropes]
+            faults = [longrope_fault(ctx.model, ctx.genai_config, r, gqa.inputs[7], gqa.inputs[8]) for r in long_ropes]
             if any(f is None or f.row is None for f in faults):
                 continue  # not a LongRoPE form (a plain table: RP401/RP203), or it conforms
             found = [f for f in faults if f is not None and f.row is not None]
@@ -208,8 +208,6 @@ def rope_dynamic(ctx: LintContext) -> Found:
 
 
 # -- RP404: per-layer conformance ---------------------------------------------------------------------------------
-_LAYER = re.compile(r"(?:^|[./_])(?:layers|h|blocks?)[./_](\d+)(?:[./_]|$)")
-_PRESENT = re.compile(r"present[._](\d+)[._]")
 
 
 @dataclasses.dataclass
@@ -223,14 +221,6 @@ class _Rotation:
     cos: ir.Value | None = None  # the [N, rotary_dim / 2] table (an initializer), None where not a constant
     sin: ir.Value | None = None
     positions: str = ""  # where the rows are read: the past length (GQA) or a graph value
-
-
-def _layer_of(node: ir.Node, order: int) -> int:
-    for value in (node.name or "", *(o.name or "" for o in node.outputs)):
-        found = _PRESENT.search(value) or _LAYER.search(value)
-        if found:
-            return int(found.group(1))
-    return order
 
 
 def _gathered_table(value: ir.Value | None) -> tuple[ir.Value | None, str]:
@@ -252,7 +242,7 @@ def _rotations(model: ir.Model) -> list[_Rotation]:
     out: dict[int, _Rotation] = {}
     gqas = nodes_of(model, "GroupQueryAttention", MS_DOMAIN)
     for order, gqa in enumerate(gqas):
-        layer = _layer_of(gqa, order)
+        layer = layer_of(gqa, order)
         rotates = flag(gqa, "do_rotary")
         cos = gqa.inputs[7] if rotates and len(gqa.inputs) > 8 else None
         sin = gqa.inputs[8] if rotates and len(gqa.inputs) > 8 else None
@@ -267,7 +257,7 @@ def _rotations(model: ir.Model) -> list[_Rotation]:
             sin, _ = _gathered_table(node.inputs[2] if len(node.inputs) > 2 else None)
             if len(node.inputs) > 3 and node.inputs[3] is not None:
                 cos, sin, positions = node.inputs[1], node.inputs[2], node.inputs[3].name or ""
-        layer = _layer_of(node, order // 2)  # query and key each
+        layer = layer_of(node, order // 2)  # query and key each
         if layer not in out or not out[layer].rotates:
             out[layer] = _Rotation(layer, node, True, flag(node, "interleaved"), cos, sin, positions)
     return [out[k] for k in sorted(out)]
@@ -354,7 +344,7 @@ def _conformance(ctx: LintContext) -> Iterator[tuple[str, str]]:
                 f"position but 0 is rotated wrong; {blame}")
         if want.switches:
             if rot.cos is not None and rot.sin is not None and rot.node.op_type == "GroupQueryAttention":
-                fault = longrope_fault(ctx, want, rot.cos, rot.sin)
+                fault = longrope_fault(ctx.model, ctx.genai_config, want, rot.cos, rot.sin)
                 if fault is not None and fault.row is not None:
                     yield rot.node.name or rot.node.op_type, (
                         f"{where} reads {fault.role} table {fault.name!r} (rows by {rot.positions}) whose "

@@ -33,11 +33,13 @@ from collections.abc import Iterator
 import numpy as np
 import onnx_ir as ir
 
+from rope_passes.analysis.positions import position_input
+from rope_passes.analysis.rotation_sites import Site, graph_inputs_needed
+from rope_passes.analysis.rotation_sites import sites as find_sites
 from rope_passes.errors import ModelLoadError
 from rope_passes.hf_config import INV_FREQ_ULPS, VALUE_ULPS, HFConfig, Rope
 from rope_passes.lint.core import LintContext, Severity, rule
-from rope_passes.lint.rotation_probe import PROBE, Site, graph_inputs_needed, position_input, probe_rotations
-from rope_passes.lint.rotation_probe import sites as find_sites
+from rope_passes.proofs.rotation import PROBE, probe_rotations
 from rope_passes.report import MatchFailure
 
 

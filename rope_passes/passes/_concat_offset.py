@@ -28,7 +28,7 @@ def record_offset(model: ir.Model, genai_config: GenaiConfig, offset: int, repor
     if model.metadata_props.get(WEBGPU_ONLY_KEY) != reason:
         model.metadata_props[WEBGPU_ONLY_KEY] = reason
         report.metadata_changes.append(f"metadata_props[{WEBGPU_ONLY_KEY!r}] (CPU EP wrong past {offset})")
-    if not genai_config.decoder:
+    if not genai_config.has_decoder:
         report.note("<model>", f"no genai_config.json: run with the WebGPU session config entry "
                     f"ep.webgpuexecutionprovider.{OFFSET_KEY}={offset}")
         return

@@ -144,8 +144,7 @@ class AnnotateCacheOffsetPass(RopePass):
     def _match(self, model: ir.Model) -> SessionConcat:
         """The concatenated cache(s) every offset consumer of the session reads, at one offset, fitted;
         MatchFailure where there is none (absent) or one breaks the proof (refuse, naming it)."""
-        context = self.genai_config.decoder.get("context_length") or self.genai_config.model.get("context_length")
-        context = context if isinstance(context, int) else None
+        context = self.genai_config.context_length
         if context is None:
             # without a context length only a configured offset splits the table (the fit then decides); without
             # either, session_concat refuses (original alone is not enough)

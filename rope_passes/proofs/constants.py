@@ -4,7 +4,8 @@ A value is a constant when its cone (the value, its producer, that node's inputs
 and no overridable initializer (an initializer that is also a graph input: ``keep_initializers_as_inputs`` exports,
 where the caller may feed another value). Such a cone evaluates to one value on every call, whatever ops build it:
 an initializer, a ``Constant`` node in any of its forms (``value``, ``value_int``, ``value_ints``, ``value_float``,
-``value_floats``, ``value_string(s)``), ``Cast``, ``Gather(Concat(...))``, ``Shape`` of a constant, arithmetic...
+``value_floats``, ``value_string(s)``: :func:`rope_passes.analysis.graph.constant_node_value`, the one reader of a
+Constant's attribute, which :func:`rope_passes.analysis.graph.const_array` reads too), ``Cast``, ``Gather(Concat(...))``, ``Shape`` of a constant, arithmetic...
 Each node is run by onnx's reference evaluator (:func:`rope_passes.proofs.known.evaluate_node`, the evaluator the
 cone accounting uses), never by onnxruntime, and never on anything read from disk beyond ``max_size`` elements.
 
@@ -21,6 +22,8 @@ from collections.abc import Iterable
 import numpy as np
 import onnx_ir as ir
 
+from rope_passes.analysis.graph import constant_node_value
+
 #: elements read at most per tensor (a constant larger than this is "not known": weights are never read)
 MAX_SIZE = 1 << 16
 
@@ -28,29 +31,12 @@ _RANDOM = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "Rando
                      "Bernoulli"})
 #: ops whose output can be much larger than their inputs: evaluated only when the output size is known small
 _GROWING = frozenset({"ConstantOfShape", "Expand", "Tile", "Range", "Pad", "OneHot", "Resize", "Upsample", "EyeLike"})
-#: Constant attributes and the dtype ONNX gives them
-_ATTR_DTYPES = {"value_int": np.int64, "value_ints": np.int64, "value_float": np.float32, "value_floats": np.float32}
 
 
 def _opset(node: ir.Node) -> int:
     graph = node.graph
     imports = graph.opset_imports if graph is not None else {}
     return int(imports.get("", imports.get("ai.onnx", 18)))
-
-
-def _constant_node(node: ir.Node, max_size: int) -> np.ndarray | None:
-    for name, a in node.attributes.items():
-        if name == "value":
-            tensor = a.value
-            if a.type != ir.AttributeType.TENSOR or tensor.size > max_size:
-                return None
-            return tensor.numpy()
-        if name in _ATTR_DTYPES:
-            array = np.array(a.value, dtype=_ATTR_DTYPES[name])
-            return array if array.size <= max_size else None
-        if name in ("value_string", "value_strings"):
-            return np.array(a.value, dtype=object)
-    return None  # sparse_value: not read
 
 
 def _output_size(node: ir.Node, ins: list[np.ndarray | None]) -> int | None:
@@ -119,7 +105,7 @@ class Constants:
                 a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS) for a in node.attributes.values()):
             return None
         if node.op_type == "Constant":
-            return _constant_node(node, self.max_size)
+            return constant_node_value(node, self.max_size, strings=True)
         return _PENDING
 
     def _node(self, node: ir.Node) -> list[np.ndarray | None]:

@@ -1,4 +1,5 @@
-"""LongRoPE GroupQueryAttention caches read part by part for lint RP402/RP404 (:mod:`rope_passes.lint.rules_config`):
+"""LongRoPE GroupQueryAttention caches read part by part (the evidence lint RP402/RP404 word,
+:mod:`rope_passes.lint.rules_config`):
 the builder's ``If(Greater(total, C))`` short/long tables, a ``[short; long]`` concatenation split at
 ``multiRotaryCacheConcatOffset`` (else at the original context), mobius-onnx's form; :func:`longrope_fault` compares
 the short table on its first ``C`` rows and the long one on all with config.json's factors and names the cause.
@@ -14,8 +15,8 @@ import onnx_ir as ir
 
 from rope_passes.analysis.graph import const_tensor
 from rope_passes.analysis.longrope import if_switch
+from rope_passes.config import GenaiConfig
 from rope_passes.hf_config import Rope
-from rope_passes.lint.core import LintContext
 
 
 @dataclasses.dataclass
@@ -56,7 +57,7 @@ class _Fault:
         return f"{self.label} position {self.position}{row}"
 
 
-def _longrope_parts(ctx: LintContext, rope: Rope, cos: ir.Value, sin: ir.Value
+def _longrope_parts(model: ir.Model, genai_config: GenaiConfig, rope: Rope, cos: ir.Value, sin: ir.Value
                     ) -> tuple[str, dict[str, list[_Part]]] | None:
     """The short and long tables a GroupQueryAttention reads (per role), and the form in words: the builder's
     ``If(Greater(total, original))`` (then: long, else: short; the short one is compared on its first ``original``
@@ -68,7 +69,7 @@ def _longrope_parts(ctx: LintContext, rope: Rope, cos: ir.Value, sin: ir.Value
         return None
     switch = cos.producer()
     if switch is not None and switch.op_type == "If" and sin.producer() is switch:
-        found = if_switch(ctx.model, switch)
+        found = if_switch(model, switch)
         outs = list(switch.outputs)
         k = {role: next(i for i, o in enumerate(outs) if o is v) for role, v in (("cos", cos), ("sin", sin))}
         then_long = not found.long or found.long is found.then_tables  # the builder: then = total > original
@@ -93,8 +94,8 @@ def _longrope_parts(ctx: LintContext, rope: Rope, cos: ir.Value, sin: ir.Value
         return None
     rows = tensors[0].shape[0]
     assert isinstance(rows, int)  # checked above
-    configured = ctx.genai_config.concat_offset
-    lengths = {n for n in (rope.max_position_embeddings, ctx.genai_config.context_length) if n}
+    configured = genai_config.concat_offset
+    lengths = {n for n in (rope.max_position_embeddings, genai_config.context_length) if n}
     splits = [s for s in dict.fromkeys([configured, orig]) if s and 0 < s < rows]
     split = next((s for s in splits if rows - s in lengths), splits[0] if configured in splits else None)
     if split is None:
@@ -127,12 +128,13 @@ def _part_cause(rope: Rope, role: str, part: _Part, got: np.ndarray, first: int,
     return f"the {part.label} factors' frequencies differ from config.json's"
 
 
-def longrope_fault(ctx: LintContext, rope: Rope, cos: ir.Value, sin: ir.Value) -> _Fault | None:
+def longrope_fault(model: ir.Model, genai_config: GenaiConfig, rope: Rope, cos: ir.Value, sin: ir.Value
+                   ) -> _Fault | None:
     """The first place (short table first, cos before sin) where a GroupQueryAttention's LongRoPE tables differ from
     config.json's beyond float32 (float16) rounding (:meth:`Rope.first_beyond_rounding`): a ``_Fault`` with ``row``
     None when all conform; None when the tables are not in a LongRoPE form."""
     rope = dataclasses.replace(rope, table_interleaved=False)
-    found = _longrope_parts(ctx, rope, cos, sin)
+    found = _longrope_parts(model, genai_config, rope, cos, sin)
     if found is None:
         return None
     form, parts = found
