@@ -36,9 +36,9 @@ from typing import Any
 import onnx_ir as ir
 
 import rope_passes.graph_walk as graph_walk
-from rope_passes.analysis.webgpu_kernels import KernelTable, Op
 from rope_passes.errors import UsageError
 from rope_passes.runtimes import DESCRIPTORS, WEB, WEBGPU_127, WEBGPU_PLUGIN, python_runtimes, with_tables
+from rope_passes.webgpu_kernels import KernelTable, Op
 
 # each runtime's names, aliases, interpreter and check backend: its descriptor (rope_passes.runtimes). The JS
 # runtimes (onnxruntime-web: WEB) have a probed table too but are no Python installation, so not in RUNTIMES

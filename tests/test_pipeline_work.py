@@ -14,6 +14,7 @@ import pytest
 
 import rope_passes
 import rope_passes.analysis.placement as placement
+import rope_passes.analysis.placement.predict as predict
 import rope_passes.passes.narrow_int64 as narrow_int64
 from rope_passes.analysis.placement import capture_verdict
 from rope_passes.demo import build_tiny_decoder
@@ -65,8 +66,8 @@ def test_one_capture_verdict_per_graph_state(tiny, tmp_path, monkeypatch):
     """optimize --target webgpu-graph on the tiny decoder: the verdict of the input, one after each pass that changed
     the graph (total-seq-on-gpu, cleanup), and nothing more: narrow-int64 and the capture config read the pipeline's
     (before: 5 predictions, the input's, 2 after passes, narrow-int64's own and capture_config's)."""
-    calls = _count(monkeypatch, placement, "predict_placement")
-    monkeypatch.setattr(narrow_int64, "predict_placement", placement.predict_placement)
+    calls = _count(monkeypatch, predict, "predict_placement")
+    monkeypatch.setattr(narrow_int64, "predict_placement", predict.predict_placement)
     report = rope_passes.optimize(tiny, tmp_path / "out", preset="webgpu-graph", runtime=WEBGPU_127, weights="copy")
     changed = [p.pass_name for p in report.passes if p.modified]
     assert changed == ["total-seq-on-gpu", "cleanup"]
@@ -170,7 +171,7 @@ def test_facts_of_a_graph_computed_once_for_both_predictions(monkeypatch):
     add = ir.node("Add", [x, cast.outputs[0]], name="add")
     model = ir.Model(ir.Graph([x], [add.outputs[0]], nodes=[shape, cast, add], opset_imports={"": 21}, name="g"),
                      ir_version=10)
-    calls = _count(monkeypatch, placement, "Dtypes")
+    calls = _count(monkeypatch, predict, "Dtypes")
     verdict = placement.capture_verdict(model, WEBGPU_127)
     assert "shape" in verdict.maybe_folded  # so both predictions ran
     assert len(calls) == 1

@@ -47,11 +47,11 @@ import onnx_ir as ir
 from rope_passes.analysis.bf16 import note_bf16
 from rope_passes.analysis.graph import ancestors
 from rope_passes.analysis.placement import Placement, predict_placement, value_dtype
-from rope_passes.analysis.webgpu_kernels import KernelTable
 from rope_passes.passes._rewrite import NodeTape, opset_of
 from rope_passes.passes.base import RopePass
 from rope_passes.proofs.intervals import FITS_INT32, Intervals
 from rope_passes.report import MatchFailure, PassReport
+from rope_passes.webgpu_kernels import KernelTable
 
 #: ops that only move or select int64 values (no arithmetic): narrowing them to int32 is exact whenever the values fit
 #: in int32 (positions and token indices do: onnxruntime's GQA itself keeps lengths in int32)

@@ -19,6 +19,6 @@ finds every ``InferenceSession(`` call).
 
 The rule: ``rope_passes.analysis`` never imports this package (nor ``onnxruntime``): analysis is pure graph reasoning,
 on measured facts stored as data (``runtime_tables/<runtime>.json`` via :mod:`rope_passes.targets`,
-``analysis/webgpu_kernels.json``). Dependencies point one way, runtime -> analysis.
+``webgpu_kernels.json``). Dependencies point one way, runtime -> analysis.
 tests/test_architecture.py enforces it.
 """

@@ -1,5 +1,6 @@
-"""The WebGPU kernel facts :mod:`.placement` predicts from: which (op, type) has a WebGPU kernel, per runtime, and
-where a kernel reads or writes CPU memory.
+"""The WebGPU kernel facts :mod:`rope_passes.analysis.placement` predicts from (beside :mod:`rope_passes.targets`,
+which holds one per runtime): which (op, type) has a WebGPU kernel, per runtime, and where a kernel reads or writes CPU
+memory.
 
 Two homes, one per kind of fact, nothing in both:
 
