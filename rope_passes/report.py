@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 
 class Outcome(str, enum.Enum):
@@ -23,6 +23,28 @@ class Outcome(str, enum.Enum):
         return self.value
 
 
+@runtime_checkable
+class Named(Protocol):
+    """An ``onnx_ir`` node or value, as a finding names it (no onnx_ir import here: reports are light)."""
+
+    @property
+    def name(self) -> str | None: ...
+
+
+#: where a finding is: an IR node or value (named once, by :func:`where`), a name already spelled, or None (the model)
+Where = Named | str | None
+
+
+def where(target: Where) -> str:
+    """The one spelling of a finding's place: a node's name, else its op type; a value's name, else ``"<value>"``;
+    ``"<model>"`` for None; a string as it is."""
+    if target is None:
+        return "<model>"
+    if isinstance(target, str):
+        return target
+    return target.name or getattr(target, "op_type", None) or "<value>"
+
+
 class MatchFailure(Exception):
     """Why a pass does not rewrite at one place: the one failure type of every match and every proof.
 
@@ -33,22 +55,25 @@ class MatchFailure(Exception):
     * ``MatchFailure.refuse(reason, target)``: the form is there, but a condition of the proof that the rewrite is
       exact does not hold: *refused*, with the node or value that broke the proof as ``target``.
 
-    In the spirit of onnxscript's ``MatchResult.fail(reason, value)``; ``details`` travel into the report.
+    In the spirit of onnxscript's ``MatchResult.fail(reason, value)``: ``target`` may be the IR node or value itself
+    (kept as :attr:`source`; its name is spelled once, by :func:`where`); ``details`` travel into the report.
     """
 
-    def __init__(self, outcome: Outcome, reason: str, target: str = "<model>", **details: Any) -> None:
+    def __init__(self, outcome: Outcome, reason: str, target: Where = "<model>", **details: Any) -> None:
         super().__init__(reason)
         self.outcome = outcome
         self.reason = reason
-        self.target = target
+        #: the node or value that broke the proof (None where the failure names a place by its name only)
+        self.source = None if target is None or isinstance(target, str) else target
+        self.target = where(target)
         self.details = details
 
     @classmethod
-    def absent(cls, reason: str, target: str = "<model>", **details: Any) -> MatchFailure:
+    def absent(cls, reason: str, target: Where = "<model>", **details: Any) -> MatchFailure:
         return cls(Outcome.NOT_MATCHED, reason, target, **details)
 
     @classmethod
-    def refuse(cls, reason: str, target: str = "<model>", **details: Any) -> MatchFailure:
+    def refuse(cls, reason: str, target: Where = "<model>", **details: Any) -> MatchFailure:
         return cls(Outcome.REFUSED, reason, target, **details)
 
     @property
@@ -84,26 +109,27 @@ class PassReport:
     duration_s: float = 0.0
 
     # -- recording -------------------------------------------------------------------------------------------
-    def rewritten(self, target: str, what: str, **details: Any) -> None:
-        self.findings.append(Finding(Outcome.REWRITTEN, target, what, details))
+    def rewritten(self, target: Where, what: str, **details: Any) -> None:
+        self.findings.append(Finding(Outcome.REWRITTEN, where(target), what, details))
 
-    def repaired(self, target: str, what: str, **details: Any) -> None:
+    def repaired(self, target: Where, what: str, **details: Any) -> None:
         """The output computes something else than the input, on request: ``what`` says "repaired: the input
         computed X, the output computes Y, because <config> says Z"."""
-        self.findings.append(Finding(Outcome.REPAIRED, target, what, details))
+        self.findings.append(Finding(Outcome.REPAIRED, where(target), what, details))
 
-    def refused(self, target: str, reason: str, **details: Any) -> None:
-        self.findings.append(Finding(Outcome.REFUSED, target, reason, details))
+    def refused(self, target: Where, reason: str, **details: Any) -> None:
+        self.findings.append(Finding(Outcome.REFUSED, where(target), reason, details))
 
-    def not_matched(self, target: str, reason: str, **details: Any) -> None:
-        self.findings.append(Finding(Outcome.NOT_MATCHED, target, reason, details))
+    def not_matched(self, target: Where, reason: str, **details: Any) -> None:
+        self.findings.append(Finding(Outcome.NOT_MATCHED, where(target), reason, details))
 
-    def note(self, target: str, text: str, **details: Any) -> None:
-        self.findings.append(Finding(Outcome.NOTE, target, text, details))
+    def note(self, target: Where, text: str, **details: Any) -> None:
+        self.findings.append(Finding(Outcome.NOTE, where(target), text, details))
 
-    def record(self, failure: MatchFailure, target: str | None = None) -> None:
+    def record(self, failure: MatchFailure, target: Where = None) -> None:
         """Record a :class:`MatchFailure` as refused / not matched (``target`` overrides the failure's own)."""
-        self.findings.append(Finding(failure.outcome, target or failure.target, failure.reason, dict(failure.details)))
+        place = where(target) if target else failure.target
+        self.findings.append(Finding(failure.outcome, place, failure.reason, dict(failure.details)))
 
     # -- reading ---------------------------------------------------------------------------------------------
     def count(self, outcome: Outcome) -> int:

@@ -139,3 +139,22 @@ def test_docs_list_presets_in_code_order():
         assert f"| `{target}` | {' → '.join(names)} |" in doc, target
     for name in ALL_PASSES:
         assert (REPO / "docs" / "passes" / f"{name}.md").is_file(), f"docs/passes/{name}.md missing"
+
+
+def test_a_failure_carries_the_ir_object_and_its_place_is_spelled_once():
+    """MatchFailure / PassReport / lint take the node or value itself (as onnxscript's MatchResult.fail does);
+    report.where spells its place once: its name, else a node's op type, a value's "<value>", the model's "<model>"."""
+    from rope_passes.report import MatchFailure, PassReport, where
+
+    gqa = ir.node("GroupQueryAttention", [], domain="com.microsoft")  # unnamed
+    switch = ir.node("If", [], name="/model/rotary_emb/If")
+    failure = MatchFailure.refuse("no offset", gqa)
+    assert failure.source is gqa and failure.target == "GroupQueryAttention"
+    assert MatchFailure.absent("by name", "x").source is None
+    report = PassReport("p")
+    report.record(failure)
+    report.record(MatchFailure.refuse("elsewhere"), switch)
+    report.not_matched(ir.Value(name=""), "a value")
+    report.note(None, "the model")
+    assert [f.target for f in report.findings] == ["GroupQueryAttention", "/model/rotary_emb/If", "<value>", "<model>"]
+    assert where("/already/spelled") == "/already/spelled"

@@ -34,7 +34,7 @@ def note_bf16(model: ir.Model, report: PassReport) -> bool:
     """Record :data:`BF16_GQA_NOTE` once (and "not matched") when the model's GQA is bf16; True if it is."""
     found = bf16_gqa(model)
     if found:
-        report.note(found[0].name or "GroupQueryAttention", BF16_GQA_NOTE, gqa=len(found))
+        report.note(found[0], BF16_GQA_NOTE, gqa=len(found))
         report.not_matched("<model>", "GroupQueryAttention is bfloat16: no onnxruntime kernel for it here, nothing "
                            "to move to the GPU")
     return bool(found)

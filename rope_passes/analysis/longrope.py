@@ -286,7 +286,7 @@ def _apply(node: ir.Node, args: list[np.ndarray]) -> np.ndarray:
         a, b = args
         if a.dtype.kind in "iu" and b.dtype.kind in "iu":
             if np.any(b == 0):
-                raise MatchFailure.refuse(f"Div {node.name!r} divides by zero for some total length", node.name or op)
+                raise MatchFailure.refuse(f"Div {node.name!r} divides by zero for some total length", node)
             return _int_div(a, b)
         return np.divide(a, b)
     if op in ("Max", "Min"):

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import onnx_ir as ir
 
 from rope_passes.config import GenaiConfig
+from rope_passes.report import Where, where
 from rope_passes.targets import LoadProblem, RuntimeTarget
 
 if TYPE_CHECKING:
@@ -69,7 +70,8 @@ class Rule:
     summary: str
     explanation: str
     fix: str | None
-    check: Callable[[LintContext], Iterable[tuple[str, str]]]  # yields (target, message)
+    #: yields (target, message): the target a node or value (named once, by rope_passes.report.where) or a name
+    check: Callable[[LintContext], Iterable[tuple[Where, str]]]
 
 
 RULES: dict[str, Rule] = {}
@@ -78,7 +80,7 @@ RULES: dict[str, Rule] = {}
 def rule(code: str, name: str, severity: Severity, summary: str, explanation: str, fix: str | None = None):
     """Register ``check(ctx) -> Iterable[(target, message)]`` as a lint rule."""
 
-    def register(check: Callable[[LintContext], Iterable[tuple[str, str]]]):
+    def register(check: Callable[[LintContext], Iterable[tuple[Where, str]]]):
         if code in RULES:
             raise ValueError(f"duplicate lint rule code {code}")
         RULES[code] = Rule(code, name, severity, summary, " ".join(explanation.split()), fix, check)
@@ -95,5 +97,5 @@ def run_rules(ctx: LintContext, select: Iterable[str] | None = None, ignore: Ite
         if code not in selected or code in set(ignore):
             continue
         for target, message in r.check(ctx):
-            out.append(Diagnostic(code, r.severity, message, target, r.fix))
+            out.append(Diagnostic(code, r.severity, message, where(target), r.fix))
     return out

@@ -17,13 +17,13 @@ import onnx_ir as ir
 from rope_passes.analysis.graph import MS_DOMAIN, flag, nodes_of
 from rope_passes.analysis.longrope import ConcatCache, concat_cache
 from rope_passes.lint.core import LintContext, Severity, rule
-from rope_passes.report import MatchFailure
+from rope_passes.report import MatchFailure, Where, where
 from rope_passes.targets import LoadProblem
 
 if TYPE_CHECKING:
     from rope_passes.analysis.placement import Placement
 
-Found = Iterator[tuple[str, str]]
+Found = Iterator[tuple[Where, str]]
 
 
 def _gqa(ctx: LintContext) -> list[ir.Node]:
@@ -152,7 +152,7 @@ def total_seq(ctx: LintContext) -> Found:
 def control_flow(ctx: LintContext) -> Found:
     for node in ctx.model.graph:
         if node.op_type in ("If", "Loop", "Scan") and node.domain in ("", "ai.onnx"):
-            yield node.name or node.op_type, f"{node.op_type} node: graph capture will be refused"
+            yield node, f"{node.op_type} node: graph capture will be refused"
 
 
 def _capture(ctx: LintContext) -> Placement:
@@ -251,7 +251,7 @@ def _concat_cache(ctx: LintContext) -> ConcatCache | None:
 def concat_offset(ctx: LintContext) -> Found:
     found = _concat_cache(ctx)
     if found and not ctx.genai_config.concat_offset:
-        yield found.gqa.name or "GroupQueryAttention", (
+        yield found.gqa, (
             f"cos_cache has {found.rows} rows: a concatenated LongRoPE cache ({found.offset} short + "
             f"{found.rows - found.offset} long) and no multiRotaryCacheConcatOffset")
 
@@ -276,7 +276,7 @@ def cache_layout(ctx: LintContext) -> Found:
         if not flag(node, "do_rotary") or len(node.inputs) < 9:
             continue
         cos, sin = node.inputs[7], node.inputs[8]
-        name = node.name or "GroupQueryAttention"
+        name = where(node)
         if cos is None or sin is None:
             yield name, "do_rotary=1 but cos_cache/sin_cache are missing"
             continue
@@ -307,4 +307,4 @@ def cache_short(ctx: LintContext) -> Found:
         if flag(node, "do_rotary") and len(node.inputs) > 7 and node.inputs[7] is not None:
             shape = node.inputs[7].shape
             if shape is not None and isinstance(shape[0], int) and shape[0] < context:
-                yield node.name or "GroupQueryAttention", f"cos_cache has {shape[0]} rows < context length {context}"
+                yield node, f"cos_cache has {shape[0]} rows < context length {context}"

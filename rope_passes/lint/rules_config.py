@@ -24,9 +24,9 @@ from rope_passes.lint.core import LintContext, Severity, rule
 from rope_passes.proofs.chain import find_chain
 from rope_passes.proofs.config import TOL, TOL_FP16, Verdict, best_verdict, check_rope, judge, repair_words, rows_of
 from rope_passes.proofs.longrope_tables import longrope_fault
-from rope_passes.report import MatchFailure
+from rope_passes.report import MatchFailure, Where
 
-Found = Iterator[tuple[str, str]]
+Found = Iterator[tuple[Where, str]]
 
 
 @dataclasses.dataclass

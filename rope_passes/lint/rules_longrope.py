@@ -24,9 +24,9 @@ from rope_passes.analysis.longrope import ConcatCache, concat_cache
 from rope_passes.config import CONCAT_OFFSET_OPTION as OFFSET_KEY
 from rope_passes.lint.core import LintContext, Severity, rule
 from rope_passes.proofs.concat_offset import consumer_name, no_layer_honours, offset_consumers, session_concat
-from rope_passes.report import MatchFailure
+from rope_passes.report import MatchFailure, Where
 
-Found = Iterator[tuple[str, str]]
+Found = Iterator[tuple[Where, str]]
 
 
 def concat_cache_of(ctx: LintContext) -> ConcatCache | None:
@@ -58,7 +58,7 @@ def concat_offset_ignored(ctx: LintContext) -> Found:
     configured = ctx.genai_config.concat_offset
     said = f"{OFFSET_KEY}={configured}" if configured else f"{OFFSET_KEY} (not set yet)"
     for gqa in found.ignoring_offset:
-        yield gqa.name or "GroupQueryAttention", (
+        yield gqa, (
             f"reads the concatenated LongRoPE cache {found.cos.name!r} ({found.offset} short + "
             f"{found.rows - found.offset} long rows) with separate query/key/value: WebGPU ignores {said} there, "
             f"wrong past {found.offset} tokens")
@@ -143,4 +143,4 @@ def bf16_attention(ctx: LintContext) -> Found:
     found = bf16_gqa(ctx.model)
     if found:
         more = f" ({len(found)} GroupQueryAttention nodes)" if len(found) > 1 else ""
-        yield found[0].name or "GroupQueryAttention", BF16_GQA_NOTE + more
+        yield found[0], BF16_GQA_NOTE + more

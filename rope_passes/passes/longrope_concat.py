@@ -150,7 +150,7 @@ class LongRoPEConcatPass(RopePass):
             gqas = list({id(u): u for u in users if u.op_type == "GroupQueryAttention" and u.domain == MS_DOMAIN}
                         .values())
             if not gqas:
-                report.not_matched(node.name or "If", "If does not feed GroupQueryAttention cos/sin caches")
+                report.not_matched(node, "If does not feed GroupQueryAttention cos/sin caches")
                 continue
             switch = if_switch(model, node)
             try:

@@ -100,7 +100,7 @@ class NarrowInt64Pass(RopePass):
             _narrow(model.graph, node)
             done.add(id(node))
             narrowed.append(node)
-            report.rewritten(node.name or node.op_type, f"int64 {node.op_type} moved to the GPU in int32 (no WebGPU "
+            report.rewritten(node, f"int64 {node.op_type} moved to the GPU in int32 (no WebGPU "
                              "int64 kernel; Cast int64→int32 before, int32→int64 after)")
         else:
             why = f"stopped after {MAX_ROUNDS} rounds"
@@ -181,7 +181,7 @@ def _outside_int32(node: ir.Node, intervals: Intervals) -> MatchFailure | None:
             return MatchFailure.refuse(
                 f"int64 {node.op_type} {node.name!r} not narrowed: its input {value.name!r} is not proved to fit int32 "
                 f"(its values lie in {found}, from its cone with graph inputs in int32), and the int32 Cast would "
-                "wrap them around", node.name or node.op_type, interval=str(found))
+                "wrap them around", node, interval=str(found))
     return None
 
 

@@ -106,7 +106,7 @@ class TotalSeqOnGpuPass(RopePass):
         stale: list[ir.Node] = []
         for gqa in gqas:
             if len(gqa.inputs) <= TOTAL_SEQ or gqa.inputs[SEQLENS_K] is None or gqa.inputs[TOTAL_SEQ] is None:
-                report.not_matched(gqa.name or "GroupQueryAttention", "GQA without seqlens_k/total_sequence_length")
+                report.not_matched(gqa, "GQA without seqlens_k/total_sequence_length")
                 continue
             seqlens, total = gqa.inputs[SEQLENS_K], gqa.inputs[TOTAL_SEQ]
             key = (id(seqlens), id(total))
@@ -128,7 +128,7 @@ class TotalSeqOnGpuPass(RopePass):
                         raise MatchFailure.refuse(f"seqlens_k reads mask {seq_mask.name!r} but total_sequence_length "
                                                   f"reads {mask.name!r}", seqlens.name or "seqlens_k")
                 except MatchFailure as failure:
-                    report.record(failure, gqa.name or "GroupQueryAttention")
+                    report.record(failure, gqa)
                     failed.add(key)
                     continue
                 if id(mask) not in by_mask:

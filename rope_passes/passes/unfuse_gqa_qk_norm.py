@@ -59,7 +59,7 @@ def _norm_weight(gqa: ir.Node, index: int) -> tuple[ir.Value, int] | None:
     tensor = weight.const_value
     if tensor is None or len(tensor.shape) != 1 or not isinstance(tensor.shape[0], int):
         raise MatchFailure.refuse(f"norm weight {weight.name!r} (input {index}) is not a constant 1-D tensor",
-                                  gqa.name or "GroupQueryAttention")
+                                  gqa)
     return weight, int(tensor.shape[0])
 
 
@@ -137,14 +137,14 @@ class UnfuseGQAQKNormPass(RopePass):
         fresh = FreshNames(model.graph)
         for gqa in fused:
             if gqa.graph is not model.graph:
-                report.not_matched(gqa.name or "GroupQueryAttention", "inside a subgraph: not unfused")
+                report.not_matched(gqa, "inside a subgraph: not unfused")
                 continue
             try:
                 self._unfuse(model.graph, gqa, fresh)
             except MatchFailure as failure:
                 report.record(failure, gqa.name or None)
                 continue
-            report.rewritten(gqa.name or "GroupQueryAttention",
+            report.rewritten(gqa,
                              "fused q/k RMSNorm moved out as SimplifiedLayerNormalization per head "
                              f"(GQA now has {len(gqa.inputs)} inputs)")
 

@@ -31,7 +31,7 @@ from rope_passes.analysis.graph import MS_DOMAIN, attr, flag, nodes_of
 from rope_passes.analysis.longrope import ConcatCache, separate_qkv
 from rope_passes.config import CONCAT_OFFSET_OPTION
 from rope_passes.proofs.constants import table as table_value
-from rope_passes.report import MatchFailure
+from rope_passes.report import MatchFailure, where
 
 # ------------------------------------------------------------------------------------------------------------
 # Packing separate Q/K/V (the offset acts on packed QKV only)
@@ -44,22 +44,22 @@ def packable(gqa: ir.Node, target: str | None = None) -> None:
     ``num_heads``, ``kv_num_heads``, ``kv_num_heads`` heads of one head size)."""
     if not separate_qkv(gqa):
         return
-    where = target or gqa.name or "GroupQueryAttention"
+    place = target or where(gqa)
     q, k, v = (gqa.inputs[i] if len(gqa.inputs) > i else None for i in range(3))
     if q is None or k is None or v is None:
-        raise MatchFailure.refuse(f"{gqa.name}: only one of key/value is given; cannot pack Q/K/V", where)
+        raise MatchFailure.refuse(f"{gqa.name}: only one of key/value is given; cannot pack Q/K/V", place)
     for value in (q, k, v):
         if value.shape is not None and len(value.shape) != 3:
             raise MatchFailure.refuse(f"{gqa.name}: {value.name!r} has rank {len(value.shape)}, expected [batch, "
-                                      "seq, hidden] to pack Q/K/V", where)
+                                      "seq, hidden] to pack Q/K/V", place)
     if len({value.dtype for value in (q, k, v)}) != 1:
-        raise MatchFailure.refuse(f"{gqa.name}: query/key/value dtypes differ; cannot pack Q/K/V", where)
+        raise MatchFailure.refuse(f"{gqa.name}: query/key/value dtypes differ; cannot pack Q/K/V", place)
     widths = [value.shape[2] if value.shape is not None else None for value in (q, k, v)]
     heads = (attr(gqa, "num_heads"), attr(gqa, "kv_num_heads"), attr(gqa, "kv_num_heads"))
     known = all(isinstance(w, int) for w in widths) and all(isinstance(h, int) and h > 0 for h in heads)
     if known and (widths[1] != widths[2] or widths[0] * heads[1] != widths[1] * heads[0]):
         raise MatchFailure.refuse(f"{gqa.name}: query/key/value widths {widths} are not num_heads/kv_num_heads "
-                                  f"{heads[0]}/{heads[1]} heads of one head size; cannot pack Q/K/V", where)
+                                  f"{heads[0]}/{heads[1]} heads of one head size; cannot pack Q/K/V", place)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -222,7 +222,7 @@ def offset_consumers(model: ir.Model) -> list[ir.Node]:
 
 
 def consumer_name(gqa: ir.Node) -> str:
-    return gqa.name or "GroupQueryAttention"
+    return where(gqa)
 
 
 @dataclasses.dataclass
