@@ -59,7 +59,7 @@ def _mismatches(probes, runtime: str, models: list[str], capture: bool) -> list[
     out = []
     for rel in models:
         probe = probes[(runtime, rel, capture)]
-        static = predict_placement(_path(rel), graph_capture=capture, target=runtime)
+        static = predict_placement(_path(rel), graph_capture=capture, runtime=runtime)
         if not (static.same_memcpy(probe) and static.loads == probe.loads and static.capture_ok == probe.capture_ok):
             out.append(f"{runtime} {rel}: static {sorted(static.memcpy_set)} loads={static.loads} "
                        f"capture={static.capture_ok} / probe {sorted(probe.memcpy_set)} loads={probe.loads} "
@@ -102,7 +102,7 @@ def test_builder_fixtures_static_equals_probe(probes, runtime):
 @pytest.mark.parametrize("runtime", RUNTIMES)
 def test_load_failures_are_predicted_with_onnxruntime_reason(probes, runtime):
     for rel in MODELS:
-        probe, static = probes[(runtime, rel, True)], predict_placement(_path(rel), target=runtime)
+        probe, static = probes[(runtime, rel, True)], predict_placement(_path(rel), runtime=runtime)
         why = UNLOADABLE_ON[runtime].get(rel)
         assert probe.loads is (why is None) and static.loads is (why is None), (runtime, rel, probe.load_error)
         if why is not None:

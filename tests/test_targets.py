@@ -149,7 +149,7 @@ def test_load_problems_per_runtime(genai_corpus):
     assert get_target(WEBGPU_PLUGIN).load_problems(model) == []
     assert get_target(WEBGPU_127).downlevel_for(model) == {"unfuse-gqa-qk-norm": problems[0].message}
     assert get_target(WEBGPU_PLUGIN).downlevel_for(model) == {}
-    assert not predict_placement(model, target=WEBGPU_127).loads and predict_placement(model, target=WEBGPU_PLUGIN).loads
+    assert not predict_placement(model, runtime=WEBGPU_127).loads and predict_placement(model, runtime=WEBGPU_PLUGIN).loads
 
 
 @pytest.mark.corpus
@@ -246,7 +246,7 @@ def test_an_attribute_the_schema_lacks_does_not_load(runtime):
     [problem] = get_target(runtime).load_problems(model)
     assert problem.kind == "unknown-attribute" and problem.target == "gqa"
     assert problem.message.endswith("Unrecognized attribute: rotary_embedding_dim for operator GroupQueryAttention")
-    assert predict_placement(model, target=runtime).verdict().startswith("does not load")
+    assert predict_placement(model, runtime=runtime).verdict().startswith("does not load")
     assert get_target(runtime).load_problems(ir.from_proto(onnx.load_from_string(_gqa_with("local_window_size")))) == []
 
 

@@ -80,7 +80,7 @@ class NarrowInt64Pass(RopePass):
         for _ in range(MAX_ROUNDS):
             # the first round: the pipeline's verdict of this graph where it has one (capture_verdict is this)
             placement = (self.context.take_verdict(model, target.name)
-                         or predict_placement(model, graph_capture=True, target=target))
+                         or predict_placement(model, graph_capture=True, runtime=target))
             if not placement.loads:
                 why = f"the model does not load on {target.label} ({placement.load_error})"
                 break

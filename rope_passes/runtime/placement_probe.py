@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.model:
         parser.error("give a model path")
     capture = args.capture == "1"
-    static = predict_placement(args.model, graph_capture=capture, target=args.runtime)
+    static = predict_placement(args.model, graph_capture=capture, runtime=args.runtime)
     print("static:", static.summary())
     for m in static.memcpy:
         print("  ", m)

@@ -71,11 +71,11 @@ def _cpu_output(value: ir.Value) -> bool:
     return any(node.outputs[i] is value for i in indices if i < len(node.outputs))
 
 
-def check_loadable(model: ir.Model, target: RuntimeTarget | str | None = None) -> str | None:
+def check_loadable(model: ir.Model, runtime: RuntimeTarget | str | None = None) -> str | None:
     """The reason the target runtime would refuse to load ``model`` (None: it loads): an op it does not register,
     GroupQueryAttention input counts outside its range (:meth:`~rope_passes.targets.RuntimeTarget.load_problems`;
     the IR version is not checked: rope-passes saves with the highest one both runtimes load)."""
-    problems = resolve_target(target).load_problems(model, ir_version=False)
+    problems = resolve_target(runtime).load_problems(model, ir_version=False)
     return problems[0].message if problems else None
 
 
@@ -87,10 +87,10 @@ def _opset(model: ir.Model) -> int | None:
 
 
 def predict_placement(model: ir.Model | str | os.PathLike, *, graph_capture: bool = True,
-                      target: RuntimeTarget | str | None = None) -> Placement:
-    """Static prediction of the target runtime's placement for ``model`` (see the module docstring); ``target``: a
+                      runtime: RuntimeTarget | str | None = None) -> Placement:
+    """Static prediction of the runtime's placement for ``model`` (see the module docstring); ``runtime``: a
     :class:`~rope_passes.targets.RuntimeTarget` or runtime name, default the runtime installed here."""
-    runtime = resolve_target(target)
+    runtime = resolve_target(runtime)
     if not isinstance(model, ir.Model):
         name = str(model)
         from rope_passes.io.load import load_model  # lazy external data; reads what `--weights link` leaves
@@ -145,7 +145,7 @@ def capture_verdict(model: ir.Model | str | os.PathLike, runtime: RuntimeTarget 
     node), ``"ready"``, or ``"unknown"`` where the static rules cannot place some node (then only the runtime can
     tell: ``rope-passes check --graph-capture``). Agreement with a real capture session on every graph the project
     can build is tests/test_one_truth.py."""
-    return predict_placement(model, graph_capture=True, target=runtime)
+    return predict_placement(model, graph_capture=True, runtime=runtime)
 
 
 @dataclasses.dataclass
