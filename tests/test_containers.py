@@ -157,3 +157,38 @@ def test_corpus_folder_at_every_opset(opset, genai_corpus, tmp_path, capsys):
         out = onnx.load(tmp_path / (src.name + "-out") / "model.onnx", load_external_data=False)
         assert next(o.version for o in out.opset_import if o.domain == "") == opset
     capsys.readouterr()
+
+
+@pytest.mark.corpus
+@pytest.mark.parametrize("name", ["tf5/dynamo/llama/decode.onnx", "tf4/torchscript/gemma3_text/decode.onnx"])
+def test_exporter_graph_at_every_opset(name, tmp_path, capsys):
+    """The exporter preset (precompute-cos-sin: Gather/Unsqueeze/Where/ReduceMax built by NodeTape) on dynamo exports
+    re-saved at each opset 11..23 where their ops exist in the form the export wrote them (a re-save onnxruntime
+    does not load is no model: Shape's start/end attributes are opset 15's): the output loads on onnxruntime CPU at
+    the same opset and computes the export's outputs (fp32: 1e-5, the tables are the values the graph computed,
+    rounded once)."""
+    from conftest import TORCH
+    from test_commit_scenario import _outputs
+
+    base = onnx.load(TORCH / name, load_external_data=False)
+    ran = []
+    for opset in range(11, 24):
+        moved = at_opset(base, opset)
+        if moved is None:
+            continue  # an op of the graph does not exist at this opset: no such model to run
+        src, out = tmp_path / f"in{opset}.onnx", tmp_path / f"out{opset}.onnx"
+        onnx.save(moved, src)
+        try:
+            ort.InferenceSession(str(src), providers=["CPUExecutionProvider"])
+        except Exception:  # noqa: BLE001  (onnxruntime's load errors share no base class)
+            continue
+        assert main(["optimize", str(src), "-o", str(out), "--target", "exporter", "--max-positions", "256"]) == 0
+        proto = onnx.load(out, load_external_data=False)
+        assert next(o.version for o in proto.opset_import if o.domain == "") == opset
+        assert any(n.op_type == "Gather" and "rope_passes" in n.name for n in proto.graph.node), "tables built"
+        for a, b in zip(_outputs(out), _outputs(src), strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+        ran.append(opset)
+    own = next(o.version for o in base.opset_import if o.domain == "")
+    assert set(range(own, 24)) <= set(ran) and len(ran) >= 6, ran  # llama 18..23, gemma3 12..23 (measured)
+    capsys.readouterr()
