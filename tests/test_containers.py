@@ -12,6 +12,8 @@ the graph: total-seq-on-gpu, longrope-concat).
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -192,3 +194,19 @@ def test_exporter_graph_at_every_opset(name, tmp_path, capsys):
     own = next(o.version for o in base.opset_import if o.domain == "")
     assert set(range(own, 24)) <= set(ran) and len(ran) >= 6, ran  # llama 18..23, gemma3 12..23 (measured)
     capsys.readouterr()
+
+
+def test_data_behind_a_link_out_of_the_folder_is_one_line(tmp_path):
+    """A Hugging Face cache snapshot links its files to ../../blobs/: onnx_ir will not read a data file through such a
+    link, so the load says so up front, in one line (exit 2), instead of failing at the first tensor a pass reads."""
+    base = build_tiny_decoder(tmp_path / "demo")
+    blobs, snapshot = tmp_path / "blobs", tmp_path / "snapshot"
+    blobs.mkdir()
+    snapshot.mkdir()
+    for item in base.iterdir():
+        shutil.move(item, blobs / item.name)
+        (snapshot / item.name).symlink_to(blobs / item.name)
+    done = subprocess.run([sys.executable, "-m", "rope_passes", "optimize", str(snapshot), "-o", str(tmp_path / "o")],
+                          capture_output=True, text=True)
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "is a symbolic link to" in done.stderr and "cp -rL" in done.stderr

@@ -198,6 +198,20 @@ def _lfs_error(path: Path, real_size: int, what: str) -> ModelLoadError:
                           "run `git lfs pull` in its repository")
 
 
+def _check_link(model_path: Path, data_path: Path, location: str) -> None:
+    """A data file reached through a symbolic link that leads out of the model's folder (a Hugging Face cache
+    snapshot: files linked to ../../blobs/) is a one-line error up front: onnx_ir refuses to read through it (a
+    "path traversal" guard) and would fail at the first tensor a pass reads."""
+    folder, path = model_path.parent.absolute(), data_path.absolute()
+    real = path.resolve()
+    if real.is_relative_to(folder.resolve()) or not any(p.is_symlink() for p in [path, *path.parents]
+                                                         if p.is_relative_to(folder) and p != folder):
+        return
+    raise ModelLoadError(f"{model_path}: external data file {location!r} is a symbolic link to {real}, outside the "
+                         "model's folder, which onnx_ir refuses to read through; copy the folder with its links "
+                         "resolved (cp -rL, or huggingface-cli download --local-dir for a Hugging Face cache)")
+
+
 def _check_external_data(model: ir.Model, model_path: Path) -> None:
     sizes: dict[Path, int] = {}
     for tensor in external_tensors(model):
@@ -207,6 +221,7 @@ def _check_external_data(model: ir.Model, model_path: Path) -> None:
                 raise ModelLoadError(
                     f"{model_path}: external data file {str(tensor.location)!r} is missing (expected at {data_path})"
                 )
+            _check_link(model_path, data_path, str(tensor.location))
             sizes[data_path] = data_path.stat().st_size
             real_size = lfs_pointer_size(data_path, sizes[data_path])
             if real_size is not None:
