@@ -11,13 +11,15 @@ import dataclasses
 import enum
 import functools
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import onnx_ir as ir
 
 from rope_passes.config import GenaiConfig
 from rope_passes.report import Where, where
 from rope_passes.targets import LoadProblem, RuntimeTarget
+
+T = TypeVar("T")
 
 if TYPE_CHECKING:
     from rope_passes.analysis.census import RopeCensus
@@ -55,6 +57,15 @@ class LintContext:
     runtime: RuntimeTarget
     #: the Hugging Face config.json the user named (``--hf-config``; None: the one beside the model)
     hf_config: str | None = None
+    #: evidence several rules share, computed once per context (:meth:`memo`)
+    _memo: dict[str, Any] = dataclasses.field(default_factory=dict, repr=False, compare=False)
+
+    def memo(self, key: str, compute: Callable[[], T]) -> T:
+        """``compute()``, once per context for ``key``: the evidence rules that word it differently share (RP401-RP403
+        one config evaluation, RP208/RP209 one session proof, RP405/RP406 one rotation probe)."""
+        if key not in self._memo:
+            self._memo[key] = compute()
+        return self._memo[key]
 
     @functools.cached_property
     def load_problems(self) -> list[LoadProblem]:

@@ -160,10 +160,7 @@ def _capture(ctx: LintContext) -> Placement:
     (:func:`rope_passes.analysis.placement.capture_verdict`), computed once per lint context."""
     from rope_passes.analysis.placement import capture_verdict
 
-    cached = ctx.__dict__.get("_capture_verdict")
-    if cached is None:
-        cached = ctx.__dict__["_capture_verdict"] = capture_verdict(ctx.model, ctx.runtime)
-    return cached
+    return ctx.memo("capture_verdict", lambda: capture_verdict(ctx.model, ctx.runtime))
 
 
 @rule("RP205", "memcpy-blocks-capture", Severity.WARNING,

@@ -145,9 +145,16 @@ def _caches(ctx: LintContext, ropes: list[Rope]) -> Iterator[_Checked]:
 
 
 def _checked(ctx: LintContext) -> list[_Checked]:
-    cached = getattr(ctx, "_rp4xx", None)
-    if cached is not None:
-        return cached
+    """The chains and caches checked against config.json: one evaluation the three rules share."""
+    return ctx.memo("RP401-RP403", lambda: _evaluate(ctx))[0]
+
+
+def _config_path(ctx: LintContext) -> str:
+    """The config.json the RP401-RP403 evaluation read (the words of a repair name it)."""
+    return ctx.memo("RP401-RP403", lambda: _evaluate(ctx))[1]
+
+
+def _evaluate(ctx: LintContext) -> tuple[list[_Checked], str]:
     hf, ropes, refusal = _config(ctx)
     out: list[_Checked] = []
     if refusal:
@@ -156,9 +163,7 @@ def _checked(ctx: LintContext) -> list[_Checked]:
         rows = hf.max_position_embeddings or 0
         if rows:
             out += list(_chains(ctx, ropes, rows)) + list(_caches(ctx, ropes))
-    ctx._rp4xx = out  # type: ignore[attr-defined]  # the three rules share one evaluation
-    ctx._rp4xx_config = str(hf.path) if hf is not None else "config.json"  # type: ignore[attr-defined]
-    return out
+    return out, str(hf.path) if hf is not None else "config.json"
 
 
 @rule("RP401", "longrope-frozen-at-export", Severity.ERROR,
@@ -173,7 +178,7 @@ def _checked(ctx: LintContext) -> list[_Checked]:
 def longrope_frozen(ctx: LintContext) -> Found:
     for c in _checked(ctx):
         if c.verdict is not None and not c.verdict.ok and c.verdict.frozen is not None:
-            config = getattr(ctx, "_rp4xx_config", "config.json")
+            config = _config_path(ctx)
             yield c.target, (c.verdict.message(c.what) + f"; precompute-cos-sin with --hf-config repairs it "
                              f"(repaired: {repair_words(c.verdict, c.role, config)})")
 

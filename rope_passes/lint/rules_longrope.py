@@ -67,9 +67,10 @@ def concat_offset_ignored(ctx: LintContext) -> Found:
 def _session_verdict(ctx: LintContext) -> tuple[int, MatchFailure | None, int | None] | None:
     """(configured offset, the session proof's failure at it or None, the split the tables really have or None);
     None when no offset is configured. One evaluation shared by RP208 and RP209."""
-    cached = getattr(ctx, "_rp208", None)
-    if cached is not None:
-        return cached or None
+    return ctx.memo("RP208-RP209", lambda: _session_evaluation(ctx))
+
+
+def _session_evaluation(ctx: LintContext) -> tuple[int, MatchFailure | None, int | None] | None:
     offset = ctx.genai_config.concat_offset
     out: tuple[int, MatchFailure | None, int | None] | None = None
     if offset:
@@ -84,7 +85,6 @@ def _session_verdict(ctx: LintContext) -> tuple[int, MatchFailure | None, int | 
             except MatchFailure:
                 real = None
             out = (offset, failure, real)
-    ctx._rp208 = out or ()  # type: ignore[attr-defined]
     return out
 
 

@@ -158,11 +158,11 @@ def _judge(m: np.ndarray, rope: Rope, probe: np.ndarray, head_dim: int, fp16: bo
 
 def _findings(ctx: LintContext) -> list[tuple[str, str, str]]:
     """(severity: error | note, target, message), computed once for RP405 and RP406."""
-    cached = getattr(ctx, "_rp405", None)
-    if cached is not None:
-        return cached
+    return ctx.memo("RP405-RP406", lambda: _probe_findings(ctx))
+
+
+def _probe_findings(ctx: LintContext) -> list[tuple[str, str, str]]:
     out: list[tuple[str, str, str]] = []
-    ctx._rp405 = out  # type: ignore[attr-defined]
     try:
         hf = HFConfig.find(ctx.path, ctx.hf_config)
     except Exception:  # noqa: BLE001 - RP403 says why
