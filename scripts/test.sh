@@ -5,7 +5,7 @@
 #   scripts/test.sh -m "not corpus and not webgpu"   # the fast inner loop (markers: tests/conftest.py)
 # Set-up (scripts/setup.sh, idempotent: an up-to-date .venv is not reinstalled) gives the tests what they need:
 #   the whole suite: .venv, the WebGPU driver when no adapter is found, the second WebGPU runtime (.venv-plugin) and
-#   the browser runtime (chromium + onnxruntime-web in .web-runtime/);
+#   the JS runtimes (chromium + onnxruntime-web, webgpu, onnxruntime-node, transformers.js in .web-runtime/);
 #   a marker selection that excludes webgpu (the fast loop): .venv only - no driver, no .venv-plugin, no browser
 #   (tests/conftest.py hides both from such a run, so a test that needs them and lacks the marker fails).
 set -euo pipefail
