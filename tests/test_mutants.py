@@ -215,7 +215,8 @@ def evaluate(mutant: Mutant, tmp: Path) -> Result:
     built = mutant.build(tmp / "mutant")
     folder_input = built.path.is_dir()
     out = tmp / "out" if folder_input else tmp / "out" / built.model_file.name
-    report = rope_passes.optimize(str(built.path), str(out), preset=mutant.target, options=dict(mutant.options))
+    run = {"preset": mutant.target} if mutant.target is not None else {"passes": [mutant.pass_name]}
+    report = rope_passes.optimize(str(built.path), str(out), options=dict(mutant.options), **run)
     out_folder = out if folder_input else None
     out_model = out / built.model_file.name if folder_input else out
     (pass_report,) = [p for p in report.passes if p.pass_name == mutant.pass_name]

@@ -69,7 +69,7 @@ class Mutant:
     expect: str  # REFUSE | EQUIVALENT
     edit: Callable[[Work], Sequence[str]] = dataclasses.field(repr=False)  # returns the places under attack
     why: str  # what the mutant computes, and why a naive rewrite is wrong (or harmless)
-    target: str = "webgpu"
+    target: str | None = "webgpu"  # the preset the mutant runs; None: the pass alone (a pass in no preset)
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     #: "ort": the mutant itself on onnxruntime CPU; "plugin": the mutant itself on onnxruntime >= 1.31's CPU EP
     #: (``.venv-plugin``: fused q/k-norm GQA and MRotaryEmbedding as that runtime computes them, :mod:`.plugin`);
@@ -132,10 +132,22 @@ CLASSES = {
 
 
 def all_mutants() -> list[Mutant]:
-    from . import adversarial, annotate, cleanup, fold_mrope, longrope, lower_mrope, precompute, total_seq, unfuse
+    from . import (
+        adversarial,
+        annotate,
+        batch_dim,
+        cleanup,
+        fold_mrope,
+        longrope,
+        lower_mrope,
+        precompute,
+        total_seq,
+        unfuse,
+    )
 
     out: list[Mutant] = []
-    for module in (fold_mrope, longrope, precompute, total_seq, annotate, lower_mrope, unfuse, cleanup, adversarial):
+    for module in (fold_mrope, longrope, precompute, total_seq, annotate, lower_mrope, unfuse, cleanup, adversarial,
+                   batch_dim):
         out.extend(module.mutants())
     names = [m.name for m in out]
     dupes = {n for n in names if names.count(n) > 1}
