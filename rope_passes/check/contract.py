@@ -5,7 +5,8 @@
   (a transformers.js folder's, at its top); the smallest wins (an id valid for every one of them). A graph that
   states none gets the fixed-seed default table's rows (:data:`.decode.TOKEN_HIGH`);
 * **context**: genai_config's context length, else the rows of the cos/sin table the graph reads (the table
-  comparison's end): no call runs past it;
+  comparison's end), and never past the rows of the cos/sin cache its GroupQueryAttention reads
+  (:func:`cache_rows`: the op refuses a position past them): no call runs past it;
 * **the genai loop** (:class:`GenaiLoop`): ``search.past_present_share_buffer`` (past and present share one
   ``max_length`` buffer), ``search.max_length``, and whether the graph takes a static mask (a ``max_length`` mask of
   ones then zeros: GroupQueryAttention's total length is the mask's sum, not its width, as the builder's ``_graph``
@@ -50,6 +51,21 @@ def embedding_rows(model: Any) -> int | None:
         if shape is not None and len(shape) >= 1 and isinstance(shape[0], int) and shape[0] > 0:
             return int(shape[0])
     return None
+
+
+def cache_rows(model: Any) -> int | None:
+    """The fewest rows of a cos/sin cache a GroupQueryAttention reads (inputs 7 and 8, declared shapes), or None:
+    onnxruntime refuses a call whose positions reach past them ("cos_cache dimension 0 shall not be less than ..."),
+    so the model accepts no longer context, whatever its genai_config says."""
+    rows = []
+    for node in _nodes(model):
+        if node.op_type != "GroupQueryAttention" or node.domain != "com.microsoft":
+            continue
+        for value in node.inputs[7:9]:
+            shape = value.shape if value is not None else None
+            if shape is not None and len(shape) >= 1 and isinstance(shape[0], int) and shape[0] > 0:
+                rows.append(int(shape[0]))
+    return min(rows) if rows else None
 
 
 def _hf_vocab(path: Path) -> int | None:

@@ -31,7 +31,12 @@ class ModelInfo:
 
     @property
     def context_length(self) -> int | None:
-        return GenaiConfig(self.genai_config).context_length
+        """genai_config's context length, bounded by the rows of the cos/sin cache the model's GroupQueryAttention
+        reads (:func:`.contract.cache_rows`: past them the model refuses the call); None when it states neither."""
+        from rope_passes.check.contract import cache_rows
+
+        stated = [n for n in (GenaiConfig(self.genai_config).context_length, cache_rows(self.model)) if n]
+        return min(stated) if stated else None
 
     def to_dict(self) -> dict[str, Any]:
         return {"path": str(self.path), "precision": self.precision, "webgpu_options": self.webgpu_options,

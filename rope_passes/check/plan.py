@@ -28,7 +28,6 @@ from rope_passes.check.schedules import GraphFacts, Schedule, default_schedules,
 from rope_passes.check.sweep import sweep_positions
 from rope_passes.check.table_diff import TableComparison, compare_tables
 from rope_passes.check.tables import GraphTables, graph_tables
-from rope_passes.config import GenaiConfig
 from rope_passes.errors import UsageError
 from rope_passes.runtime.adapter import AdapterInfo, max_webgpu_prefill
 
@@ -231,7 +230,7 @@ def graph_facts(orig: ModelInfo, rew: ModelInfo, plan: Plan, embedding_rows: Seq
     pad = pad[0] if isinstance(pad, list) and pad else pad
     # the context: genai_config's, else the rows of the tables both graphs read (no call runs past either)
     table_end = plan.tables.positions if plan.tables is not None and plan.tables.status == "compared" else None
-    context = [c for c in (GenaiConfig(orig.genai_config).context_length, table_end) if c]
+    context = [c for c in (orig.context_length, table_end) if c]
     loops = [genai_loop(orig), genai_loop(rew)]
     shared = [lp.max_length for lp in loops if lp.share_buffer and lp.max_length]
     end = context[0] if context else None
