@@ -147,34 +147,39 @@ def compare_all(ev: Evidence) -> list[Comparison]:
                 else:
                     c.status, c.reason = "skipped", f"{rew_label} did not run ({r.status})"
                 comparisons.append(c)
-    if ep == "webgpu":
-        _runtime_own_error(comparisons, rew_label)
+    if ep == "webgpu" and (note := _runtime_own_error(comparisons, rew_label)):
+        ev.notes.append(note)
     if ev.positions:
         for suffix in suffixes:
             web, cpu = f"original@webgpu{suffix}", f"original@cpu{suffix}"
             if ep == "webgpu":
                 add_sweep(rew_label, web, True, ev.tolerance)
                 add_sweep(rew_label, cpu, not int4, ref_tol, int4_why if int4 else "")
+                if suffix == "":  # the runtime's own error on the original (for information; see below)
+                    add_sweep(web, cpu, False, ref_tol)
             else:
                 add_sweep(rew_label, cpu, True, ev.tolerance)
+    if ep == "webgpu" and ev.positions and (note := _runtime_own_error(comparisons, rew_label, "sweep")):
+        ev.notes.append(note)
     return comparisons
 
 
-def _runtime_own_error(comparisons: list[Comparison], rew_label: str) -> None:
+def _runtime_own_error(comparisons: list[Comparison], rew_label: str, kind: str = "decode") -> str:
     """``rewritten@webgpu vs original@cpu`` is the check that WebGPU computes what the CPU EP does. Where the runtime
     itself is that far from the CPU EP on the *original* (the same step and output of ``original@webgpu vs
     original@cpu``: e.g. the browser's WebGPU on an explicit mRoPE rotation, 5e-4 on fp32 logits), a rewritten graph
     that equals its original on the same runtime (``rewritten@webgpu vs original@webgpu`` passed, counted) and is
     no further from the CPU EP than the original (within the tolerance) adds no error of its own: that comparison is
-    then not counted, and says why. Any step the rewritten graph is further off still counts."""
+    then not counted, and says why (returned, for the report's notes; "" when it still counts). Any step (or sweep
+    position) the rewritten graph is further off still counts."""
     by = {(c.actual, c.reference, c.kind): c for c in comparisons}
-    cross = by.get((rew_label, "original@cpu", "decode"))
-    same = by.get((rew_label, "original@webgpu", "decode"))
-    own = by.get(("original@webgpu", "original@cpu", "decode"))
+    cross = by.get((rew_label, "original@cpu", kind))
+    same = by.get((rew_label, "original@webgpu", kind))
+    own = by.get(("original@webgpu", "original@cpu", kind))
     if cross is None or same is None or own is None or cross.ok or not cross.counts or not (same.ok and same.counts):
-        return
+        return ""
     if own.status != "compared":
-        return
+        return ""
     theirs = {(d.step, d.output): d for d in own.diffs}
     worst_own = worst_rew = 0.0
     for d in cross.diffs:
@@ -182,12 +187,14 @@ def _runtime_own_error(comparisons: list[Comparison], rew_label: str) -> None:
             continue
         o = theirs.get((d.step, d.output))
         if o is None or d.reason or not (d.max_abs <= o.max_abs + cross.tolerance.atol):
-            return
+            return ""
         worst_own, worst_rew = max(worst_own, o.max_abs), max(worst_rew, d.max_abs)
     cross.counts = False
-    cross.reason = (cross.reason + "; " if cross.reason else "") + (
-        f"not counted: the runtime itself is {worst_own:.2g} from the CPU EP on the original at the same steps, and "
-        f"the rewritten graph, equal to its original on this runtime, is {worst_rew:.2g} (no error of its own)")
+    why = (f"not counted: the runtime itself is {worst_own:.2g} from the CPU EP on the original at the same "
+           f"{'positions' if kind == 'sweep' else 'steps'}, and the rewritten graph, equal to its original on this "
+           f"runtime, is {worst_rew:.2g} (no error of its own)")
+    cross.reason = (cross.reason + "; " if cross.reason else "") + why
+    return f"{cross.name}: {why}"
 
 
 def _capture_note(ev: Evidence) -> None:
