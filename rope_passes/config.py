@@ -256,6 +256,16 @@ class GenaiConfig:
         inputs = self._decoder.get("inputs")
         return {k: v for k, v in inputs.items() if isinstance(v, str)} if isinstance(inputs, dict) else {}
 
+    @property
+    def decoder_outputs(self) -> dict[str, str]:
+        """``model.decoder.outputs``: role (``logits``, ``present_key_names``, …) -> graph output name (pattern)."""
+        outputs = self._decoder.get("outputs")
+        return {k: v for k, v in outputs.items() if isinstance(v, str)} if isinstance(outputs, dict) else {}
+
+    def decoder_int(self, field: str) -> int | None:
+        """An integer field of ``model.decoder`` (:data:`DECODER_INT_FIELDS`), or None."""
+        return _int(self._decoder.get(field))
+
     def _provider_entries(self) -> Iterator[tuple[str, dict[str, Any]]]:
         session = self._decoder.get("session_options")
         providers = session.get("provider_options") if isinstance(session, dict) else None

@@ -11,6 +11,9 @@
   ``max_length`` buffer), ``search.max_length``, and whether the graph takes a static mask (a ``max_length`` mask of
   ones then zeros: GroupQueryAttention's total length is the mask's sum, not its width, as the builder's ``_graph``
   models compute it: :func:`total_is_mask_sum`);
+* **what the client reads of its config** (:func:`config_mismatches`): the past/present name patterns genai binds
+  the KV cache by, and the head counts it sizes the buffers with, must describe the graph's GroupQueryAttention
+  (its past_key/past_value inputs, present outputs, ``kv_num_heads``/``num_heads``);
 * **positions from the caller**: a graph with a ``position_ids`` input and no GroupQueryAttention (an exporter,
   optimum or transformers.js layout) rotates by the positions it is given, which run ahead of its cache when the
   caller keeps fewer rows than positions.
@@ -66,6 +69,51 @@ def cache_rows(model: Any) -> int | None:
             if shape is not None and len(shape) >= 1 and isinstance(shape[0], int) and shape[0] > 0:
                 rows.append(int(shape[0]))
     return min(rows) if rows else None
+
+
+def _gqa_nodes(model: Any) -> list[Any]:
+    return [n for n in _nodes(model) if n.op_type == "GroupQueryAttention" and n.domain == "com.microsoft"]
+
+
+def config_mismatches(info: Any) -> list[str]:
+    """Where a genai folder's ``genai_config.json`` does not describe its graph the way onnxruntime-genai reads it:
+    the ``past_key_names``/``past_value_names`` (``present_*``) patterns must name, for each layer, graph inputs
+    (outputs) that a GroupQueryAttention reads as past_key/past_value (writes as present_key/present_value), in that
+    role; ``num_key_value_heads``/``num_attention_heads`` must be its ``kv_num_heads``/``num_heads``. Empty when the
+    model has no config or no GroupQueryAttention (nothing to bind)."""
+    if not info.genai_config or info.model is None:
+        return []
+    gqas = _gqa_nodes(info.model)
+    if not gqas:
+        return []
+    cfg = GenaiConfig(info.genai_config)
+    out: list[str] = []
+    layers = cfg.decoder_int("num_hidden_layers") or len(gqas)
+    slots = {"past_key_names": ("inputs", 3), "past_value_names": ("inputs", 4),
+             "present_key_names": ("outputs", 1), "present_value_names": ("outputs", 2)}
+    role: dict[str, str] = {}  # value name -> the slot a GroupQueryAttention reads or writes it in
+    for node in gqas:
+        for key, (side, index) in slots.items():
+            values = node.inputs if side == "inputs" else node.outputs
+            if len(values) > index and values[index] is not None and values[index].name:
+                role[values[index].name] = key
+    for key, (side, _) in slots.items():
+        pattern = (cfg.decoder_inputs if side == "inputs" else cfg.decoder_outputs).get(key)
+        if not pattern or "%d" not in pattern:
+            continue
+        for layer in range(layers):
+            name = pattern.replace("%d", str(layer))
+            if role.get(name) != key:
+                what = (f"GroupQueryAttention's {role[name].removesuffix('_names')}" if name in role else
+                        f"no {'past input' if side == 'inputs' else 'present output'} of a GroupQueryAttention")
+                out.append(f"{key} {pattern!r} names {name!r}, which is {what}")
+                break
+    for key, attr in (("num_key_value_heads", "kv_num_heads"), ("num_attention_heads", "num_heads")):
+        stated = cfg.decoder_int(key)
+        have = {int(a.as_int()) for n in gqas if (a := n.attributes.get(attr)) is not None}
+        if stated is not None and have and stated not in have:
+            out.append(f"{key} is {stated}, the graph's GroupQueryAttention {attr} {sorted(have)}")
+    return out
 
 
 def _hf_vocab(path: Path) -> int | None:

@@ -297,6 +297,15 @@ def reference_failure(ev: Evidence) -> str | None:
     return None
 
 
+def _config_mismatch(ev: Evidence) -> str | None:
+    """What the rewritten genai_config.json says of its graph that onnxruntime-genai would bind wrong, where the
+    original's describes its own graph (:func:`.contract.config_mismatches`)."""
+    from rope_passes.check.contract import config_mismatches
+
+    new = [m for m in config_mismatches(ev.rew) if m not in config_mismatches(ev.orig)]
+    return f"WARNING: the rewritten genai_config.json does not describe its graph: {new[0]}" if new else None
+
+
 def decide(ev: Evidence, comparisons: list[Comparison]) -> tuple[str, str, str]:
     """(verdict, reason when it could not run, the reference in one line); adds the run notes to ``ev.notes``."""
     _run_notes(ev)
@@ -309,6 +318,11 @@ def decide(ev: Evidence, comparisons: list[Comparison]) -> tuple[str, str, str]:
     reason = ""
     if any(not c.ok for c in counted) or (tables is not None and not tables.ok):
         verdict = NOT_EQUIVALENT
+    elif (wrong := _config_mismatch(ev)) is not None:
+        # onnxruntime-genai binds the KV cache and sizes its buffers from genai_config.json: a config that no longer
+        # describes the graph breaks every real call, however the graph computes
+        verdict = NOT_EQUIVALENT
+        ev.notes.append(wrong)
     elif rew.status == NOT_RUN or (capture is not None and capture.status == NOT_RUN):
         # the checker could not drive a run it needed (exit 2): nothing about the graph was learnt there
         run = rew if rew.status == NOT_RUN else capture
