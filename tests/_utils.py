@@ -113,3 +113,22 @@ def copy_folder(src: str | os.PathLike, dst: str | os.PathLike, edit: Any = None
         edit(config)
         path.write_text(json.dumps(config, indent=4))
     return folder
+
+
+# -- building wrong rewrites: one node appended to a graph at a time (tests/test_check_schedules.py, test_check_clients.py)
+
+
+def graph_op(graph: ir.Graph, op_type: str, *inputs: ir.Value, **attrs) -> ir.Value:
+    """Append ``op_type(inputs, attrs)`` to ``graph``; its first output."""
+    node = ir.node(op_type, list(inputs), attributes=attrs or None)
+    graph.append(node)
+    return node.outputs[0]
+
+
+def graph_const(graph: ir.Graph, value) -> ir.Value:
+    return graph_op(graph, "Constant", value=ir.tensor(np.asarray(value)))
+
+
+def graph_dim(graph: ir.Graph, value: ir.Value, axis: int) -> ir.Value:
+    """``Shape(value)[axis]`` as a scalar int64."""
+    return graph_op(graph, "Gather", graph_op(graph, "Shape", value), graph_const(graph, np.int64(axis)), axis=0)

@@ -18,6 +18,9 @@ import numpy as np
 import onnx_ir as ir
 import onnxruntime as ort
 import pytest
+from _utils import graph_const as _const
+from _utils import graph_dim as _dim
+from _utils import graph_op as _op
 from conftest import GENAI, TORCH
 
 from rope_passes.check.core import NOT_EQUIVALENT, check
@@ -28,20 +31,6 @@ pytestmark = [pytest.mark.corpus, pytest.mark.webgpu]
 LLAMA = "current/llama/cpu_fp32"  # fp32, past_present_share_buffer, total length from Shape(mask)
 LLAMA_GRAPH = "current/llama/webgpu_fp16_graph"  # total length from the mask's sum: takes the capture loop's mask
 PHI3 = "current/phi3_mini_128k/cpu_fp32"  # LongRoPE If(Greater(total, 32))
-
-
-def _op(graph: ir.Graph, op_type: str, *inputs: ir.Value, **attrs) -> ir.Value:
-    node = ir.node(op_type, list(inputs), attributes=attrs or None)
-    graph.append(node)
-    return node.outputs[0]
-
-
-def _const(graph: ir.Graph, value) -> ir.Value:
-    return _op(graph, "Constant", value=ir.tensor(np.asarray(value)))
-
-
-def _dim(graph: ir.Graph, value: ir.Value, axis: int) -> ir.Value:
-    return _op(graph, "Gather", _op(graph, "Shape", value), _const(graph, np.int64(axis)), axis=0)
 
 
 def logits_plus_half_when(condition):

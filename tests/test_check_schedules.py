@@ -18,6 +18,9 @@ import numpy as np
 import onnx_ir as ir
 import onnxruntime as ort
 import pytest
+from _utils import graph_const as _const
+from _utils import graph_dim as _dim
+from _utils import graph_op as _op
 from conftest import GENAI
 
 from rope_passes.check.core import EQUIVALENT, NOT_EQUIVALENT, check
@@ -43,20 +46,6 @@ FP16 = "current/llama/webgpu_fp16"
 
 
 # ---------------------------------------------------------------- wrong rewrites
-
-
-def _op(graph: ir.Graph, op_type: str, *inputs: ir.Value, **attrs) -> ir.Value:
-    node = ir.node(op_type, list(inputs), attributes=attrs or None)
-    graph.append(node)
-    return node.outputs[0]
-
-
-def _const(graph: ir.Graph, value) -> ir.Value:
-    return _op(graph, "Constant", value=ir.tensor(np.asarray(value)))
-
-
-def _dim(graph: ir.Graph, value: ir.Value, axis: int) -> ir.Value:
-    return _op(graph, "Gather", _op(graph, "Shape", value), _const(graph, np.int64(axis)), axis=0)
 
 
 def logits_plus_half_when(condition):
