@@ -17,20 +17,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from rope_passes.io import ModelBundle, check_output, check_output_given, load_bundle, plan_outputs, write_bundle
+from rope_passes.io import check_output, check_output_given, load_bundle, plan_outputs, write_bundle
 from rope_passes.io.weights import check_weights_mode
 from rope_passes.lint import remaining_problems
-from rope_passes.pipeline import run_pipeline
+from rope_passes.pipeline import capture_config, run_pipeline
 from rope_passes.plan import RunPlan, make_plan
 from rope_passes.report import PipelineReport
-from rope_passes.targets import RuntimeTarget
 
-if TYPE_CHECKING:
-    from rope_passes.analysis.placement import Placement
-
-__all__ = ["RUNTIME_METADATA_KEY", "optimize", "plan_outputs"]
+__all__ = ["RUNTIME_METADATA_KEY", "capture_config", "optimize", "plan_outputs"]
 
 #: metadata_props key of a rewritten graph: the WebGPU runtime its passes were chosen for
 RUNTIME_METADATA_KEY = "rope_passes.runtime"
@@ -81,37 +77,5 @@ def optimize(
         report.copied_verbatim = saved.verbatim
         report.output_path = str(saved.path)
         report.weights = saved.weights
+        report.files = saved.files
     return report
-
-
-def capture_config(bundle: ModelBundle, runtime: RuntimeTarget, verdict: Placement | None = None) -> dict[str, Any]:
-    """``webgpu-graph``'s last step: the output's graph-capture verdict (the one home,
-    :func:`rope_passes.analysis.placement.capture_verdict`) and ``genai_config.json`` made to agree with it.
-
-    Capture-ready: ``enableGraphCapture`` = "1" in the decoder's WebGPU provider options (the entry added as
-    onnxruntime-genai's builder writes it where there is none), so onnxruntime-genai captures the folder as it is.
-    Blocked: left off (set to "0" where the input had "1": onnxruntime-genai would fail at session creation), each
-    blocker named with its node. Unknown or not loadable: the config is left as it is. Returns the report's
-    ``capture`` entry: ``state``, ``verdict`` (one line), ``blockers`` ([{node, why}]), ``config`` (the change line,
-    or why nothing was written). ``verdict``: the capture verdict of ``bundle.model`` on ``runtime`` where the caller
-    already has it (the pipeline's), else it is computed here."""
-    from rope_passes.analysis.placement import capture_verdict
-
-    if verdict is None:
-        verdict = capture_verdict(bundle.model, runtime)
-    config = bundle.genai_config
-    line: str | None = None
-    if not config.present:
-        why = "no genai_config.json: nothing to turn on"
-    elif verdict.state == "ready":
-        line = config.set_graph_capture(True)
-        why = "enableGraphCapture was already '1'" if line is None else ""
-    elif verdict.state == "blocked":
-        line = config.set_graph_capture(False)
-        why = "left off: capture is blocked"
-    else:
-        why = f"left as it is: capture is {verdict.state}"
-    return {"state": verdict.state, "runtime": runtime.name, "verdict": verdict.verdict(),
-            "blockers": [{"node": node, "why": why_} for node, why_ in verdict.blockers()],
-            "unknown": dict(list(verdict.unknown.items())[:20]),
-            "config": line or f"genai_config.json unchanged ({why})"}

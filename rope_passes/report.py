@@ -198,6 +198,9 @@ class PipelineReport:
     copied_verbatim: bool = False
     #: how the input's weights reached the output: "reflink", "link", "copy", "rewrite" (None: none travelled)
     weights: str | None = None
+    #: each file of the output against the input's, by bytes: path -> "changed" | "same" | "new" | "removed"
+    #: (:attr:`rope_passes.io.SaveResult.files`; {} when nothing was written)
+    files: dict[str, str] = dataclasses.field(default_factory=dict)
     #: lint findings the output still has (``rope_passes.lint.remaining_problems``)
     remaining: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     #: the WebGPU runtime the output is for (``rope_passes.targets``), e.g. "onnxruntime-webgpu"
@@ -205,7 +208,7 @@ class PipelineReport:
     #: preset passes left out because that runtime does not need them: pass name -> why
     skipped: dict[str, str] = dataclasses.field(default_factory=dict)
     #: ``webgpu-graph``: the output's graph-capture verdict and what genai_config.json got for it
-    #: (:func:`rope_passes.api.capture_config`: state, verdict, blockers [{node, why}], config)
+    #: (:func:`rope_passes.pipeline.capture_config`: state, verdict, blockers [{node, why}], config)
     capture: dict[str, Any] | None = None
     #: (model, runtime name, its capture verdict) of the graph the pipeline left, computed there for the placement
     #: guard; not part of the report's output (read it with :meth:`verdict_of`)
@@ -233,6 +236,7 @@ class PipelineReport:
             "modified": self.modified,
             "copied_verbatim": self.copied_verbatim,
             "weights": self.weights,
+            "files": self.files,
             "remaining": self.remaining,
             "capture": self.capture,
             "passes": [p.to_dict() for p in self.passes],

@@ -104,3 +104,40 @@ def test_hook_blocks_the_unstaged_data_file_and_the_suggested_commit_loads(tmp_p
     subprocess.run(["git", "clone", "-q", str(repo), str(clone)], check=True, capture_output=True)
     for a, b in zip(_outputs(clone / "model" / "model.onnx"), expected, strict=True):
         np.testing.assert_array_equal(a, b)  # the same files: bit-identical
+
+
+def test_hook_blocks_a_commit_that_only_changes_genai_config(tmp_path):
+    """Issue 32: a commit that changes only genai_config.json (an offset no layer reads: RP208, an error) runs the
+    hook on the model that config belongs to and is blocked; the commit of the model as it was passes."""
+    import json
+
+    import pre_commit  # noqa: F401  (a test dependency: pyproject.toml [test])
+
+    from rope_passes.demo import build_tiny_decoder
+
+    assert shutil.which("git"), "git is needed to test what a user commits"
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    build_tiny_decoder(repo / "tiny")
+    _hook_config(repo)
+    _git(repo, "add", ".")
+    env = {**os.environ, "PRE_COMMIT_HOME": str(tmp_path / "pre-commit-home")}
+    done = subprocess.run([sys.executable, "-m", "pre_commit", "install"], cwd=repo, capture_output=True, text=True,
+                          env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    first = _git(repo, "commit", "-m", "the model", check=False)  # warnings only (RP201, RP205): --fail-on error
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "rope-passes-lint" in first.stdout + first.stderr and "Passed" in first.stdout + first.stderr
+
+    path = repo / "tiny" / "genai_config.json"
+    config = json.loads(path.read_text())
+    config["model"]["decoder"]["session_options"]["provider_options"] = [
+        {"webgpu": {"multiRotaryCacheConcatOffset": "64"}}]
+    path.write_text(json.dumps(config, indent=4))
+    _git(repo, "add", "tiny/genai_config.json")
+    blocked = _git(repo, "commit", "-m", "an offset", check=False)
+    said = blocked.stdout + blocked.stderr
+    assert blocked.returncode != 0, said
+    assert "RP208" in said and "multiRotaryCacheConcatOffset=64" in said, said
+    assert _git(repo, "log", "--oneline").stdout.count("\n") == 1, "the blocked commit was not made"

@@ -50,7 +50,13 @@ def test_save_keeps_everything_and_caps_ir_version(tiny, tmp_path):
     src = onnx.load(tiny / "model.onnx", load_external_data=False)
     assert out.ir_version == MAX_IR_VERSION == 13
     assert {(o.domain, o.version) for o in out.opset_import} == {(o.domain, o.version) for o in src.opset_import}
-    assert {p.key: p.value for p in out.metadata_props} == {p.key: p.value for p in src.metadata_props} != {}
+    # the input's metadata kept, and which input this output was made from (an existing output folder is replaced
+    # only by a new output of the same input: rope_passes.io.files)
+    from rope_passes.io.files import INPUT_METADATA_KEY, input_identity
+
+    assert {p.key: p.value for p in out.metadata_props} == {
+        **{p.key: p.value for p in src.metadata_props}, INPUT_METADATA_KEY: input_identity(tiny / "model.onnx")}
+    assert len(src.metadata_props) > 0
     assert out.doc_string == "tiny doc" and out.graph.doc_string == "graph doc"
     kept = {v.name: v for v in out.graph.value_info}
     assert "h0" in kept, "value_info lost"

@@ -200,7 +200,11 @@ def test_inspect_says_what_each_runtime_does(genai_corpus, capsys):
     assert plugin["loads"] and not plugin["capture_ready"] and plugin["verdict"].startswith("loads; capture blocked by 2")
     assert main(["inspect", "--runtime", WEBGPU_PLUGIN, str(GENAI / "current/qwen25_vl/webgpu_int4_graph")]) == 0
     out = capsys.readouterr().out
-    assert "onnxruntime-ep-webgpu 0.4.0: loads; capture-ready" in out and "1.27.0" not in out
+    # a prediction from the probed table, for a runtime not installed in this environment: both said (issue 32)
+    assert "onnxruntime-ep-webgpu 0.4.0 (not installed), predicted: loads; capture-ready" in out, out
+    assert "1.27.0" not in out
+    assert main(["inspect", "--runtime", WEBGPU_127, str(GENAI / "current/qwen25_vl/webgpu_int4_graph")]) == 0
+    assert "onnxruntime-webgpu 1.27.0 (installed), predicted: " in capsys.readouterr().out
 
 
 @pytest.mark.corpus

@@ -42,14 +42,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def runtime_verdicts(model, runtimes: list[str]) -> list[dict[str, Any]]:
     """Per runtime: loads / capture-ready / blocked by what (static prediction, capture on)."""
     from rope_passes.analysis.placement import capture_verdict
-    from rope_passes.targets import default_runtime, get_target
+    from rope_passes.targets import detect_installed, get_target
 
-    installed = default_runtime()
+    here = detect_installed()
     out = []
     for name in runtimes:
         target = get_target(name)
         placement = capture_verdict(model, target)  # the one home of the capture verdict (lint, optimize read it)
-        out.append({"runtime": name, "label": target.label, "installed": name == installed,
+        installed = here is not None and here.runtime == name
+        out.append({"runtime": name, "label": target.label, "installed": installed,
+                    # what is installed beside rope-passes, when it is this runtime (its versions may not be the
+                    # probed table's); every verdict is a prediction from the probed table, never a session
+                    "installed_label": here.label if installed and here is not None else None, "predicted": True,
                     "loads": placement.loads, "capture_ready": placement.state == "ready",
                     "capture": placement.state, "memcpy": len(placement.memcpy), "verdict": placement.verdict(),
                     "blockers": [{"node": n, "why": w} for n, w in placement.blockers()],
@@ -188,10 +192,26 @@ def render(c: RopeCensus, console, verdicts: list[dict[str, Any]] | None = None)
     for note in c.notes:
         table.add_row("note", note)
     for v in verdicts or ():
-        mark = " (installed)" if v["installed"] else ""
+        mark = _installed_mark(v)
         fix = f" — optimize runs {', '.join(v['downlevel'])} for it" if v["downlevel"] else ""
         table.add_row("runtime", f"{v['label']}{mark}: {_short_verdict(v['verdict'])}{fix}")
+    if verdicts:
+        table.add_row("", "predicted: from each runtime's probed table (static placement, capture on), not a session; "
+                          "check --graph-capture runs one")
     console.print(table)
+
+
+def _installed_mark(v: dict[str, Any]) -> str:
+    """`` (installed)``, `` (installed: onnxruntime-webgpu 1.27.1)`` where its versions are not the probed table's,
+    or `` (not installed)``; then ``predicted:``: the verdict is the probed table's prediction, not a session."""
+    label = v.get("installed_label")
+    if not v["installed"]:
+        state = "not installed"
+    elif label and not all(part in v["label"] for part in label.split(" + ")):
+        state = f"installed: {label}"
+    else:
+        state = "installed"
+    return f" ({state}), predicted"
 
 
 def _short_verdict(text: str) -> str:

@@ -34,7 +34,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "then lints again and reports what is left.",
         exits=("0  no finding at or above --fail-on", "1  findings at or above --fail-on",
                "2  a model could not be read, or a usage error"))
-    p.add_argument("models", nargs="*", help="model files, model folders, or folders of model folders")
+    p.add_argument("models", nargs="*", help="model files, model folders, or folders of model folders; a model's "
+                                             "genai_config.json or data file stands for its model (what a "
+                                             "pre-commit hook passes)")
     p.add_argument("--format", default="text", choices=FORMAT_NAMES,
                    help="text (default), json, github (workflow annotations) or sarif (code scanning)")
     add_runtime_argument(p, "the WebGPU runtime to lint for: what it loads (RP001-RP003, RP101) and where it places "
@@ -53,7 +55,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rope_passes.io import check_report_path, discover_models, write_report
+    from rope_passes.io import check_report_path, lint_targets, write_report
     from rope_passes.lint import fix_bundle, lint_bundle
     from rope_passes.lint.core import RULES
     from rope_passes.lint.formats import FORMATS
@@ -61,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.list_rules:
         for r in sorted(RULES.values(), key=lambda r: r.code):
-            fix = f" [fix: {r.fix}]" if r.fix else ""
+            fix = f" [fix: {r.fix} {r.fix_flag}".rstrip() + "]" if r.fix else ""
             print(f"{r.code} {r.name} ({r.severity}){fix}\n    {r.summary}\n    {r.explanation}")
         return 0
     if not args.models:
@@ -72,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
         check_report_path(args.output)
     select = args.select.split(",") if args.select else None
     ignore = args.ignore.split(",") if args.ignore else ()
-    paths = [str(m) for given in args.models for m in discover_models(given)]
+    paths = [str(m) for m in lint_targets(args.models)]  # genai_config.json, a data file: the model they belong to
     # the run, resolved once: the runtime, the config.json the RP4xx rules (and --fix) read, the fixing passes
     plan = lint_plan(fix=args.fix, options={"text_only": args.text_only}, runtime=args.runtime,
                      hf_config=args.hf_config)

@@ -55,13 +55,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "(precompute-cos-sin; default: config.json beside the model)")
     p.add_argument("--dry-run", action="store_true", help="run the passes and report, write nothing")
     p.add_argument("--in-place", action="store_true",
-                   help="overwrite the input (atomically; only the graph file and a small second data file are "
-                        "written, the weights file stays as it is; read-only files are refused)")
+                   help="overwrite the input (atomically): the model file, genai_config.json where a pass changed "
+                        "it, and <model>.rope.data where new tensors are too large to go into the model file; the "
+                        "weights file stays as it is; read-only files are refused. The summary lists the files "
+                        "that differ")
     p.add_argument("--weights", default="reflink", choices=WEIGHT_MODES,
                    help="how the input's weights (external data) reach the output, unchanged: reflink (default: a "
                         "copy-on-write clone where the filesystem has them, else a copy), copy, link (a hard link: "
                         "no space, no time, but editing one file edits both), or rewrite (everything re-serialized "
-                        "into one data file, as earlier versions did). New tensors go into <model>.rope.data")
+                        "into one data file, as earlier versions did). New tensors go into the model file while small (1 MiB "
+                        "each, 8 MiB in all), larger ones into <model>.rope.data (all into the model file for a "
+                        "model without external data or in a transformers.js folder)")
     p.add_argument("--report", metavar="FILE", help="write the report as JSON to FILE")
     p.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
     p.add_argument("--explain", action="store_true",
@@ -110,6 +114,7 @@ def _optimize(args: argparse.Namespace, plan: RunPlan, job: ModelJob, progress=N
 def _run_tree(args: argparse.Namespace, plan: RunPlan, jobs: list[ModelJob]) -> int:
     """A folder of model folders: one line per model, then a tally; a broken model is reported, the others written."""
     from rope_passes.io import write_report
+    from rope_passes.io.files import changed_files
 
     reports: list[dict] = []
     tally = {"rewritten": 0, "unchanged": 0, "failed": 0}
@@ -124,11 +129,14 @@ def _run_tree(args: argparse.Namespace, plan: RunPlan, jobs: list[ModelJob]) -> 
             continue
         state = "rewritten" if report.modified else "unchanged"
         tally[state] += 1
+        differ = changed_files(report.files)
         refused = sum(p.to_dict()["refused"] for p in report.passes)
         remaining = ", ".join(r["code"] for r in report.remaining)
         capture = report.capture
         blockers = capture["blockers"] if capture else []
         _say(f"[{i}/{len(jobs)}] {job.relative}: {state}"
+             + (f" ({', '.join(differ)} not the input's bytes)" if differ else
+                " (every file the input's bytes)" if report.files else "")
              + (f"; refused {refused} (see --report)" if refused else "")
              + (f"; output still has {remaining}" if remaining else "")
              + (f"; capture {capture['state']}" if capture else "")
@@ -192,7 +200,7 @@ def capture_lines(report: PipelineReport) -> list[str]:
     capture = report.capture
     if not capture:
         return []
-    lines = [f"graph capture: {capture['verdict']}"]
+    lines = [f"graph capture, predicted: {capture['verdict']}"]  # the probed table's static placement, not a session
     lines += [f"  blocker at {b['node']}: {b['why']}" for b in capture["blockers"]]
     lines.append(f"  {capture['config']}")
     return lines
@@ -216,6 +224,8 @@ def _short(value) -> str:
 def render(report: PipelineReport, console: Console, plan: RunPlan) -> None:
     from rich.markup import escape  # reasons quote graphs ("[1, 3]", "[t]*s0"): text, never markup
     from rich.table import Table
+
+    from rope_passes.io.files import describe_files
 
     table = Table(title=f"rope-passes optimize ({report.preset or 'custom passes'})", title_justify="left")
     for col in ("pass", "matched", "rewritten", "refused", "nodes −/+"):
@@ -250,7 +260,8 @@ def render(report: PipelineReport, console: Console, plan: RunPlan) -> None:
         else:
             what = "graph unchanged (re-saved with IR version ≤ 13 so onnxruntime 1.27 loads it)"
         weights = f" (weights: {report.weights})" if report.weights else ""
-        console.print(f"{what} → {report.output_path}{weights}")
+        console.print(f"{what} → {report.output_path}{weights}", highlight=False, soft_wrap=True)
+        console.print(escape(f"  files: {describe_files(report.files)}"), highlight=False, soft_wrap=True)
     console.print(runtime_line(plan.runtime.label, plan.runtime_given, plan.skipped), highlight=False,
                   soft_wrap=True)
     sys.stdout.flush()

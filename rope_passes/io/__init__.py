@@ -18,8 +18,10 @@ from rope_passes.io.load import (
     discover_models,
     external_tensors,
     find_model_file,
+    lint_targets,
     load_bundle,
     load_model,
+    model_of,
     resolve_model_path,
 )
 from rope_passes.io.paths import (
@@ -50,8 +52,10 @@ __all__ = [
     "discover_models",
     "external_tensors",
     "find_model_file",
+    "lint_targets",
     "load_bundle",
     "load_model",
+    "model_of",
     "output_target",
     "plan_outputs",
     "resolve_model_path",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -107,6 +108,42 @@ def discover_models(path: str | os.PathLike) -> list[Path]:
     if not found:
         raise ModelLoadError(f"{p}: no .onnx model in this folder or below it")
     return found
+
+
+#: a file that belongs to a model beside it: its data files (``model.onnx.data``, sharded ``model.onnx.0.data``,
+#: transformers.js's ``model.onnx_data`` / ``model.onnx_data_1``, the tables of ours ``model.onnx.rope.data``)
+DATA_FILE = re.compile(r"^(?P<model>.+\.onnx)(\.data|\.\d+\.data|_data(_\d+)?|\.rope\.data)$")
+
+
+def model_of(path: str | os.PathLike) -> Path:
+    """The model a user path belongs to: a data file's model file (``model.onnx.data`` -> ``model.onnx`` beside it,
+    or its folder where there is none), ``genai_config.json``'s folder; any other path is itself. What ``lint``
+    reads for the files a pre-commit hook passes (a commit that changes only genai_config.json or a data file)."""
+    p = Path(path)
+    if p.name == GENAI_CONFIG:
+        return p.parent
+    match = DATA_FILE.match(p.name)
+    if match and not p.is_dir():
+        model = p.with_name(match["model"])
+        return model if model.is_file() else p.parent
+    return p
+
+
+def lint_targets(paths: list[str | os.PathLike]) -> list[Path]:
+    """The models ``paths`` stand for (:func:`model_of`, then :func:`discover_models`), each once: a model named
+    twice (its file and its genai_config.json, as a hook passes them) is linted once, as first named."""
+    seen: set[Path] = set()
+    out = []
+    for given in paths:
+        for model in discover_models(model_of(given)):
+            try:
+                key = resolve_model_path(model)[0].resolve()
+            except ModelLoadError:
+                key = model.resolve()  # reported when it is linted
+            if key not in seen:
+                seen.add(key)
+                out.append(model)
+    return out
 
 
 def resolve_model_path(path: str | os.PathLike) -> tuple[Path, Path | None]:
@@ -259,7 +296,24 @@ def load_model(path: str | os.PathLike) -> ir.Model:
         raise ModelLoadError(f"{model_path}: not an ONNX model (empty graph)")
     _check_external_data(model, model_path)
     _readable_hard_links(model)
+    _shapes_of_initializers(model)
     return model
+
+
+def _shapes_of_initializers(model: ir.Model) -> None:
+    """An initializer's value has the shape and type of its tensor: a ``value_info`` (or graph input) that declares
+    another shape for it (a stale exporter's [256, 16] over a [256, 14] table) is not what onnxruntime feeds, and
+    every reader of ``value.shape`` (a refusal's "16 columns", a width a pass builds with) must see the tensor's."""
+    for graph in graph_walk.graphs(model):
+        for value in graph.initializers.values():
+            tensor = value.const_value
+            if tensor is None:
+                continue
+            dims = [int(d) for d in tensor.shape.numpy()]  # a tensor's shape is static
+            if value.shape is None or list(value.shape) != dims:
+                value.shape = ir.Shape(dims)
+            if value.dtype is None or value.dtype != tensor.dtype:
+                value.dtype = tensor.dtype
 
 
 def load_bundle(path: str | os.PathLike) -> ModelBundle:

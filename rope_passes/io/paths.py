@@ -3,9 +3,9 @@
 * :func:`plan_outputs`: the (input, output) pairs a user path stands for; a folder of model folders maps each model
   to the same relative path under the output root.
 * :func:`output_target`: the file and folder one model is written to, after the checks (an output is given, it is
-  not the input unless ``in_place``, it is not inside the input folder; an existing output folder holds nothing but
-  an earlier output of this model, see :func:`check_replaceable_folder`); :func:`check_output` adds: in place, the
-  files replaced are not read-only.
+  not the input unless ``in_place``, it is not inside the input folder; an existing output folder is empty or holds
+  an earlier output of this very input, by content: see :func:`check_replaceable_folder`); :func:`check_output`
+  adds: in place, the files replaced are not read-only.
 * :func:`check_report_path` / :func:`write_report`: a report file (``optimize --report``, ``lint -o``).
 """
 
@@ -18,6 +18,7 @@ from pathlib import Path
 from rope_passes.config import GENAI_CONFIG
 from rope_passes.errors import ModelSaveError, UsageError
 from rope_passes.io.disk import STAGING_PREFIX, is_read_only
+from rope_passes.io.files import made_from
 from rope_passes.io.layout import ONNX_SUBFOLDER
 from rope_passes.io.load import discover_models, resolve_model_path
 
@@ -98,22 +99,29 @@ def companions(model_name: str) -> set[str]:
     return {model_name + ".data", model_name + NEW_DATA_SUFFIX}
 
 
-def check_replaceable_folder(folder_out: Path, input_folder: Path | None, model_name: str) -> None:
-    """An existing output folder is replaced whole only when it holds nothing but what this output writes (the input
-    folder's file names, the model's data files, ``genai_config.json``): an earlier output of this model. Anything
-    else (a folder of other files, an output of another model) is refused, so no stale file ever mixes in and no
-    file of the user's is deleted."""
+def check_replaceable_folder(folder_out: Path, input_folder: Path | None, model_path: Path, inner: Path) -> None:
+    """An existing output folder is replaced whole only when it is empty, or holds an earlier output of this very
+    input (identified by content, :func:`rope_passes.io.files.made_from`: the input's hash recorded in the output
+    model's metadata, or the input's own bytes) and nothing but what this output writes (the input folder's file
+    names, the model's data files, ``genai_config.json``). Anything else (a folder of other files, the output of
+    another model or of another version of this one) is refused, so no stale file ever mixes in and nothing of the
+    user's is deleted. ``inner``: the model file's path inside the folder."""
     if not folder_out.is_dir():
         return
+    model_name = model_path.name
     ours = {model_name, GENAI_CONFIG, *companions(model_name)}
     if input_folder is not None and input_folder.is_dir():
         ours |= {p.name for p in input_folder.iterdir()}
-    foreign = sorted(p.name for p in folder_out.iterdir() if p.name not in ours and not p.name.startswith(
-        STAGING_PREFIX))
+    present = [p for p in folder_out.iterdir() if not p.name.startswith(STAGING_PREFIX)]
+    foreign = sorted(p.name for p in present if p.name not in ours)
     if foreign:
         shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
         raise ModelSaveError(f"{folder_out}: folder exists and holds files this output would not replace ({shown}); "
                              "choose a new or empty folder")
+    if present and not made_from(folder_out / inner, model_path, input_folder, folder_out / GENAI_CONFIG):
+        raise ModelSaveError(f"{folder_out}: folder exists and does not hold an earlier output of this input (its "
+                             f"{inner.as_posix()} was not made from {model_path}, as it is now); choose a new or "
+                             "empty folder, or remove it")
 
 
 def check_not_read_only(paths: list[Path]) -> None:
@@ -153,7 +161,7 @@ def output_target(model_path: Path, folder: Path | None, output: str | os.PathLi
         folder_out = None  # a file input written into a folder: a file output named like the input
     target = OutputTarget(model_out, folder_out, onto_input)
     if target.whole_folder and folder_out is not None:
-        check_replaceable_folder(folder_out, folder, model_path.name)
+        check_replaceable_folder(folder_out, folder, model_path, model_out.relative_to(folder_out))
     return target
 
 

@@ -38,6 +38,7 @@ from rope_passes.io.disk import (
     remove_dirs,
     swap_folder,
 )
+from rope_passes.io.files import INPUT_METADATA_KEY, file_states, input_identity
 from rope_passes.io.layout import in_transformers_js_folder
 from rope_passes.io.load import MAX_IR_VERSION, ModelBundle
 from rope_passes.io.paths import OutputTarget, companions, output_target, same_file
@@ -60,6 +61,10 @@ class SaveResult:
     #: how the input's data files reached the output: "reflink", "link", "copy" or "rewrite" (re-serialized); None
     #: when none travelled (no external data, or in place, where the data file stays as it is)
     weights: str | None = None
+    #: each file of the output (path relative to the output folder, or to the folder a file output lands in) ->
+    #: "changed" | "same" | "new" | "removed", against the input's file it stands for, by bytes
+    #: (:func:`rope_passes.io.files.file_states`); {} when nothing was written
+    files: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 def copies_verbatim(bundle: ModelBundle, graph_modified: bool) -> bool:
@@ -118,7 +123,24 @@ def _serialize(bundle: ModelBundle, staging: Path, target: OutputTarget, weights
                              transformers_js=transformers_js)
 
 
-def _write_folder(bundle: ModelBundle, target: OutputTarget, verbatim: bool, weights: str) -> str | None:
+def _input_config(bundle: ModelBundle) -> Path:
+    """Where the input's ``genai_config.json`` is (or would be)."""
+    return (bundle.folder or bundle.model_path.parent) / GENAI_CONFIG
+
+
+def _folder_states(bundle: ModelBundle, staging: Path, written: set[str]) -> dict[str, str]:
+    """The staged folder's files against the input folder's: ``written`` (relative paths) compared by bytes, the
+    rest carried from the input as they were."""
+    assert bundle.folder is not None
+    folder = bundle.folder
+    files = sorted(p.relative_to(staging).as_posix() for p in staging.rglob("*") if p.is_file() or p.is_symlink())
+    return file_states(((n, staging / n) for n in files if n in written),
+                       lambda n: _input_config(bundle) if n == GENAI_CONFIG else folder / n,
+                       carried=[n for n in files if n not in written])
+
+
+def _write_folder(bundle: ModelBundle, target: OutputTarget, verbatim: bool,
+                  weights: str) -> tuple[str | None, dict[str, str]]:
     """A model folder: staged whole beside the output folder, then swapped in."""
     assert target.folder_out is not None and bundle.folder is not None
     folder_out = target.folder_out
@@ -130,19 +152,26 @@ def _write_folder(bundle: ModelBundle, target: OutputTarget, verbatim: bool, wei
         remove_dirs(created)
         raise ModelSaveError(f"{folder_out}: cannot create output folder ({exc.strerror or exc})") from None
     try:
+        written: set[str] = set()
         if verbatim:
             used = summarize(_stage_folder_files(bundle, staging, set(), carry_mode(weights)))
         else:
             inner = _model_dir(bundle)
             (staging / inner).mkdir(parents=True, exist_ok=True)
+            # the input this output is made from, by content: an existing output folder is replaced only by a new
+            # output of the same input (rope_passes.io.paths.check_replaceable_folder)
+            bundle.model.metadata_props[INPUT_METADATA_KEY] = input_identity(bundle.model_path, bundle.folder)
             serialized = _serialize(bundle, staging / inner, target, weights)
             data_files = bundle.external_data_files
             skip = {(inner / n).as_posix() for n in (bundle.model_path.name, *data_files, *serialized.names)}
+            written = {(inner / n).as_posix() for n in serialized.names if n not in serialized.carried}
             if bundle.genai_config_changed:  # else the user's file travels as it is, byte for byte
                 (staging / GENAI_CONFIG).write_text(bundle.genai_config.dumps())
                 skip.add(GENAI_CONFIG)
+                written.add(GENAI_CONFIG)
             _stage_folder_files(bundle, staging, skip, carry_mode(weights), data_files)
             used = serialized.weights
+        files = _folder_states(bundle, staging, written)
         if folder_out.exists() and not folder_out.is_dir():
             raise ModelSaveError(f"{folder_out}: is a file, cannot write a folder there")
         swap_folder(staging, folder_out)
@@ -150,7 +179,7 @@ def _write_folder(bundle: ModelBundle, target: OutputTarget, verbatim: bool, wei
         shutil.rmtree(staging, ignore_errors=True)
         remove_dirs(created)
         raise
-    return used
+    return used, files
 
 
 def _stage_config(bundle: ModelBundle, target: OutputTarget, verbatim: bool, staging: Path) -> list[str]:
@@ -175,8 +204,10 @@ def _stage_config(bundle: ModelBundle, target: OutputTarget, verbatim: bool, sta
     return [GENAI_CONFIG]
 
 
-def _write_files(bundle: ModelBundle, target: OutputTarget, verbatim: bool, weights: str) -> str | None:
-    """A file output, or in place: staged inside the target folder, committed file by file (journal, roll-back)."""
+def _write_files(bundle: ModelBundle, target: OutputTarget, verbatim: bool, weights: str,
+                 graph_modified: bool = True) -> tuple[str | None, dict[str, str]]:
+    """A file output, or in place: staged inside the target folder, committed file by file (journal, roll-back).
+    In place with only genai_config.json changed, only that file is written."""
     target_dir, model_out = target.target_dir, target.model_out
     created: list[Path] = []
     try:
@@ -186,7 +217,9 @@ def _write_files(bundle: ModelBundle, target: OutputTarget, verbatim: bool, weig
         remove_dirs(created)
         raise ModelSaveError(f"{target_dir}: cannot create output folder ({exc.strerror or exc})") from None
     try:
-        if verbatim:  # the model under its new name, its data files under the names the model references
+        if target.onto_input and not graph_modified and (bundle.model.ir_version or 0) <= MAX_IR_VERSION:
+            names, referenced, used, unchanged = [], set(bundle.external_data_files), None, set()  # the config only
+        elif verbatim:  # the model under its new name, its data files under the names the model references
             mode = carry_mode(weights)
             carry_file(bundle.model_path, staging / model_out.name, mode)
             names, referenced, carried = [model_out.name], set(bundle.external_data_files), []
@@ -195,10 +228,11 @@ def _write_files(bundle: ModelBundle, target: OutputTarget, verbatim: bool, weig
                     (staging / name).parent.mkdir(parents=True, exist_ok=True)
                     carried.append(carry_file(bundle.model_path.parent / name, staging / name, mode))
                     names.append(name)
-            used = summarize(carried)
+            used, unchanged = summarize(carried), set(names)
         else:
             serialized = _serialize(bundle, staging, target, weights)
             names, referenced, used = list(serialized.names), serialized.referenced, serialized.weights
+            unchanged = set(serialized.carried)
         names += _stage_config(bundle, target, verbatim, staging)
         # the model last: a reader never sees a model without its weights
         moves = [(staging / n, target_dir / n) for n in sorted(names, key=lambda n: n == model_out.name)]
@@ -207,13 +241,34 @@ def _write_files(bundle: ModelBundle, target: OutputTarget, verbatim: bool, weig
         for _, dest in moves:
             if dest.is_dir():
                 raise ModelSaveError(f"{dest}: is a folder, cannot write a file there")
+        files = _files_states(bundle, target, staging, names, unchanged, stale)
         commit_files(moves, stale, staging / (STAGING_PREFIX + "replaced"))
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         remove_dirs(created)
         raise
     shutil.rmtree(staging, ignore_errors=True)
-    return used
+    return used, files
+
+
+def _files_states(bundle: ModelBundle, target: OutputTarget, staging: Path, names: list[str], unchanged: set[str],
+                  stale: list[Path]) -> dict[str, str]:
+    """The staged files of a file output (or in place) against the input's, before they are committed (in place,
+    the input's are the files they replace); a genai_config.json left as it was in the folder a file output lands in
+    is compared too."""
+    source_dir = bundle.model_path.parent
+
+    def counterpart(name: str) -> Path:
+        if name == target.model_out.name:
+            return bundle.model_path
+        return _input_config(bundle) if name == GENAI_CONFIG else source_dir / name
+
+    written = [(n, staging / n) for n in names]
+    config_out = target.target_dir / GENAI_CONFIG
+    if (GENAI_CONFIG not in names and bundle.genai_config.present and not target.onto_input
+            and config_out.is_file()):
+        written.append((GENAI_CONFIG, config_out))
+    return file_states(written, counterpart, carried=unchanged, removed=[p.name for p in stale])
 
 
 def write_bundle(bundle: ModelBundle, output: str | os.PathLike | None, *, in_place: bool = False,
@@ -225,10 +280,13 @@ def write_bundle(bundle: ModelBundle, output: str | os.PathLike | None, *, in_pl
     if verbatim and target.onto_input:
         return SaveResult(bundle.model_path, True)  # nothing to write: the input already is the output
     try:
-        used = (_write_folder if target.whole_folder else _write_files)(bundle, target, verbatim, weights)
+        if target.whole_folder:
+            used, files = _write_folder(bundle, target, verbatim, weights)
+        else:
+            used, files = _write_files(bundle, target, verbatim, weights, graph_modified)
     except OSError as exc:
         raise ModelSaveError(f"{target.model_out}: cannot write ({exc.strerror or exc})") from None
-    return SaveResult(target.model_out, verbatim, used)
+    return SaveResult(target.model_out, verbatim, used, files)
 
 
 def save_bundle(bundle: ModelBundle, output: str | os.PathLike | None, *, in_place: bool = False,

@@ -72,6 +72,8 @@ class Serialized:
     names: list[str]  # files staged, relative to the output folder; the model first
     referenced: set[str]  # the data files the written graph references (staged or already in place)
     weights: str | None  # how the input's data files travelled ("rewrite", "reflink", "link", "copy"; None: stayed)
+    #: the staged files that are the input's data files carried unchanged (copy, reflink, hard link)
+    carried: frozenset[str] = frozenset()
 
 
 def _cap_ir_version(model: ir.Model) -> None:
@@ -234,4 +236,5 @@ def serialize_reusing(bundle: ModelBundle, staging: Path, model_out: Path, *, in
             (staging / name).parent.mkdir(parents=True, exist_ok=True)
             used.append(carry_file(source_dir / loc, staging / name, mode))
             names.append(name)
-    return Serialized(names, set(rename.values()) | set(names[1:]), summarize(used))
+    return Serialized(names, set(rename.values()) | set(names[1:]), summarize(used),
+                      frozenset(rename.values()) if not in_place else frozenset())

@@ -58,26 +58,72 @@ def remaining_problems(bundle: ModelBundle, plan: RunPlan) -> list[dict[str, Any
     return list(seen.values())
 
 
+#: findings ``lint --fix`` fixes in genai_config.json, not with a pass: ``enableGraphCapture`` made to agree with the
+#: graph's capture verdict (:func:`rope_passes.pipeline.capture_config`, the ``webgpu-graph`` preset's last step)
+CONFIG_FIXES = ("RP221", "RP222")
+
+
+def _fixes(diagnostics: Iterable[Diagnostic], plan: RunPlan) -> set[str]:
+    """The passes of ``plan`` that fix some of ``diagnostics`` with the plan's options (a rule whose fix needs an
+    option, RP103's ``--text-only``, counts only where the plan's options for that pass give it)."""
+    wanted = set()
+    for d in diagnostics:
+        if d.fix is None or d.fix not in plan.options:
+            continue
+        option = RULES[d.code].fix_option if d.code in RULES else None
+        if option is None or getattr(plan.options[d.fix], option, False):
+            wanted.add(d.fix)
+    return wanted
+
+
 def fix_bundle(path: str, plan: RunPlan | None = None, *, select: Iterable[str] | None = None,
                ignore: Iterable[str] = (), log: Callable[[str], None] = print) -> list[str]:
-    """Rewrite ``path`` in place with the passes of ``plan`` (default: ``lint_plan(fix=True)``) that fix
-    its diagnostics on the plan's runtime, in the plan's order, then ``cleanup``; returns them."""
-    from rope_passes.io import save_bundle
-    from rope_passes.pipeline import run_pipeline
+    """Rewrite ``path`` in place with the passes of ``plan`` (default: ``lint_plan(fix=True)``) that fix its
+    diagnostics on the plan's runtime, in the plan's order, then ``cleanup``; returns the passes run.
+
+    Each pass is chosen on the graph the passes before it left, as ``optimize`` runs them: the model is linted again
+    after a pass that changed it, so a finding that only the rewritten graph has (RP205's Memcpy once
+    ``lower-mrope`` made MRotaryEmbedding loadable) is fixed in the same run, and a second ``--fix`` finds nothing
+    more to do (tests/test_lint_fix.py: every corpus folder, bytes compared). Last, as ``optimize --preset
+    webgpu-graph`` does, genai_config.json's ``enableGraphCapture`` is made to agree with the graph (RP221, RP222)."""
+    from rope_passes.io import write_bundle
+    from rope_passes.io.files import describe_files
+    from rope_passes.pipeline import capture_config, run_pipeline
 
     plan = plan or lint_plan(fix=True)
     bundle = load_bundle(path)
     found = run_rules(_context(bundle, plan), select, ignore)
-    wanted = {d.fix for d in found if d.fix}
-    if not wanted:
-        return []
-    fixing = plan.only(wanted | {"cleanup"})
-    report = run_pipeline(bundle, fixing)
-    for p in report.passes:
-        log(f"{path}: {p.pass_name}: {p.status}")
-    if report.modified or any(d.code == "RP001" for d in found):  # saving is RP001's fix (IR version capped)
-        save_bundle(bundle, None, in_place=True)
-    return list(fixing.passes)
+    needs_save = any(d.code == "RP001" for d in found)  # saving is RP001's fix (IR version capped)
+    wants_cleanup = "cleanup" in _fixes(found, plan)
+    fixing = [n for n in plan.passes if n != "cleanup"]
+    ran: list[str] = []
+    modified = False
+    for index, name in enumerate(fixing):
+        if name not in _fixes(found, plan):
+            continue
+        report = run_pipeline(bundle, plan.only({name}))
+        ran.append(name)
+        for p in report.passes:
+            log(f"{path}: {p.pass_name}: {p.status}")
+        if report.modified:
+            modified = True
+            later = {code for code, r in RULES.items() if r.fix in fixing[index + 1:]}
+            chosen = later & set(select) if select else later
+            found = run_rules(_context(bundle, plan), chosen, ignore) if chosen else []
+    if (ran or wants_cleanup) and "cleanup" in plan.passes:
+        report = run_pipeline(bundle, plan.only({"cleanup"}))
+        ran.append("cleanup")
+        for p in report.passes:
+            log(f"{path}: {p.pass_name}: {p.status}")
+        modified = modified or report.modified
+    config_codes = {code for code in CONFIG_FIXES if (not select or code in set(select)) and code not in set(ignore)}
+    if config_codes and run_rules(_context(bundle, plan), config_codes, ignore):
+        capture = capture_config(bundle, plan.runtime)
+        log(f"{path}: genai_config.json: {capture['config']}")
+    if modified or needs_save or bundle.genai_config_changed:
+        saved = write_bundle(bundle, None, in_place=True, graph_modified=modified or needs_save)
+        log(f"{path}: files: {describe_files(saved.files)}")
+    return ran
 
 
 __all__ = ["AFTER_OPTIMIZE", "RULES", "Diagnostic", "LintContext", "Rule", "Severity", "fix_bundle", "lint_bundle",

@@ -41,10 +41,17 @@ class Diagnostic:
     message: str
     target: str  # node or value name, or "<model>"
     fix: str | None = None  # pass name that fixes it
+    #: the option that pass needs to fix it, as the command line spells it ("--text-only"), or ""
+    fix_flag: str = ""
+
+    @property
+    def fix_command(self) -> str:
+        """``fold-text-mrope --text-only``: the pass and the option it needs (``""`` without a fix)."""
+        return f"{self.fix} {self.fix_flag}".strip() if self.fix else ""
 
     def to_dict(self) -> dict[str, Any]:
         return {"code": self.code, "severity": str(self.severity), "message": self.message, "target": self.target,
-                "fix": self.fix}
+                "fix": self.fix, "fix_flag": self.fix_flag}
 
 
 @dataclasses.dataclass
@@ -83,18 +90,27 @@ class Rule:
     fix: str | None
     #: yields (target, message): the target a node or value (named once, by rope_passes.report.where) or a name
     check: Callable[[LintContext], Iterable[tuple[Where, str]]]
+    #: the option of the ``fix`` pass without which it does not fix this finding (``text_only``: the fold of 3-D
+    #: positions is the user's decision); ``lint --fix`` runs the pass for it only when the option is given
+    fix_option: str | None = None
+
+    @property
+    def fix_flag(self) -> str:
+        return f"--{self.fix_option.replace('_', '-')}" if self.fix_option else ""
 
 
 RULES: dict[str, Rule] = {}
 
 
-def rule(code: str, name: str, severity: Severity, summary: str, explanation: str, fix: str | None = None):
-    """Register ``check(ctx) -> Iterable[(target, message)]`` as a lint rule."""
+def rule(code: str, name: str, severity: Severity, summary: str, explanation: str, fix: str | None = None,
+         fix_option: str | None = None):
+    """Register ``check(ctx) -> Iterable[(target, message)]`` as a lint rule (``fix``: the pass that fixes it;
+    ``fix_option``: the option that pass needs for it, see :attr:`Rule.fix_option`)."""
 
     def register(check: Callable[[LintContext], Iterable[tuple[Where, str]]]):
         if code in RULES:
             raise ValueError(f"duplicate lint rule code {code}")
-        RULES[code] = Rule(code, name, severity, summary, " ".join(explanation.split()), fix, check)
+        RULES[code] = Rule(code, name, severity, summary, " ".join(explanation.split()), fix, check, fix_option)
         return check
 
     return register
@@ -108,5 +124,5 @@ def run_rules(ctx: LintContext, select: Iterable[str] | None = None, ignore: Ite
         if code not in selected or code in set(ignore):
             continue
         for target, message in r.check(ctx):
-            out.append(Diagnostic(code, r.severity, message, where(target), r.fix))
+            out.append(Diagnostic(code, r.severity, message, where(target), r.fix, r.fix_flag))
     return out

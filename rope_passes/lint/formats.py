@@ -16,7 +16,7 @@ def as_text(results: dict[str, list[Diagnostic]]) -> str:
     lines = []
     for path, diags in results.items():
         for d in diags:
-            fix = f" [fix: {d.fix}]" if d.fix else ""
+            fix = f" [fix: {d.fix_command}]" if d.fix else ""
             lines.append(f"{path}: {d.code} {d.severity}: {d.message} ({d.target}){fix}")
     n = sum(len(d) for d in results.values())
     lines.append(f"{n} problem{'s' if n != 1 else ''} in {len(results)} model{'s' if len(results) != 1 else ''}")
@@ -58,7 +58,8 @@ def as_github(results: dict[str, list[Diagnostic]]) -> str:
         file = _escape_github_property(_model_file(path)) if diags else ""
         for d in diags:
             title = f"{d.code} {RULES[d.code].name}" if d.code in RULES else d.code
-            msg = f"{d.target}: {d.message}" + (f" (fix: rope-passes optimize --passes {d.fix})" if d.fix else "")
+            msg = f"{d.target}: {d.message}" + (f" (fix: rope-passes optimize --passes {d.fix_command})"
+                                                if d.fix else "")
             lines.append(f"::{GITHUB_LEVEL[d.severity]} file={file},title={_escape_github_property(title)}::"
                          f"{_escape_github(msg)}")
     return "\n".join(lines)
@@ -71,7 +72,7 @@ def as_sarif(results: dict[str, list[Diagnostic]]) -> str:
             "name": r.name,
             "shortDescription": {"text": r.summary},
             "fullDescription": {"text": r.explanation},
-            "help": {"text": r.explanation + (f" Fix: rope-passes optimize --passes {r.fix}" if r.fix else "")},
+            "help": {"text": r.explanation + (f" Fix: rope-passes optimize --passes {r.fix} {r.fix_flag}".rstrip() if r.fix else "")},
             "defaultConfiguration": {"level": SARIF_LEVEL[r.severity]},
         }
         for r in sorted(RULES.values(), key=lambda r: r.code)

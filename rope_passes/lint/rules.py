@@ -120,7 +120,9 @@ def text_mrope(ctx: LintContext) -> Found:
       "mRoPE with 3D position ids from the caller",
       """Positions arrive as [3, batch, seq] from outside, so the graph cannot prove they are text-only.
       Folding mRoPE into GroupQueryAttention is exact only for text prompts: use
-      `rope-passes optimize --text-only` for a text-only deployment, otherwise keep (or lower) the mRoPE.""")
+      `rope-passes optimize --text-only` (or `lint --fix --text-only`) for a text-only deployment, otherwise keep
+      (or lower) the mRoPE.""",
+      fix="fold-text-mrope", fix_option="text_only")
 def vl_mrope(ctx: LintContext) -> Found:
     if ctx.census is None or not {"manual-mrope", "mrotary-embedding"} & set(ctx.census.flavours):
         return
