@@ -7,7 +7,8 @@ A leaf module: it imports nothing of rope_passes, so every layer (io, analysis, 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, MutableMapping, Sequence
+from typing import Any
 
 import onnx_ir as ir
 
@@ -54,3 +55,35 @@ def graphs(model: ir.Model) -> Iterator[ir.Graph]:
     """The main graph, then every subgraph (``ir.Model.graphs()``'s order)."""
     yield model.graph
     yield from subgraphs(model.graph)
+
+
+def post_order(root: ir.Value, memo: MutableMapping[int, Any], leaf: Callable[[ir.Value], Any],
+               node: Callable[[ir.Node], Sequence[Any]], early: Callable[[ir.Value], Any] | None = None) -> Any:
+    """The abstract value of ``root``: its cone evaluated inputs first, without recursion (cones are thousands of
+    nodes deep). ``memo`` maps ``id(value)`` to what is known (seeds included); ``leaf(v)`` answers a value without a
+    producer, ``node(n)`` a node's outputs once its inputs are in ``memo``; ``early(v)``, when given, may answer a
+    produced value before its inputs are walked (None: walk on). A cycle raises ValueError (no valid graph has one)."""
+    stack: list[tuple[ir.Value, bool]] = [(root, False)]
+    expanding: set[int] = set()
+    while stack:
+        v, ready = stack.pop()
+        if id(v) in memo:
+            continue
+        producer = v.producer()
+        if producer is None:
+            memo[id(v)] = leaf(v)
+            continue
+        if not ready:
+            if id(v) in expanding:
+                raise ValueError(f"the graph has a cycle through {v.name!r}")
+            answer = early(v) if early is not None else None
+            if answer is not None:
+                memo[id(v)] = answer
+                continue
+            expanding.add(id(v))
+            stack.append((v, True))
+            stack.extend((i, False) for i in producer.inputs if i is not None and id(i) not in memo)
+            continue
+        for out, value in zip(producer.outputs, node(producer), strict=True):
+            memo[id(out)] = value
+    return memo[id(root)]

@@ -8,7 +8,8 @@ import pytest
 from onnx import TensorProto, helper
 
 from rope_passes.analysis.longrope import if_switch, switch_offset
-from rope_passes.analysis.patterns import LongRoPESwitchCondition, SeqlensFromMaskSum, TotalSeqFromMaskShape
+from rope_passes.analysis.patterns import LongRoPESwitchCondition
+from rope_passes.proofs.mask_lengths import MaskLengths
 from rope_passes.report import MatchFailure
 
 
@@ -39,45 +40,54 @@ def _output(model: ir.Model) -> ir.Value:
     return model.graph.outputs[0]
 
 
-def test_total_seq_matched_with_its_nodes_and_mask():
-    model = _total_seq(cast_attrs={"saturate": 1})  # an extra attribute is onnxscript's business: still a match
-    found = TotalSeqFromMaskShape().match_value(model, _output(model), "total_sequence_length")
-    assert found.ok and not found.refused
-    assert found.bindings["mask"] is model.graph.inputs[0]
+def _total(model: ir.Model, names=("attention_mask",)):
+    return MaskLengths(model, names).total(_output(model))
+
+
+def _seqs(model: ir.Model, names=("attention_mask",)):
+    return MaskLengths(model, names).seqlens(_output(model))
+
+
+def test_total_seq_proved_with_its_nodes_and_mask():
+    model = _total_seq(cast_attrs={"saturate": 1})  # an extra attribute changes no value
+    found = _total(model)
+    assert found.mask is model.graph.inputs[0]
     assert sorted(n.name for n in found.nodes) == ["cast", "gather", "shape"]
 
 
 @pytest.mark.parametrize("model,reason", [
-    (lambda: _total_seq(index=0), "Gather 'gather' reads dimension 0, not the mask's dimension 1"),
-    (lambda: _total_seq(shape_attrs={"start": 1}), "Shape 'shape' has start/end attributes"),
+    (lambda: _total_seq(index=0), "Cast 'cast' computes [dimension 0 of 'attention_mask']"),
+    (lambda: _total_seq(shape_attrs={"start": 1}), "total_sequence_length is not the mask's width"),
 ], ids=["dim0", "start"])
-def test_total_seq_refused_with_check_reason(model, reason):
-    m = model()
-    found = TotalSeqFromMaskShape().match_value(m, _output(m), "total_sequence_length")
-    assert not found.ok and found.refused and found.reason == reason
+def test_total_seq_refused_with_the_node(model, reason):
+    with pytest.raises(MatchFailure) as failure:
+        _total(model())
+    assert failure.value.refused and reason in failure.value.reason, failure.value.reason
 
 
 def test_not_matched_names_the_producer():
     m = _seqlens()
-    found = TotalSeqFromMaskShape().match_value(m, _output(m), "total_sequence_length")
-    assert not found.ok and not found.refused
-    assert found.reason.startswith("total_sequence_length comes from Cast 'cast', not Cast<int32>(Gather(Shape(mask)")
-    found = TotalSeqFromMaskShape().match_value(m, m.graph.inputs[0], "x")
-    assert not found.ok and "graph input" in found.reason
+    with pytest.raises(MatchFailure) as failure:  # row sums, no shape read: not a length chain, naming what it is
+        _total(m)
+    assert not failure.value.refused and "Cast 'cast' computes row sums of" in failure.value.reason
+    x = ir.Value(name="x", type=ir.TensorType(ir.DataType.INT32), shape=ir.Shape([]))
+    ir.Graph([x], [x], nodes=[])
+    with pytest.raises(MatchFailure) as failure:  # a graph input: the caller's number, nothing of the mask
+        MaskLengths(m).total(x)
+    assert not failure.value.refused and "'x'" in failure.value.reason
 
 
-def test_seqlens_matched_and_refusals():
-    m = _seqlens()
-    found = SeqlensFromMaskSum().match_value(m, _output(m), "seqlens_k")
-    assert found.ok and sorted(n.name for n in found.nodes) == ["cast", "sub", "sum"]
-    kept = _seqlens(keepdims=1)  # mobius: [batch, 1], the same numbers GroupQueryAttention reads by flat index
-    found = SeqlensFromMaskSum().match_value(kept, _output(kept), "seqlens_k")
-    assert found.ok and not found.refused, found.reason
-    for model, reason in ((_seqlens(one=2), "Sub 'sub' subtracts something other than the constant 1"),
-                          (_seqlens(keepdims=1, axes=(0,)), "reduces axes [0] with keepdims=1"),
-                          (_seqlens(axes=(0,)), "reduces axes [0] with keepdims=0")):
-        found = SeqlensFromMaskSum().match_value(model, _output(model), "seqlens_k")
-        assert found.refused and reason in found.reason, found.reason
+def test_seqlens_proved_and_refusals():
+    found = _seqs(_seqlens())
+    assert sorted(n.name for n in found.nodes) == ["cast", "sub", "sum"]
+    _seqs(_seqlens(keepdims=1))  # mobius: [batch, 1], the same numbers GroupQueryAttention reads by flat index
+    for model, reason in ((_seqlens(one=2), "row sums of 'attention_mask' -2, not the row sums - 1 (last changed by "
+                                            "Sub 'sub')"),
+                          (_seqlens(keepdims=1, axes=(0,)), "ReduceSum 'sum' sums axes [0] (b)"),
+                          (_seqlens(axes=(0,)), "ReduceSum 'sum' sums axes [0] (b)")):
+        with pytest.raises(MatchFailure) as failure:
+            _seqs(model)
+        assert failure.value.refused and reason in failure.value.reason, failure.value.reason
 
 
 def test_longrope_switch_threshold_must_be_constant():
@@ -103,11 +113,14 @@ def test_mask_must_be_the_attention_mask_input():
     """A rank-2 integer graph input is not enough: the mask is the input genai_config names (default
     ``attention_mask``); ``input_ids`` has the same look."""
     model = _total_seq()
-    assert TotalSeqFromMaskShape().match_value(model, _output(model), "total").ok
-    found = TotalSeqFromMaskShape(("mask",)).match_value(model, _output(model), "total")
-    assert found.refused and "'attention_mask' is not the attention mask (the graph input 'mask'" in found.reason
-    found = SeqlensFromMaskSum(("input_ids",)).match_value(_seqlens(), _output(_seqlens()), "seqlens_k")
-    assert found.refused and "is not the attention mask" in found.reason
+    _total(model)
+    with pytest.raises(MatchFailure) as failure:
+        _total(model, ("mask",))
+    assert failure.value.refused and "'attention_mask' is not the attention mask (the graph input 'mask'" in \
+        failure.value.reason
+    with pytest.raises(MatchFailure) as failure:
+        _seqs(_seqlens(), ("input_ids",))
+    assert failure.value.refused and "is not the attention mask" in failure.value.reason
 
 
 # --- the LongRoPE switch, proved as a function of the total length --------------------------------------------------

@@ -108,22 +108,31 @@ def test_refuses_other_dimension(genai_corpus):
     model.graph.register_initializer(zero)
     gather.replace_input_with(1, zero)
     _, report = _rewrite(model)
-    assert report.count(Outcome.REFUSED) == 1 and "reads dimension 0" in report.findings[0].reason
+    assert report.count(Outcome.REFUSED) == 1 and "dimension 0 of 'attention_mask'" in report.findings[0].reason
 
 
 @pytest.mark.corpus
-def test_refuses_mask_that_is_not_a_graph_input(genai_corpus):
+def test_mask_through_an_identity_is_the_mask(genai_corpus):
+    """The chains read the mask through an Identity: the same values, proved by value (issue 32), rewritten on the
+    graph input itself; a graph input that is not the mask (``input_ids``) is refused by name."""
     model = _load("current/llama/cpu_fp32")
     mask = next(v for v in model.graph.inputs if v.name == "attention_mask")
+    users = list(mask.uses())
     ident = ir.node("Identity", [mask], name="mask_copy")
     ident.outputs[0].name = "mask_copy"
     ident.outputs[0].dtype, ident.outputs[0].shape = mask.dtype, mask.shape
-    users = list(mask.uses())
     model.graph.insert_before(model.graph.node(0), ident)
     for user, index in users:
         user.replace_input_with(index, ident.outputs[0])
+    rewritten, report = _rewrite(model)
+    assert report.status == "rewritten 1" and report.findings[0].details["mask"] == "attention_mask", report.findings
+    assert report.findings[0].details["seqlens_k_rewritten"] is True
+    ids = next(v for v in rewritten.graph.inputs if v.name == "input_ids")
+    model = _load("current/llama/cpu_fp32")
+    _mask_node(model, "ReduceSum").replace_input_with(0, next(v for v in model.graph.inputs if v.name == "input_ids"))
     _, report = _rewrite(model)
-    assert report.count(Outcome.REFUSED) == 1 and "is not a graph input" in report.findings[0].reason
+    assert report.count(Outcome.REFUSED) == 1 and "'input_ids' is not the attention mask" in report.findings[0].reason
+    assert ids is not None
 
 
 def test_no_gqa_is_not_matched():
@@ -385,9 +394,10 @@ def _edit_shape_start(model):
 
 @pytest.mark.corpus
 @pytest.mark.parametrize("edit,reason", [
-    (_edit_sub_by_two, "subtracts something other than the constant 1"),
-    (_edit_keepdims_axis0, "reduces axes [0] with keepdims=1, expected axes [1]"),
-    (_edit_shape_start, "has start/end attributes"),
+    (_edit_sub_by_two, "is the row sums of 'attention_mask' -2, not the row sums - 1 (last changed by Sub "),
+    (_edit_keepdims_axis0, "ReduceSum '/model/attn_mask_reformat/attn_mask_subgraph/ReduceSum' sums axes [0] (b), "
+                           "not the mask's columns alone"),
+    (_edit_shape_start, "total_sequence_length is not the mask's width (Shape(mask)[1]): Cast "),
 ], ids=["sub-2", "keepdims", "shape-start"])
 def test_refusals(genai_corpus, edit, reason):
     model = _load("current/llama/cpu_fp32")
@@ -418,7 +428,7 @@ def test_lowered_mrope_graph_captures_and_keeps_its_bits(genai_corpus, tmp_path)
 
 
 def _seqlens_through_identity(model: ir.Model) -> None:
-    """seqlens_k = Identity(the builder's chain): not matched, but provably the mask's row lengths."""
+    """seqlens_k = Identity(the builder's chain): the mask's row lengths, whatever node hands them over."""
     cast = _mask_node(model, "Sub").outputs[0].uses()[0][0]
     users = list(cast.outputs[0].uses())
     ident = ir.node("Identity", [cast.outputs[0]], name="seqlens_identity")
@@ -429,12 +439,14 @@ def _seqlens_through_identity(model: ir.Model) -> None:
 
 
 @pytest.mark.corpus
-def test_total_only_when_seqlens_reads_the_mask(genai_corpus):
+def test_seqlens_through_an_identity_is_proved_by_value(genai_corpus):
     model = _load("current/llama/cpu_fp32")
     _seqlens_through_identity(model)
     rewritten, report = _rewrite(model)
-    assert report.count(Outcome.REWRITTEN) == 1 and report.findings[0].details["seqlens_k_rewritten"] is False
-    assert all(g.inputs[5].name == "seqlens_identity" for g in nodes_of(rewritten, "GroupQueryAttention"))
+    assert report.count(Outcome.REWRITTEN) == 1 and report.findings[0].details["seqlens_k_rewritten"] is True
+    assert all(g.inputs[5].name == "/rope_passes/total_seq_on_gpu/seqlens_k"
+               for g in nodes_of(rewritten, "GroupQueryAttention"))
+    assert not [n for n in rewritten.graph if n.name == "seqlens_identity"]  # the old chain went with its reader
 
 
 @pytest.mark.corpus

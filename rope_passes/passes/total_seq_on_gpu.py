@@ -36,19 +36,30 @@ say the same) and rewrites nothing.
 Int64 position movement that also lands on CPU (mRoPE position math) is the separate pass ``narrow-int64``,
 which the ``webgpu-graph`` preset runs right after this one.
 
+**Proved by value, whatever the nodes** (:mod:`rope_passes.proofs.mask_lengths`): the two inputs are evaluated
+abstractly over their cones, each node in the form its own opset gives it: ``total_sequence_length`` must be the mask's
+width and ``seqlens_k`` its row sums minus one, batch on axis 0. The builder's chains, or the same values through
+``Squeeze``/``Unsqueeze``/``ReduceSum``/``Split`` with axes as attributes or inputs, ``Shape`` with ``start``/``end``,
+``Slice``/``Split`` (``num_outputs`` too) of the shape, ``Pad`` columns of zeros, ``Identity`` and integer ``Cast``
+chains, ``Add(x, -1)``, or a model-local function (evaluated in place at its own opset; the call node is removed with
+the old chains where nothing else reads it, the function body is left as it was) are all rewritten the same way.
+
 **The mask** is the graph input genai_config names as the decoder's ``attention_mask`` (``attention_mask`` without
 a genai_config): a rank-2 integer input alone proves nothing (``input_ids`` has that look, and its row sums are
-token ids). Where ``seqlens_k`` is computed some other way (not matched), only ``total_sequence_length`` is
-rewritten (the width is exact on its own). Constants in the chains must be constants: an initializer that is also
-a graph input can be overridden by the caller and is not one (:func:`rope_passes.analysis.graph.const_tensor`).
+token ids). Where ``seqlens_k`` reads no rank-2 integer input's values (a graph input, say: not matched), only
+``total_sequence_length`` is rewritten (the width is exact on its own). Constants in the chains must be constants: an
+initializer that is also a graph input can be overridden by the caller and is not one
+(:mod:`rope_passes.proofs.constants`).
 
-**Refuses** (graph unchanged there, reason in the report): a mask that is not the attention mask graph input
-(rank 2, integer);
-``Shape`` with ``start``/``end``; ``Gather`` of another dimension than 1; a ``ReduceSum`` over other axes; a Sub of
-something other than 1, or by a constant that moves the batch off seqlens_k's dimension 0; the two chains reading
-different masks. ``keepdims=1`` (mobius-onnx's form, seqlens_k ``[batch, 1]``) is accepted: GroupQueryAttention
-reads the same ``batch`` values by flat index (:class:`rope_passes.analysis.patterns.SeqlensFromMaskSum`).
-GQA length inputs computed otherwise are "not matched" with what was found.
+**Refuses** (graph unchanged there, the reason naming the node that broke the proof): a value read from another
+rank-2 integer input than the attention mask; a total that is not the width (another dimension, a padded or sliced
+mask's width, arithmetic on it); a ``seqlens_k`` that is not the row sums minus one (another subtrahend, a sum over
+other axes, ``Pad`` columns of non-zeros, a ``Cast`` of the mask's values to a type other than int32/int64, which
+wraps or rounds them, a shape that moves the batch off dimension 0); a step the proof does not follow (control flow,
+custom ops, ``Squeeze`` without axes); the two chains reading different masks. ``keepdims=1`` (mobius-onnx's form,
+seqlens_k ``[batch, 1]``) is accepted: GroupQueryAttention reads the same ``batch`` values by flat index. A
+``total_sequence_length`` that reads no mask shape (the builder's ``_graph`` variant: the largest row sum, on the GPU
+already) is "not matched", with the node that computes it.
 """
 
 from __future__ import annotations
@@ -58,34 +69,26 @@ import onnx_ir as ir
 
 from rope_passes.analysis.bf16 import BF16_GQA_NOTE, bf16_gqa, note_bf16
 from rope_passes.analysis.graph import MS_DOMAIN, nodes_of
-from rope_passes.analysis.patterns import MASK_INPUT, SeqlensFromMaskSum, TotalSeqFromMaskShape, ValuePattern
 from rope_passes.passes._rewrite import NodeTape, add_initializer, opset_of
 from rope_passes.passes.base import RopePass
+from rope_passes.proofs.mask_lengths import MASK_INPUT, MaskLengths
 from rope_passes.report import MatchFailure, PassReport
 
 SEQLENS_K, TOTAL_SEQ = 5, 6
 
 
-def _match(pattern: ValuePattern, model: ir.Model, value: ir.Value, what: str) -> tuple[ir.Value, list[ir.Node]]:
-    """(mask, the chain's nodes); MatchFailure.refuse (structure there, unsound) or .absent (structure absent)."""
-    found = pattern.match_value(model, value, what)
-    if found.refused:
-        raise MatchFailure.refuse(found.reason, value.name or what)
-    if not found.ok:
-        raise MatchFailure.absent(found.reason, value.name or what)
-    return found.bindings["mask"], found.nodes
-
-
 def match_total_seq(model: ir.Model, value: ir.Value, mask: str = MASK_INPUT) -> tuple[ir.Value, list[ir.Node]]:
-    """``Cast<int32>(Gather(Shape(M), 1))`` → (M, the chain's nodes), M the graph input ``mask``. Raises
+    """``value`` proved to be the width of the graph input ``mask`` → (mask, the cone's nodes). Raises
     MatchFailure."""
-    return _match(TotalSeqFromMaskShape((mask,)), model, value, "total_sequence_length")
+    found = MaskLengths(model, (mask,)).total(value)
+    return found.mask, found.nodes
 
 
 def match_seqlens_k(model: ir.Model, value: ir.Value, mask: str = MASK_INPUT) -> tuple[ir.Value, list[ir.Node]]:
-    """``Cast<int32>(Sub(ReduceSum(M, axes=[1], keepdims=0|1), 1))`` → (M, nodes), M the graph input ``mask``.
-    Raises MatchFailure."""
-    return _match(SeqlensFromMaskSum((mask,)), model, value, "seqlens_k")
+    """``value`` proved to be the row sums of the graph input ``mask`` minus one → (mask, nodes). Raises
+    MatchFailure."""
+    found = MaskLengths(model, (mask,)).seqlens(value)
+    return found.mask, found.nodes
 
 
 class TotalSeqOnGpuPass(RopePass):
@@ -100,6 +103,7 @@ class TotalSeqOnGpuPass(RopePass):
         if note_bf16(model, report):
             return
         mask_name = self.genai_config.decoder_inputs.get("attention_mask", MASK_INPUT)
+        lengths = MaskLengths(model, (mask_name,))
         by_pair: dict[tuple[int, int], tuple[ir.Value | None, ir.Value]] = {}
         by_mask: dict[int, tuple[ir.Value, ir.Value]] = {}  # one int32 computation per mask, whatever reads it
         failed: set[tuple[int, int]] = set()  # one finding per (seqlens_k, total) pair, not per layer
@@ -116,10 +120,11 @@ class TotalSeqOnGpuPass(RopePass):
                 new_seqlens, new_total = by_pair[key]
             else:
                 try:
-                    mask, old_nodes = match_total_seq(model, total, mask_name)
+                    found = lengths.total(total)
+                    mask, old_nodes = found.mask, found.nodes
                     try:
-                        seq_mask, seq_nodes = match_seqlens_k(model, seqlens, mask_name)
-                        old_nodes = old_nodes + seq_nodes
+                        seq_found = lengths.seqlens(seqlens)
+                        seq_mask, old_nodes = seq_found.mask, old_nodes + seq_found.nodes
                     except MatchFailure as failure:
                         if failure.refused:
                             raise
@@ -150,10 +155,15 @@ class TotalSeqOnGpuPass(RopePass):
         # the old chains, where nothing else reads them (a dead Shape chain still gets placed, with its Memcpy),
         # and a seqlens_k built but not used (every pair reading that mask kept its own)
         unused = [v.producer() for v, _ in by_mask.values() if not v.uses()]
-        for node in [*stale, *unused]:
-            if node is not None and node.graph is graph and not any(o.uses() or o.is_graph_output()
-                                                                     for o in node.outputs):
+        dead = {id(n): n for n in [*stale, *unused] if n is not None}
+        while True:  # the cones, readers first: a node goes once nothing else reads it
+            gone = [n for n in dead.values() if n.graph is graph and not any(o.uses() or o.is_graph_output()
+                                                                            for o in n.outputs)]
+            if not gone:
+                break
+            for node in gone:
                 graph.remove(node, safe=True)
+                del dead[id(node)]
 
     @staticmethod
     def _build(graph: ir.Graph, mask: ir.Value, index: int) -> tuple[ir.Value, ir.Value]:

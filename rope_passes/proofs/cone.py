@@ -30,6 +30,7 @@ from typing import Union
 import numpy as np
 import onnx_ir as ir
 
+import rope_passes.graph_walk as graph_walk
 from rope_passes.analysis.graph import attr, const_tensor
 from rope_passes.proofs.constants import constant
 from rope_passes.proofs.known import (
@@ -108,23 +109,7 @@ class Cone:
         return axes[-1]
 
     def value(self, root: ir.Value) -> Val:
-        stack: list[tuple[ir.Value, bool]] = [(root, False)]
-        while stack:
-            v, ready = stack.pop()
-            if id(v) in self.vals:
-                continue
-            node = v.producer()
-            if node is None:
-                self.vals[id(v)] = self._leaf(v)
-                continue
-            if not ready:
-                stack.append((v, True))
-                stack.extend((i, False) for i in node.inputs if i is not None and id(i) not in self.vals)
-                continue
-            outs = self._node(node)
-            for o, a in zip(node.outputs, outs, strict=True):
-                self.vals[id(o)] = a
-        return self.vals[id(root)]
+        return graph_walk.post_order(root, self.vals, self._leaf, self._node)
 
     def _leaf(self, v: ir.Value) -> Val:
         tensor = const_tensor(v)

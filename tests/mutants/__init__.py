@@ -128,6 +128,8 @@ CLASSES = {
     "subgraph": "an If/Loop body reading a value of the outer graph that a pass removes or rewires",
     "naming": "duplicated node names, names a pass derives its new names from",
     "dtype-shape": "fp16 / bf16, rank-4 inputs, static dims, partial rotary: shapes and dtypes a pass may assume",
+    "node-form": "a value a pass reads written in another opset's node forms or a model-local function, or a "
+                 "lookalike of it whose values differ (a Pad of ones, a sum over both axes, an int8 Cast)",
 }
 
 
@@ -138,6 +140,7 @@ def all_mutants() -> list[Mutant]:
         batch_dim,
         cleanup,
         fold_mrope,
+        forms,
         longrope,
         lower_mrope,
         precompute,
@@ -147,7 +150,7 @@ def all_mutants() -> list[Mutant]:
 
     out: list[Mutant] = []
     for module in (fold_mrope, longrope, precompute, total_seq, annotate, lower_mrope, unfuse, cleanup, adversarial,
-                   batch_dim):
+                   batch_dim, forms):
         out.extend(module.mutants())
     names = [m.name for m in out]
     dupes = {n for n in names if names.count(n) > 1}

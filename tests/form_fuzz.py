@@ -1,0 +1,138 @@
+"""The form fuzzer (issue 32): the values the passes read, rewritten into other node forms, must give the same rewrite.
+
+A :class:`Case` takes a tiny onnxruntime-genai builder graph from the shared corpus, rewrites the values a pass reads
+into other forms (:mod:`mutants.forms`: each default-domain opset's spelling of the mask chain, constant-foldable
+producers, a model-local function with its own opset import), runs ``optimize --target webgpu-graph`` and judges:
+
+* a form of the builder's value (``Case.same``): the same passes rewrite as on the plain graph, the static capture
+  verdict is ready (0 Memcpy), and the variant itself computes what the plain graph computes (onnxruntime CPU: the
+  form really is the same value);
+* a lookalike (its value differs): the pass refuses (or, for a value that reads no shape, does not match), naming
+  the node of the graph that breaks the proof, and changes nothing;
+* either way the output loads and equals its input on an independent onnxruntime CPU run (fp32, 1e-5) over calls
+  varying past length, call length and batch (:data:`mutants.CALLS`).
+
+:func:`judge` returns a :class:`Verdict` the tests assert on, and :func:`count` the tallies the report quotes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+from mutants import CALLS, CORPUS, Work, oracle
+from mutants.plugin import LeftPaddedMask
+
+import rope_passes
+from rope_passes.analysis.placement import predict_placement
+from rope_passes.report import Outcome
+
+PRESET = "webgpu-graph"
+TOLERANCE = 1e-5  # fp32: the rewrites under test move no float math (lengths and tables only)
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    name: str
+    base: str  # corpus-relative folder
+    edit: Callable[[Work], list[str]]
+    pass_name: str
+    same: bool  # the pass's value in another form (else a lookalike)
+    calls: tuple = CALLS
+
+
+@dataclasses.dataclass
+class Verdict:
+    ok: bool
+    outcome: str  # rewritten | refused | WRONG
+    detail: str
+    passes: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+def _write(case: Case, dest: Path, edit: bool) -> Path:
+    bundle = rope_passes.load_bundle(CORPUS / case.base)
+    config = bundle.genai_config.data
+    if edit:
+        case.edit(Work(bundle.model, config))
+    dest.mkdir(parents=True, exist_ok=True)
+    rope_passes.save_bundle(bundle, dest)
+    if config is not None:
+        (dest / "genai_config.json").write_text(json.dumps(config, indent=4) + "\n")
+    return dest
+
+
+def _compare(reference: Path, candidate: Path, calls) -> oracle.Comparison:
+    """Every call with a mask of ones, then again with left-padded masks (no row all ones: the width is not the
+    largest row sum, and every row's sum differs from the width)."""
+    ref, cand = oracle.Runner(reference), oracle.Runner(candidate)
+    head = json.loads((reference.parent / "genai_config.json").read_text())["model"]["decoder"].get("head_size")
+    ones = oracle.compare(ref, cand, calls, head_size=head, atol=TOLERANCE, rtol=TOLERANCE)
+    if not ones.ok:
+        return ones
+    padded = oracle.compare(LeftPaddedMask(ref), LeftPaddedMask(cand), [c for c in calls if c[0]], head_size=head,
+                            atol=TOLERANCE, rtol=TOLERANCE)
+    return dataclasses.replace(padded, detail=f"{ones.detail}; left-padded: {padded.detail}",
+                               calls_run=ones.calls_run + padded.calls_run) if padded.ok else padded
+
+
+def _rewrites(folder: Path, out: Path) -> dict[str, str]:
+    report = rope_passes.optimize(str(folder), str(out), preset=PRESET)
+    return {p.pass_name: p.status for p in report.passes}
+
+
+_PLAIN: dict[str, dict[str, str]] = {}
+
+
+def plain_rewrites(base: str, tmp: Path) -> dict[str, str]:
+    """The passes' statuses on the plain corpus graph (memoised per base)."""
+    if base not in _PLAIN:
+        _PLAIN[base] = _rewrites(CORPUS / base, tmp / "plain-out")
+    return _PLAIN[base]
+
+
+def _changed(statuses: dict[str, str]) -> set[str]:
+    """The passes that rewrote a value (``cleanup`` removes what the forms leave over: a count, not a rewrite)."""
+    return {name for name, status in statuses.items() if status.startswith(("rewritten", "repaired"))
+            and name != "cleanup"}
+
+
+def judge(case: Case, tmp: Path) -> Verdict:
+    variant = _write(case, tmp / "variant", edit=True)
+    out = tmp / "out"
+    report = rope_passes.optimize(str(variant), str(out), preset=PRESET)
+    statuses = {p.pass_name: p.status for p in report.passes}
+    (mine,) = [p for p in report.passes if p.pass_name == case.pass_name]
+    findings = "; ".join(f"{f.outcome}: {f.target}: {f.reason}" for f in mine.findings
+                         if f.outcome is not Outcome.NOTE)[:600]
+    if case.same:
+        plain = plain_rewrites(case.base, tmp)
+        if _changed(statuses) != _changed(plain):
+            return Verdict(False, "WRONG", f"passes that changed the graph: {sorted(_changed(statuses))}, on the "
+                           f"plain graph {sorted(_changed(plain))}: {findings}", statuses)
+        placement = predict_placement(out / "model.onnx")
+        if not placement.capture_ok:
+            return Verdict(False, "WRONG", f"capture verdict {placement.verdict()}: {placement.memcpy} "
+                           f"{placement.unknown}", statuses)
+        same_value = _compare(CORPUS / case.base / "model.onnx", variant / "model.onnx", case.calls)
+        if not same_value.ok or not same_value.calls_run:
+            return Verdict(False, "WRONG", f"the form is not the builder's value on onnxruntime CPU: "
+                           f"{same_value.detail}", statuses)
+        outcome = "rewritten"
+    else:
+        model = oracle.load_in_memory(variant / "model.onnx")
+        names = {n.name for n in model.graph} | {n.name for f in model.functions.values() for n in f}
+        declined = [f for f in mine.findings if f.outcome in (Outcome.REFUSED, Outcome.NOT_MATCHED)
+                    and any(f"'{n}'" in f.reason for n in names)]
+        if mine.modified or not declined:
+            return Verdict(False, "WRONG", f"a lookalike was not refused naming a node: {mine.status}: {findings}",
+                           statuses)
+        outcome = "refused"
+    equal = _compare(variant / "model.onnx", out / "model.onnx", case.calls)
+    if not equal.ok or not equal.calls_run:
+        return Verdict(False, "WRONG", f"output differs from its input on onnxruntime CPU: {equal.detail}", statuses)
+    return Verdict(True, outcome, findings, statuses)
+
+
+__all__ = ["PRESET", "TOLERANCE", "Case", "Verdict", "judge", "plain_rewrites"]

@@ -1,0 +1,203 @@
+"""The values ``total-seq-on-gpu`` reads, written in other node forms (issue 32, "Match values, not forms").
+
+:func:`mask_chain` replaces the builder's two length chains of an onnxruntime-genai decoder (``seqlens_k`` and
+``total_sequence_length`` from ``attention_mask``) by one ``total`` form and one ``seqlens`` form from
+:data:`TOTAL_FORMS` / :data:`SEQLENS_FORMS`, written as the default-domain opset ``opset`` spells its nodes
+(``Squeeze``/``Unsqueeze``/``ReduceSum``/``Split`` axes as attributes below 13 and inputs from 13 on, ``Split`` with
+``num_outputs`` from 18, ``Shape`` ``start``/``end`` from 15), and sets the model's import to ``opset``; with
+``function=True`` both chains go into one model-local function (its own import of ``opset``, and of nothing else:
+onnxruntime inlines functions at the model's opset, so the two agree).
+
+Each form says the opsets where it exists and whether its values are the builder's (``same``: the pass must rewrite
+it) or a lookalike that computes something else (a refusal naming the node that breaks the proof is the only right
+answer). :func:`mutants` turns a selection into :class:`~mutants.Mutant` entries judged by the mutation suite against
+an independent onnxruntime CPU run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import numpy as np
+import onnx_ir as ir
+
+from . import EQUIVALENT, REFUSE, Mutant, Work
+from .edit import graph_input
+
+SUB = "/model/attn_mask_reformat/attn_mask_subgraph"
+I64, I32 = ir.DataType.INT64, ir.DataType.INT32
+
+
+class Writer:
+    """Nodes of one form, written at ``opset`` (constants as Constant nodes: a function holds no initializers)."""
+
+    def __init__(self, opset: int, prefix: str) -> None:
+        self.opset = opset
+        self.prefix = prefix
+        self.nodes: list[ir.Node] = []
+
+    def op(self, op_type: str, *inputs: ir.Value | None, outputs: int = 1, **attributes) -> ir.Value:
+        node = ir.node(op_type, list(inputs), attributes=attributes or None, name=f"{self.prefix}/{op_type}_"
+                       f"{len(self.nodes)}", num_outputs=outputs)
+        for k, out in enumerate(node.outputs):
+            out.name = f"{node.name}/output_{k}"
+        self.nodes.append(node)
+        return node.outputs[0] if outputs == 1 else node.outputs  # type: ignore[return-value]
+
+    def const(self, array, dtype=np.int64) -> ir.Value:
+        arr = np.asarray(array, dtype=dtype)
+        return self.op("Constant", value=ir.tensor(arr))
+
+    # -- the forms of one op across opsets -------------------------------------------------------------------
+    def axes_op(self, op_type: str, x: ir.Value, axes: list[int], **attributes) -> ir.Value:
+        """Squeeze / Unsqueeze / ReduceSum with ``axes``: an attribute below 13 (ReduceSum: below 13), an input
+        after."""
+        if self.opset < 13:
+            return self.op(op_type, x, axes=axes, **attributes)
+        return self.op(op_type, x, self.const(axes), **attributes)
+
+    def split2(self, x: ir.Value) -> list[ir.Value]:
+        """Split of a 2-element vector into two 1-element ones: ``split`` attribute (< 13), input (13..17),
+        ``num_outputs`` (>= 18)."""
+        if self.opset < 13:
+            return self.op("Split", x, outputs=2, axis=0, split=[1, 1])  # type: ignore[return-value]
+        if self.opset < 18:
+            return self.op("Split", x, self.const([1, 1]), outputs=2, axis=0)  # type: ignore[return-value]
+        return self.op("Split", x, outputs=2, axis=0, num_outputs=2)  # type: ignore[return-value]
+
+    def pad(self, x: ir.Value, after: int, value: int) -> ir.Value:
+        """``after`` columns of ``value`` appended to a [batch, total] int64 tensor (Pad's inputs form, 11+)."""
+        return self.op("Pad", x, self.const([0, 0, 0, after]), self.const(value), mode="constant")
+
+
+@dataclasses.dataclass(frozen=True)
+class Form:
+    name: str
+    build: Callable[[Writer, ir.Value], ir.Value]
+    same: bool = True  # the builder's value (else a lookalike)
+    since: int = 11
+    why: str = ""
+
+    def exists(self, opset: int) -> bool:
+        return opset >= self.since
+
+
+def _width(w: Writer, shape: ir.Value) -> ir.Value:
+    return w.op("Cast", w.op("Gather", shape, w.const(1), axis=0), to=I32)
+
+
+TOTAL_FORMS = {f.name: f for f in [
+    Form("gather", lambda w, m: _width(w, w.op("Shape", m))),
+    Form("gather-neg", lambda w, m: w.op("Cast", w.op("Gather", w.op("Shape", m), w.const(-1), axis=0), to=I32)),
+    Form("shape-start-end", lambda w, m: w.op("Cast", w.axes_op("Squeeze", w.op("Shape", m, start=1, end=2), [0]),
+                                                 to=I32), since=15),
+    Form("shape-start-reshape", lambda w, m: w.op("Cast", w.op("Reshape", w.op("Shape", m, start=-1),
+                                                                 w.const(np.zeros(0, np.int64))), to=I32), since=15),
+    Form("slice-shape", lambda w, m: w.op("Cast", w.axes_op("Squeeze", w.op(
+        "Slice", w.op("Shape", m), w.const([1]), w.const([2]), w.const([0])), [0]), to=I32)),
+    Form("split-shape", lambda w, m: w.op("Cast", w.axes_op("Squeeze", w.split2(w.op("Shape", m))[1], [0]), to=I32)),
+    Form("cast-chain", lambda w, m: w.op("Identity", w.op("Gather", w.op("Cast", w.op("Identity", w.op("Shape", m)),
+                                                                          to=I32), w.const(1), axis=0))),
+    Form("pad-zero-columns", lambda w, m: _width(w, w.op("Shape", w.pad(m, 0, 0)))),
+    # lookalikes
+    Form("largest-row-sum", lambda w, m: w.op("Cast", w.op("ReduceMax", w.axes_op("ReduceSum", m, [1], keepdims=0),
+                                                           keepdims=0), to=I32), same=False,
+         why="the largest row sum (the builder's _graph variant): below the width when no row is all ones"),
+    Form("pad-one-column", lambda w, m: _width(w, w.op("Shape", w.pad(m, 1, 0))), same=False,
+         why="the width of the mask padded by one column: one more than the mask's"),
+    Form("float-roundtrip-plus-one", lambda w, m: w.op("Cast", w.op("Add", w.op("Cast", w.op(
+        "Gather", w.op("Shape", m), w.const(1), axis=0), to=ir.DataType.FLOAT), w.const(1.0, np.float32)), to=I32),
+         same=False, why="the width + 1, through float"),
+]}
+
+
+def _minus_one(w: Writer, sums: ir.Value) -> ir.Value:
+    return w.op("Cast", w.op("Sub", sums, w.const(1)), to=I32)
+
+
+SEQLENS_FORMS = {f.name: f for f in [
+    Form("builder", lambda w, m: _minus_one(w, w.axes_op("ReduceSum", m, [1], keepdims=0))),
+    Form("keepdims-squeeze", lambda w, m: _minus_one(w, w.axes_op("Squeeze", w.axes_op("ReduceSum", m, [1]), [1]))),
+    Form("axes-neg-add", lambda w, m: w.op("Cast", w.op("Add", w.axes_op("ReduceSum", m, [-1], keepdims=0),
+                                                        w.const(-1)), to=I32)),
+    Form("int32-first", lambda w, m: w.op("Sub", w.axes_op("ReduceSum", w.op("Cast", m, to=I32), [1], keepdims=0),
+                                          w.const(1, np.int32))),
+    Form("identity-cast-chain", lambda w, m: _minus_one(w, w.axes_op("ReduceSum", w.op("Cast", w.op(
+        "Identity", m), to=I64), [1], keepdims=0))),
+    Form("pad-zero-columns", lambda w, m: _minus_one(w, w.axes_op("ReduceSum", w.pad(m, 2, 0), [1], keepdims=0))),
+    Form("unsqueeze-reshape", lambda w, m: w.op("Cast", w.op("Reshape", w.op("Sub", w.axes_op(
+        "Unsqueeze", w.axes_op("ReduceSum", m, [1], keepdims=0), [1]), w.const([[1]])), w.const([-1])), to=I32)),
+    # lookalikes
+    Form("pad-one-column", lambda w, m: _minus_one(w, w.axes_op("ReduceSum", w.pad(m, 1, 1), [1], keepdims=0)),
+         same=False, why="a column of ones appended: every row's sum + 1"),
+    Form("sum-all-axes", lambda w, m: w.op("Cast", w.op("Expand", w.op("Sub", w.axes_op(
+        "ReduceSum", m, [0, 1], keepdims=0), w.const(1)), w.op("Shape", m, start=0, end=1) if w.opset >= 15 else
+        w.op("Slice", w.op("Shape", m), w.const([0]), w.const([1]))), to=I32), same=False,
+         why="the sum of the whole mask (every row), repeated per row"),
+    Form("int8-cast", lambda w, m: _minus_one(w, w.axes_op("ReduceSum", w.op("Cast", w.op(
+        "Cast", m, to=ir.DataType.INT8), to=I64), [1], keepdims=0)), same=False,
+         why="the mask through int8: a mask value of 300 becomes 44"),
+]}
+
+
+def mask_chain(total: str, seqlens: str, opset: int, function: bool = False):
+    """An edit: the builder's two chains replaced by ``total``/``seqlens`` forms written at ``opset`` (in a
+    model-local function importing ``opset`` when ``function``; else the model's import becomes ``opset``)."""
+    def edit(work: Work) -> list[str]:
+        graph = work.graph
+        gqas = [n for n in graph if n.op_type == "GroupQueryAttention"]
+        mask = graph_input(graph, "attention_mask")
+        old = [n for n in graph if (n.name or "").startswith(f"{SUB}/")]
+        work.model.opset_imports[""] = opset  # onnxruntime inlines a function at the model's opset: the same
+        if function:
+            param = ir.Value(name="mask", type=ir.TensorType(I64), shape=ir.Shape(["batch", "total"]))
+            w = Writer(opset, "/lengths")
+            outs = [TOTAL_FORMS[total].build(w, param), SEQLENS_FORMS[seqlens].build(w, param)]
+            body = ir.Graph([param], outs, nodes=w.nodes, opset_imports={"": opset}, name="MaskLengths")
+            work.model.functions[("custom.lengths", "MaskLengths", "")] = ir.Function(
+                "custom.lengths", "MaskLengths", graph=body, attributes=[])
+            work.model.opset_imports["custom.lengths"] = 1
+            call = ir.node("MaskLengths", [mask], domain="custom.lengths", name="/lengths/MaskLengths",
+                           num_outputs=2)
+            for out, name in zip(call.outputs, ("/lengths/total", "/lengths/seqlens"), strict=True):
+                out.name, out.dtype = name, I32
+            nodes, (new_total, new_seqlens) = [call], call.outputs
+        else:
+            w = Writer(opset, "/lengths")
+            new_total, new_seqlens = TOTAL_FORMS[total].build(w, mask), SEQLENS_FORMS[seqlens].build(w, mask)
+            nodes = w.nodes
+        graph.insert_before(gqas[0], nodes)
+        for gqa in gqas:
+            gqa.replace_input_with(5, new_seqlens)
+            gqa.replace_input_with(6, new_total)
+        for node in reversed(old):
+            graph.remove(node, safe=True)
+        graph.sort()
+        return [n.name for n in gqas] + [new_total.name]
+    return edit
+
+
+BASE = "genai/current/llama/cpu_fp32"
+
+
+def mutants() -> list[Mutant]:
+    """Class ``node-form``: every lookalike at the lowest opset where it exists and inside a model-local function
+    (opset 23); four forms of the builder's values inside a function (the fuzzer, tests/test_form_fuzzer.py, tries
+    every form at every opset)."""
+    def m(name, expect, pair, opset, function, why):
+        return Mutant(f"form-{name}", "node-form", "total-seq-on-gpu", BASE, expect, mask_chain(*pair, opset, function),
+                      why, target="webgpu-graph", reference="ort")
+
+    out = []
+    for kind, forms in (("total", TOTAL_FORMS), ("seqlens", SEQLENS_FORMS)):
+        for form in forms.values():
+            pair = (form.name, "builder") if kind == "total" else ("gather", form.name)
+            if not form.same:
+                out.append(m(f"{kind}-{form.name}-op{form.since}", REFUSE, pair, form.since, False, form.why))
+                out.append(m(f"{kind}-{form.name}-function", REFUSE, pair, 23, True, f"{form.why}, in a function"))
+    for total, seqlens, opset in (("split-shape", "keepdims-squeeze", 11), ("shape-start-end", "pad-zero-columns", 15),
+                                  ("split-shape", "unsqueeze-reshape", 18), ("cast-chain", "int32-first", 23)):
+        out.append(m(f"function-{total}+{seqlens}-op{opset}", EQUIVALENT, (total, seqlens), opset, True,
+                     f"total as {total}, seqlens_k as {seqlens}, in a model-local function at opset {opset}"))
+    return out

@@ -1,0 +1,66 @@
+"""The form fuzzer (issue 32, "Match values, not forms"): every value ``total-seq-on-gpu`` reads, rewritten into the
+node forms of each default-domain opset 11..23 and into a model-local function with its own opset import, gives the
+rewrite the plain builder graph gets (capture-ready, outputs equal to the input on onnxruntime CPU); every lookalike
+whose value differs is refused naming a node (:mod:`form_fuzz`, :mod:`mutants.forms`).
+
+The schedule keeps the cost modest: each opset gets one graph combining one total form and one seqlens form (every
+form appears at several opsets, rotating), a function graph at 4 opsets, and each lookalike once in the main graph and
+once inside a function.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from form_fuzz import Case, judge
+from mutants.forms import BASE, SEQLENS_FORMS, TOTAL_FORMS, mask_chain
+
+pytestmark = pytest.mark.corpus
+
+OPSETS = range(11, 24)
+SAME_TOTAL = [f for f in TOTAL_FORMS.values() if f.same]
+SAME_SEQLENS = [f for f in SEQLENS_FORMS.values() if f.same]
+
+
+def _pick(forms, opset: int, turn: int):
+    usable = [f for f in forms if f.exists(opset)]
+    return usable[(opset + turn) % len(usable)]
+
+
+def _cases() -> list[Case]:
+    cases = []
+    for opset in OPSETS:
+        total, seqlens = _pick(SAME_TOTAL, opset, 0), _pick(SAME_SEQLENS, opset, 0)
+        cases.append(Case(f"op{opset}-{total.name}+{seqlens.name}", BASE, mask_chain(total.name, seqlens.name, opset),
+                          "total-seq-on-gpu", True))
+    for opset in (11, 13, 18, 23):
+        total, seqlens = _pick(SAME_TOTAL, opset, 3), _pick(SAME_SEQLENS, opset, 3)
+        cases.append(Case(f"function-op{opset}-{total.name}+{seqlens.name}", BASE,
+                          mask_chain(total.name, seqlens.name, opset, function=True), "total-seq-on-gpu", True))
+    for kind, forms in (("total", TOTAL_FORMS), ("seqlens", SEQLENS_FORMS)):
+        for form in (f for f in forms.values() if not f.same):
+            pair = (form.name, "builder") if kind == "total" else ("gather", form.name)
+            cases.append(Case(f"lookalike-{kind}-{form.name}-op{form.since}", BASE, mask_chain(*pair, form.since),
+                              "total-seq-on-gpu", False))
+            cases.append(Case(f"lookalike-{kind}-{form.name}-function", BASE, mask_chain(*pair, 23, function=True),
+                              "total-seq-on-gpu", False))
+    return cases
+
+
+CASES = _cases()
+
+
+def test_every_form_is_tried():
+    """The schedule reaches every opset, every form of the builder's values and every lookalike."""
+    names = " ".join(c.name for c in CASES)
+    assert all(f"op{k}-" in names for k in OPSETS)
+    assert all(f"-{f.name}+" in names or f"+{f.name}" in names for f in SAME_TOTAL + SAME_SEQLENS), names
+    assert len(CASES) == 13 + 4 + 2 * sum(not f.same for f in [*TOTAL_FORMS.values(), *SEQLENS_FORMS.values()])
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_form(case: Case, tmp_path: Path):
+    verdict = judge(case, tmp_path)
+    assert verdict.ok, f"{case.name}: {verdict.outcome}: {verdict.detail}\n{verdict.passes}"
+    assert verdict.outcome == ("rewritten" if case.same else "refused")
