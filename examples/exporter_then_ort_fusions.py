@@ -1,4 +1,4 @@
-"""Exporter output → rope-passes ``--target exporter`` → onnxscript's ORT fusions, measured on WebGPU.
+"""Exporter output → rope-passes ``--preset exporter`` → onnxscript's ORT fusions, measured on WebGPU.
 
     python examples/exporter_then_ort_fusions.py [EXPORT_DIR] [--steps N] [--out DIR]
 

@@ -6,7 +6,7 @@ The passes of one run share a ``PassContext``: it carries the model's ``genai_co
 ``GenaiConfig``), so what ``longrope-concat`` writes there (the cache offset) or ``fold-text-mrope`` removes from it
 (the position input) reaches the next pass and the saved folder, exactly as ``rope-passes optimize`` does; with the
 same last step (``capture_config``: ``enableGraphCapture`` from the output's capture verdict) the output is
-byte-identical to ``rope-passes optimize MODEL_DIR -o OUT_DIR --target webgpu-graph``.
+byte-identical to ``rope-passes optimize MODEL_DIR -o OUT_DIR --preset webgpu-graph``.
 
 Each pass carries its contracts here too (``RopePass.call``): a pass whose output would not be a valid model where
 its input was (a node outside its schema at the model's opset, a model onnxruntime no longer loads) or whose WebGPU

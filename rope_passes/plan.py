@@ -140,10 +140,14 @@ def make_plan(preset: str | None = None, passes: Sequence[str] | None = None, *,
 
 
 def lint_plan(*, fix: bool = False, options: Mapping[str, Any] | None = None,
-              runtime: RuntimeTarget | str | None = None, hf_config: str | None = None) -> RunPlan:
+              runtime: RuntimeTarget | str | None = None, hf_config: str | None = None,
+              preset: str | None = None) -> RunPlan:
     """The plan of ``rope-passes lint``: the runtime it lints for and the config its RP4xx rules read; with ``fix``,
-    every pass in :func:`pass_order` with its ``options``, of which ``fix_bundle`` runs the ones a model's findings
-    name (:meth:`RunPlan.only`). Without ``fix`` no pass is planned (``options`` are not read)."""
+    every pass in :func:`pass_order` (or ``preset``'s, for that runtime) with its ``options``, of which
+    ``fix_bundle`` runs the ones a model's findings name (:meth:`RunPlan.only`). Without ``fix`` no pass is planned
+    (``options`` and ``preset`` are not read)."""
+    if fix and preset is not None:
+        return make_plan(preset, options=options, runtime=runtime, hf_config=hf_config)
     if fix:
         return make_plan(passes=pass_order(), options=options, runtime=runtime, hf_config=hf_config)
     return RunPlan(None, resolve_target(runtime), (), {}, {}, None if hf_config is None else str(hf_config),

@@ -68,3 +68,32 @@ def test_exit_codes(name):
     assert {"0", "2", "3", "130"} <= set(codes), f"{name}: {codes}"
     if name in ("check", "lint", "demo"):
         assert "1" in codes, f"{name}: {codes}"
+
+
+@pytest.mark.parametrize("name", ["optimize", "lint"])
+def test_the_pass_list_flag_is_preset_and_target_its_alias(name):
+    """Issue 33 step 3 / issue 32: ``--preset`` names the pass list everywhere; ``--target``, what users already
+    type, is the same flag, and the help says so."""
+    parser = _commands()[name]
+    action = next(a for a in parser._actions if a.dest == "preset")
+    assert action.option_strings == ["--preset", "--target"]
+    assert "--target is an alias" in (action.help or "")
+    assert parser.parse_args(["m", "--target", "webgpu-graph"]).preset == "webgpu-graph"
+    assert parser.parse_args(["m", "--preset", "exporter"]).preset == "exporter"
+    text = parser.format_help()
+    assert "--preset PRESET, --target PRESET" in text, text
+
+
+def test_no_command_or_doc_names_the_preset_target():
+    """The flag is --preset in every help text and every doc; --target appears only where the alias is stated."""
+    from conftest import REPO
+
+    for name, parser in _commands().items():
+        for action in parser._actions:
+            if action.dest != "preset":
+                assert "--target" not in (action.help or ""), (name, action.dest)
+        assert "--target" not in (parser.description or ""), name
+    for doc in [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]:
+        for line in doc.read_text(encoding="utf-8").splitlines():
+            if re.search(r"--target\b", line):
+                assert "alias" in line or "same flag" in line, (doc.name, line)

@@ -65,3 +65,13 @@ def test_fix_without_text_only_keeps_the_3d_mrope_and_says_what_folds_it(tmp_pat
     fix_bundle(str(work), lint_plan(fix=True), log=lambda m: None)
     rp103 = [d for d in lint_bundle(work) if d.code == "RP103"]
     assert rp103 and rp103[0].fix_command == "fold-text-mrope --text-only", rp103
+
+
+def test_fix_with_a_preset_runs_only_that_preset_s_passes(tmp_path):
+    """``lint --fix --preset webgpu``: the findings' passes that preset has (lower-mrope), not the graph preset's
+    (total-seq-on-gpu, narrow-int64): RP201 stays."""
+    from rope_passes.cli import main
+
+    work = copy_folder(GENAI / "current/qwen25_vl/cpu_fp32", tmp_path / "m")
+    assert main(["lint", "--fix", "--preset", "webgpu", "--select", "RP101,RP201", str(work)]) == 1
+    assert {d.code for d in lint_bundle(work)} & {"RP101", "RP201"} == {"RP201"}

@@ -105,7 +105,7 @@ def test_spelled_out_choices_agree_with_their_sources():
     assert tuple(CHOICES) == check_cmd.RUNTIME_CHOICES
     assert set(lint_cmd.FORMAT_NAMES) == set(FORMATS)
     assert set(lint_cmd.SEVERITIES) == {s.value for s in Severity} == set(lint_cmd.ORDER)
-    assert set(optimize_cmd.PRESET_NAMES) == set(PRESETS)
+    assert set(cli.PRESET_NAMES) == set(PRESETS)
     assert tuple(optimize_cmd.WEIGHT_MODES) == tuple(WEIGHT_MODES)
 
 

@@ -172,7 +172,7 @@ def _longrope_notes(orig: ModelInfo, rew: ModelInfo, ep: str) -> list[str]:
                          f"{len(lr.offset_ignored_by)} GroupQueryAttention node(s) with separate Q/K/V "
                          f"({lr.offset_ignored_by[0]!r}…): onnxruntime applies the offset to packed QKV only, so on "
                          f"WebGPU a position p reads row p of the [short; long] cache: past {lr.switch} tokens the "
-                         "short rows (wrong); lint RP206; fix: rope-passes optimize --target webgpu-graph packs Q/K/V")
+                         "short rows (wrong); lint RP206; fix: rope-passes optimize --preset webgpu-graph packs Q/K/V")
     o, r = orig.longrope, rew.longrope
     if o is not None and o.kind == "concat":
         notes.append(f"{orig.path.name}: concatenated LongRoPE cache with offset {o.switch}: the CPU EP has no "

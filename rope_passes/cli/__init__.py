@@ -115,6 +115,18 @@ def add_runtime_argument(parser: argparse.ArgumentParser, what: str,
                         help=f"{what} (default: {default}; see docs/runtimes.md)")
 
 
+#: :data:`rope_passes.plan.PRESETS`, spelled out so that the parser imports nothing heavy (tests/test_startup.py checks
+#: they agree)
+PRESET_NAMES = ("exporter", "webgpu", "webgpu-graph")
+
+
+def add_preset_argument(parser: argparse.ArgumentParser, help: str) -> None:
+    """``--preset NAME`` (:data:`rope_passes.plan.PRESETS`), for optimize and lint; ``--target`` is the same flag
+    (its name before issue 33, kept for the command lines users already type)."""
+    parser.add_argument("--preset", "--target", dest="preset", choices=PRESET_NAMES, metavar="PRESET",
+                        help=f"{help}; one of {', '.join(PRESET_NAMES)} (--target is an alias)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The whole parser. The command modules import only argparse-level things at the top (their work imports
     onnx_ir, onnxruntime, rich... inside ``run``), so ``--help`` and usage errors cost no heavy import

@@ -17,7 +17,7 @@ from rope_passes.cli import add_command, output_console
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = add_command(sub, "demo", help="build the embedded tiny decoder, optimize it for WebGPU graph capture, check it",
                     description="Builds the embedded tiny genai-style decoder (no download), prints its RoPE census, "
-                    "optimizes it with --target webgpu-graph, prints the census again and checks the rewritten "
+                    "optimizes it with --preset webgpu-graph, prints the census again and checks the rewritten "
                     "model against the original (CPU reference, WebGPU, WebGPU with graph capture).",
                     exits=("0  the rewritten model is equivalent", "1  it is not (the checker's verdict)",
                            "2  something could not run (the checker's or optimize's exit code)"))
@@ -46,8 +46,8 @@ def _demo(root: Path, steps: int) -> int:
     rewritten = root / "tiny-webgpu-graph"
     console.print(Rule(f"1. embedded tiny decoder → {original}"))
     main(["inspect", str(original)])
-    console.print(Rule("2. optimize --target webgpu-graph"))
-    code = main(["optimize", str(original), "-o", str(rewritten), "--target", "webgpu-graph"])
+    console.print(Rule("2. optimize --preset webgpu-graph"))
+    code = main(["optimize", str(original), "-o", str(rewritten), "--preset", "webgpu-graph"])
     if code:
         return code
     console.print(Rule("3. the rewritten model"))

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from rope_passes.cli import add_command, add_runtime_argument
+from rope_passes.cli import add_command, add_preset_argument, add_runtime_argument
 
 #: :data:`rope_passes.lint.formats.FORMATS` and :class:`rope_passes.lint.core.Severity`, spelled out so that the parser
 #: imports nothing heavy (tests/test_startup.py checks they agree)
@@ -43,7 +43,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                             "nodes (RP205); --fix runs the passes that runtime needs")
     p.add_argument("--output", "-o", help="write the report to this file instead of stdout")
     p.add_argument("--fix", action="store_true", help="apply the fixing passes in place, then lint again")
-    p.add_argument("--text-only", action="store_true", help="with --fix: allow folding 3D-position mRoPE")
+    add_preset_argument(p, "with --fix: only this preset's passes may fix (default: every pass, in the webgpu-graph "
+                           "order; what optimize --preset runs, chosen by the findings)")
+    p.add_argument("--text-only", action="store_true",
+                   help="with --fix: fold 3D-position mRoPE into GroupQueryAttention (RP103), as optimize "
+                        "--text-only does")
     p.add_argument("--select", help="comma-separated rule codes to run (default: all)")
     p.add_argument("--ignore", help="comma-separated rule codes to skip")
     p.add_argument("--fail-on", default="warning", choices=SEVERITIES,
@@ -76,8 +80,8 @@ def run(args: argparse.Namespace) -> int:
     ignore = args.ignore.split(",") if args.ignore else ()
     paths = [str(m) for m in lint_targets(args.models)]  # genai_config.json, a data file: the model they belong to
     # the run, resolved once: the runtime, the config.json the RP4xx rules (and --fix) read, the fixing passes
-    plan = lint_plan(fix=args.fix, options={"text_only": args.text_only}, runtime=args.runtime,
-                     hf_config=args.hf_config)
+    plan = lint_plan(fix=args.fix, options={"text_only": True} if args.text_only else {}, runtime=args.runtime,
+                     hf_config=args.hf_config, preset=args.preset)
     results = {}
     for path in paths:
         if args.fix:

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from rope_passes.cli import add_command, add_runtime_argument, output_console
+from rope_passes.cli import add_command, add_preset_argument, add_runtime_argument, output_console
 from rope_passes.errors import RopePassesError, UsageError
 
 if TYPE_CHECKING:  # the work imports onnx_ir, the passes, rich: only when the command runs (not for --help)
@@ -18,9 +18,8 @@ if TYPE_CHECKING:  # the work imports onnx_ir, the passes, rich: only when the c
     from rope_passes.plan import RunPlan
     from rope_passes.report import PipelineReport
 
-#: :data:`rope_passes.plan.PRESETS` and :data:`rope_passes.io.WEIGHT_MODES`, spelled out so that the parser imports
-#: nothing heavy (tests/test_startup.py checks they agree)
-PRESET_NAMES = ("exporter", "webgpu", "webgpu-graph")
+#: :data:`rope_passes.io.WEIGHT_MODES`, spelled out so that the parser imports nothing heavy (tests/test_startup.py
+#: checks they agree)
 WEIGHT_MODES = ("reflink", "copy", "link", "rewrite")
 #: the most rows --max-positions may ask for (a position past int32 cannot be fed to GroupQueryAttention)
 MAX_POSITIONS = 2**31 - 1
@@ -29,8 +28,8 @@ MAX_POSITIONS = 2**31 - 1
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = add_command(
         sub, "optimize", help="rewrite a model (file or genai folder) for a target",
-        description="Loads a model (file, genai folder, or folder of model folders), runs the --target preset's "
-        "passes (or --passes) for the WebGPU runtime it is for, and writes the result with a per-pass summary: what "
+        description="Loads a model (file, genai folder, or folder of model folders), runs the --preset's passes "
+        "(or --passes) for the WebGPU runtime it is for, and writes the result with a per-pass summary: what "
         "each pass rewrote, refused (and why, naming the node) or did not find. Weights are never rewritten (see "
         "--weights). The summary ends with the lint findings the output still has.",
         exits=("0  written (or --dry-run): every model rewritten or unchanged",
@@ -39,8 +38,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("input", help="model.onnx, a model folder (model + genai_config.json + tokenizer files), or a folder "
                                   "of model folders (each written to the same relative path under -o)")
     p.add_argument("-o", "--output", help="output .onnx path or folder (a folder input always gives a folder)")
-    p.add_argument("--target", dest="preset", choices=PRESET_NAMES,
-                   help="pass preset (default: webgpu; rope-passes passes lists what each runs)")
+    add_preset_argument(p, "the passes to run, in order (default: webgpu; rope-passes passes lists what each runs)")
     p.add_argument("--passes", help="comma-separated pass names, run in this order instead of the preset")
     add_runtime_argument(p, "the WebGPU runtime the output is for: the preset runs the downlevel passes it needs "
                             "(unfuse-gqa-qk-norm, lower-mrope) and no others; onnxruntime-web (the browser) "
@@ -77,7 +75,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from rope_passes.io import check_report_path, plan_outputs
 
-    plan = _plan(args)  # the run, resolved once: a bad --target/--passes/option is one error, not one per model
+    plan = _plan(args)  # the run, resolved once: a bad --preset/--passes/option is one error, not one per model
     if args.report:  # an unwritable --report path fails before any work
         check_report_path(args.report)
     jobs = plan_outputs(args.input, args.output, in_place=args.in_place, dry_run=args.dry_run)

@@ -8,9 +8,9 @@ from rope_passes.cli import add_command, output_console
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = add_command(sub, "passes", help="list passes and target presets",
+    p = add_command(sub, "passes", help="list passes and presets",
                     description="Lists every pass (what it does, its options) and, per WebGPU runtime, the passes "
-                    "each --target preset runs there and those it leaves out, and why.",
+                    "each --preset runs there and those it leaves out, and why.",
                     exits=("0  listed",))
     p.set_defaults(func=run)
 
@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
         mark = " (installed: the default)" if runtime == installed else ""
         console.print(f"--runtime {runtime}{mark}: {get_target(runtime).label}", highlight=False)
         for preset, names in presets.items():
-            console.print(f"  --target {preset}: " + " → ".join(names), highlight=False, soft_wrap=True)
+            console.print(f"  --preset {preset}: " + " → ".join(names), highlight=False, soft_wrap=True)
             for name, why in skipped_for(preset, runtime).items():
                 console.print(f"      {name} left out: {why}", highlight=False, soft_wrap=True)
     return 0

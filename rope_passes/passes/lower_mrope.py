@@ -96,7 +96,7 @@ class LowerMRoPEPass(RopePass):
             report.note(
                 "<model>",
                 "the token index is computed from Shape/Range (shape math): whether WebGPU graph capture works is the "
-                "output's capture verdict, which optimize --target webgpu-graph reports after narrow-int64; for "
+                "output's capture verdict, which optimize --preset webgpu-graph reports after narrow-int64; for "
                 "text-only use fold-text-mrope with --text-only removes the mRoPE machinery instead",
             )
             remove_dead(graph, old)
