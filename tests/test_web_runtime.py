@@ -89,7 +89,9 @@ def test_check_in_the_browser_is_equivalent_with_capture(browser, optimized):
     for label in ("original@webgpu", "rewritten@webgpu", "rewritten@webgpu+capture"):
         assert runs[label].ok and runs[label].runtime.startswith("onnxruntime-web 1.30.0"), runs[label].to_dict()
     assert runs["original@cpu"].runtime.startswith("onnxruntime 1."), runs["original@cpu"].runtime
-    assert any("steps 2..3 replayed" in n for n in runs["rewritten@webgpu+capture"].notes)
+    # the captured run is the decode loop users copy (examples/web_decode_loop.mjs, imported by the page)
+    assert any("steps 2..3 replayed" in n and n.startswith("examples/web_decode_loop.mjs")
+               for n in runs["rewritten@webgpu+capture"].notes)
     by = {c.name: c for c in report.comparisons}
     # fp32: the browser's WebGPU within 1e-4 of onnxruntime's CPU EP (measured: <= 5e-6), every decode step and both
     # sweep positions; the captured run replays the plain one to float rounding (measured: 0)

@@ -5,13 +5,14 @@ WebGPU EP in headless Chromium (:mod:`rope_passes.runtime.web`), driven by the o
 * plain runs: the loop drives a :class:`~rope_passes.runtime.web.WebSession` (every call's feeds go to the page, its
   outputs come back), so the browser sees exactly the inputs the Python runtimes see;
 * captured runs (``graph_capture``): :class:`WebCaptureDriver`, the browser's form of
-  :class:`rope_passes.check.capture.CaptureDriver`: ``enableGraphCapture`` on the session, every input and output bound to a fixed ``GPUBuffer`` on
-  onnxruntime-web's device (``Tensor.fromGpuBuffer``), a static KV buffer bound as both past and present, the
-  attention mask at its maximum length, the prefill uncaptured (on a second session of the model without capture,
-  writing the same KV buffers: onnxruntime-web binds a capture session's buffers on its first run only), decode
-  step 1 captured and the later ones replayed. The buffers are onnxruntime's own (outputs of a one-node
-  ``Identity`` session): buffers the page creates itself make the native bundle's replays fail (docs/runtimes.md). Where a replay fails, the steps before it are kept and the run is
-  ``run-failed`` at that step, with the browser's error.
+  :class:`rope_passes.check.capture.CaptureDriver`, is the decode loop users copy (``examples/web_decode_loop.mjs``,
+  which the page imports): ``enableGraphCapture`` on the decode session, every input and output bound to a fixed
+  GPU buffer on onnxruntime-web's device, a static KV buffer bound as both past and present, the attention mask at
+  its maximum length, the prefill uncaptured (on a second session of the model without capture, writing the same
+  KV buffers: onnxruntime-web binds a capture session's buffers on its first run only), decode step 1 captured and
+  the later ones replayed. The buffers are onnxruntime's own (outputs of a one-node ``Identity`` session): buffers
+  the page creates itself make the native bundle's replays fail (docs/runtimes.md). Where a replay fails, the steps
+  before it are kept and the run is ``run-failed`` at that step, with the browser's error.
 
 Where it runs (:func:`host_for`): in headless Chromium, unless the graph computes in float16 and Chromium's adapter
 lacks ``shader-f16`` (SwiftShader, on a machine without a GPU): then onnxruntime-web's same bundle runs in Node on
@@ -32,14 +33,13 @@ import contextlib
 import functools
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from rope_passes.check.backends import RunBackend
 from rope_passes.check.decode import (
-    ORT_DTYPES,
-    PAST_PREFIX,
     PRESENT_PREFIX,
     DecoderSpec,
     keep_step,
@@ -94,110 +94,65 @@ def _output_shapes(model: str) -> dict[str, tuple[Any, ...]]:
                           for d in o.type.tensor_type.shape.dim) for o in proto.graph.output}
 
 
-def _output_types(model: str) -> dict[str, np.dtype]:
-    import onnx
-
-    from rope_passes.check.decode import _ONNX_TO_ORT
-
-    proto = onnx.load(model, load_external_data=False)
-    return {o.name: ORT_DTYPES[_ONNX_TO_ORT[o.type.tensor_type.elem_type]] for o in proto.graph.output}
-
 
 class WebCaptureDriver:
     """Prefill (uncaptured) + ``spec.steps`` single-token steps, captured on the first and replayed after, in the
-    browser (see the module docstring)."""
+    browser, by the decode loop users copy (``examples/web_decode_loop.mjs``, imported by the page: its
+    ``createDecoder``, ``prefill`` and ``step``); see the module docstring."""
 
-    def __init__(self, browser: Any, spec: RunSpec, embedding_table: np.ndarray | None = None,
-                 own_buffers: bool = False) -> None:
-        from rope_passes.runtime.web import WebSession
+    def __init__(self, browser: Any, spec: RunSpec, embedding_table: np.ndarray | None = None) -> None:
+        from rope_passes.runtime.web.session import external_data
 
         self.browser, self.spec = browser, spec
-        self.session = WebSession(browser, spec.model, "webgpu", webgpu_options=spec.webgpu_options,
-                                  graph_capture=True)
-        # onnxruntime-web binds a capture session's inputs and outputs on its first run only (it never rebinds
-        # them: 1.30's wasm-core-impl), so the prefill's buffers cannot be the decode's: the prefill runs on a
-        # second session of the same model, without capture, writing the same static KV buffers
-        self.prefill_session = WebSession(browser, spec.model, "webgpu", webgpu_options=spec.webgpu_options,
-                                          outputs_on_gpu=True)
-        self.providers = self.session.get_providers()
         self.dspec = DecoderSpec.from_model(spec.model, spec.genai_config, dims=dict(spec.dims),
                                             embedding_table=embedding_table)
         if not self.dspec.is_decoder:
             raise UsageError("graph capture checks need a decoder graph (input_ids/inputs_embeds + attention_mask)")
         self.max_len = spec.max_length or (spec.prefill + spec.steps)
+        dspec, shapes = self.dspec, _output_shapes(spec.model)
+        empty = step_feeds(dspec, token_ids(1, spec.seed, spec.vocab), 0, None)
+        self.kv = {n: dspec.present_name(n) for n in dspec.past_names if dspec.present_name(n) in shapes}
+        self.plain = [n for n in dspec.outputs if not n.startswith(PRESENT_PREFIX)]
+        path = Path(spec.model)
+        data = [{"path": loc, "url": browser.serve(path.parent / loc)} for loc in external_data(path)]
+        value = browser.call("loopCreate", {
+            "url": browser.serve(path), "file": str(path.resolve()), "externalData": data, "capture": True,
+            "webgpuOptions": dict(spec.webgpu_options), "maxLength": self.max_len, "kv": self.kv,
+            "kvDims": {n: [empty[n].shape[0], empty[n].shape[1], self.max_len, empty[n].shape[3]] for n in self.kv},
+            "decodeOutputDims": {n: dspec.output_shape(n, shapes[n], 1) for n in self.plain}})
+        self.loop_id: int = value["id"]
+        self.providers = ["WebGpuExecutionProvider (onnxruntime-web)"]
         self.notes: list[str] = []
-        #: True: GPUBuffers the page creates itself (the native bundle's replays then fail: docs/runtimes.md);
-        #: False: onnxruntime's own buffers (outputs of a one-node Identity session), which replay
-        self.own_buffers = own_buffers
 
     def run(self, on_step: Callable[[int], None] | None = None,
             results: list[dict[str, np.ndarray]] | None = None) -> list[dict[str, np.ndarray]]:
-        from rope_passes.runtime.web import WEB_TYPES
-
         spec, dspec, b = self.spec, self.dspec, self.browser
         tokens = token_ids(spec.prefill + spec.steps, spec.seed, spec.vocab)
-        shapes, types = _output_shapes(spec.model), _output_types(spec.model)
-        empty = step_feeds(dspec, tokens[:, :spec.prefill], 0, None)
-        buffers: list[dict[str, Any]] = []
-
-        def alloc(key: str, dims: list[int], dtype: np.dtype) -> str:
-            buffers.append({"key": key, "dims": dims, "dtype": WEB_TYPES[np.dtype(dtype)]})
-            return key
-
-        kv = {n: alloc(f"kv:{n}", [empty[n].shape[0], empty[n].shape[1], self.max_len, empty[n].shape[3]],
-                       empty[n].dtype) for n in dspec.past_names}
-        mask_dtype = empty["attention_mask"].dtype
-        alloc("mask", [1, self.max_len], mask_dtype)
-        others = [i for i in dspec.inputs if i.name != "attention_mask" and not i.name.startswith(PAST_PREFIX)]
-        plain = [n for n in dspec.outputs if not n.startswith(PRESENT_PREFIX)]
-        phases: dict[str, dict[str, Any]] = {}
-        for name, seq in (("prefill", spec.prefill), ("decode", 1)):
-            if name == "decode" and not spec.steps:
-                continue
-            feeds = step_feeds(dspec, tokens[:, :seq], 0, None)
-            ins = {i.name: alloc(f"{name}:{i.name}", list(feeds[i.name].shape), feeds[i.name].dtype)
-                   for i in others}
-            outs = {n: alloc(f"{name}:out:{n}", dspec.output_shape(n, shapes[n], seq), types[n]) for n in plain}
-            inputs = {"attention_mask": "mask", **ins, **kv}
-            outputs = {**outs, **{dspec.present_name(n): k for n, k in kv.items()
-                                  if dspec.present_name(n) in shapes}}
-            phases[name] = {"ins": ins, "outs": outs, "inputs": inputs, "outputs": outputs}
-        b.call("gpuAlloc", {"buffers": buffers, "allocators": None if self.own_buffers else b.allocators()})
         results = [] if results is None else results
-        mask_host = np.zeros((1, self.max_len), mask_dtype)
         past_len = 0
-        try:
-            for step in range(spec.steps + 1):
-                phase = phases["prefill" if step == 0 else "decode"]
-                seq = spec.prefill if step == 0 else 1
-                chunk = tokens[:, past_len:past_len + seq]
-                total = past_len + seq
-                feeds = step_feeds(dspec, chunk, past_len, {n: np.zeros(0) for n in kv})
-                mask_host[:, :total] = 1
-                writes = {"mask": mask_host, **{key: feeds[name] for name, key in phase["ins"].items()}}
-                read = [*phase["outs"].values(), *kv.values()]
-                session = self.prefill_session if step == 0 else self.session
-                _, got = b.exchange("runBound", {"session": session.id, "inputs": phase["inputs"],
-                                                 "outputs": phase["outputs"], "read": read}, writes)
-                result = {n: got[k] for n, k in phase["outs"].items()}
-                for n, k in kv.items():
-                    if dspec.present_name(n) in shapes:
-                        result[dspec.present_name(n)] = got[k][:, :, :total].copy()
-                results.append(keep_step({n: result[n] for n in dspec.outputs if n in result}, past_len,
-                                         step == spec.steps))
-                past_len = total
-                if on_step is not None:
-                    on_step(step)
-        finally:
-            b.call("gpuFree", {})
-            self.prefill_session.release()
+        for step in range(spec.steps + 1):
+            seq = spec.prefill if step == 0 else 1
+            feeds = step_feeds(dspec, tokens[:, past_len:past_len + seq], past_len, {n: np.zeros(0) for n in self.kv})
+            feeds = {n: v for n, v in feeds.items() if n != "attention_mask" and n not in self.kv}
+            total = past_len + seq
+            _, got = b.exchange("loopRun", {"decoder": self.loop_id}, feeds)
+            result = {n: got[n] for n in self.plain}
+            result.update({present: got[past][:, :, :total].copy() for past, present in self.kv.items()})
+            results.append(keep_step({n: result[n] for n in dspec.outputs if n in result}, past_len,
+                                     step == spec.steps))
+            past_len = total
+            if on_step is not None:
+                on_step(step)
         if spec.steps:
-            self.notes.append("prefill run uncaptured (a second session of the model, on the same KV buffers); "
-                              "decode step 1 captured"
+            self.notes.append("examples/web_decode_loop.mjs: prefill run uncaptured (a second session of the model, "
+                              "on the same KV buffers); decode step 1 captured"
                               + (f", steps 2..{spec.steps} replayed" if spec.steps > 1 else ""))
         else:
             self.notes.append("no decode step (--steps 0): nothing was captured")
         return results
+
+    def release(self) -> None:
+        self.browser.call("loopRelease", {"decoder": self.loop_id})
 
 
 class WebBackend(RunBackend):
@@ -255,10 +210,9 @@ class WebBackend(RunBackend):
         return WebCaptureDriver(self.browser, spec, table)
 
     def close(self, handle: Any, result: RunResult) -> None:
-        session = handle.session if isinstance(handle, WebCaptureDriver) else handle
-        if session is not None:
+        if handle is not None:  # a WebSession or a WebCaptureDriver
             with contextlib.suppress(Exception):  # a page that crashed has nothing left to release
-                session.release()
+                handle.release()
         if self.browser is not None:
             _after(self.browser, self.mark, result)
 

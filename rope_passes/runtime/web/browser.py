@@ -18,7 +18,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -187,11 +187,19 @@ class Browser:
     def serve(self, path: Path) -> str:
         """A URL path on the server for ``path`` (read from where it is, on each request)."""
         path = Path(path).resolve()
-        for url, known in self.server.files.items():
-            if known == path:
-                return url
-        url = f"/files/{next(self._files)}/{path.name}"
-        self.server.files[url] = path
+        return self._register(self.server.files, path, lambda n: f"/files/{n}/{path.name}")
+
+    def serve_folder(self, folder: Path) -> str:
+        """A URL path (ending in ``/``) on the server for the files of ``folder`` (a genai folder: the decode loop
+        reads ``genai_config.json``, the model and its data beside it)."""
+        return self._register(self.server.folders, Path(folder).resolve(), lambda n: f"/folders/{n}/")
+
+    def _register(self, served: dict[str, Path], path: Path, url_for: Callable[[int], str]) -> str:
+        """``path``'s URL in ``served``, made with ``url_for`` the first time."""
+        url = next((u for u, known in served.items() if known == path), None)
+        if url is None:
+            url = url_for(next(self._files))
+            served[url] = path
         return url
 
     def exchange(self, fn: str, args: dict[str, Any], feeds: Mapping[str, np.ndarray],

@@ -5,6 +5,8 @@
 // Every function returns plain JSON; an exception becomes the driver's error line (its message, verbatim).
 // In Node (node_driver.mjs) the same functions run with ROPE_HOST set: the server's absolute URL, where
 // onnxruntime is imported from, and (onnxruntime-node) models opened from their files.
+import * as decodeLoop from './web_decode_loop.mjs';  // examples/web_decode_loop.mjs: the loop users copy
+
 const HOST = globalThis.ROPE_HOST ?? { base: '', ort: '/ort/', wasmPaths: '/ort/' };
 const at = (url) => HOST.base + url;
 
@@ -274,9 +276,61 @@ async function probeCreate({ url, file, webgpuOptions, capture, optimize }) {
   return { error: null, inputs: session.inputNames, outputs };
 }
 
+// --- the decode loop users copy (examples/web_decode_loop.mjs): static GPU KV, the decode steps captured ---------
+function sessionOptions(webgpuOptions) {
+  const extra = webgpuOptions && Object.keys(webgpuOptions).length ? { ep: { webgpuexecutionprovider: { ...webgpuOptions } } } : {};
+  return { extra };
+}
+
+async function loopCreate({ url, file, externalData, capture, webgpuOptions, maxLength, kv, kvDims, decodeOutputDims }) {
+  const decoder = await decodeLoop.createDecoder(state.ort, {
+    model: source(url, file), externalData: HOST.files ? [] : externalData.map((d) => ({ path: d.path, data: at(d.url) })),
+    maxLength, kv, kvDims, capture, decodeOutputDims, sessionOptions: sessionOptions(webgpuOptions) });
+  const id = state.next++;
+  state.sessions.set(id, decoder);
+  return { id, captured: decoder.captured, captureError: decoder.captureError };
+}
+
+// one call of the loop (the prompt when its KV is empty, else one step) on `io`'s feeds (every input but the mask
+// and the KV); posts its outputs and each KV buffer ([1, heads, maxLength, head]: the caller cuts what it holds)
+async function loopRun({ decoder, io }) {
+  const d = state.sessions.get(decoder);
+  const feeds = {};
+  for (const [name, t] of Object.entries(await feedsOf(io))) feeds[name] = tensor(state.ort, t);
+  const t0 = performance.now();
+  const outs = d.length === 0 ? await d.prefill(feeds) : await d.step(feeds);
+  const ms = performance.now() - t0;
+  const arrays = [];
+  for (const [name, t] of Object.entries(outs)) arrays.push({ name, dtype: t.type, dims: t.dims, bytes: bytesOf(await d.read(t)) });
+  for (const [name, t] of Object.entries(d.kvBuffers)) arrays.push({ name, dtype: t.type, dims: t.dims, bytes: bytesOf(await d.read(t)) });
+  await post(io, arrays);
+  return { ms, length: d.length };
+}
+
+// a genai folder the server serves (`folder`: its URL path), as a user loads one: loadGenaiFolder
+async function loopLoad({ folder, maxLength, capture }) {
+  const url = HOST.base ? at(folder) : new URL(folder, location.href).href;
+  const decoder = await decodeLoop.loadGenaiFolder(state.ort, url, { maxLength, capture });
+  const id = state.next++;
+  state.sessions.set(id, decoder);
+  return { id, captured: decoder.captured, captureError: decoder.captureError, maxLength: decoder.maxLength };
+}
+
+async function loopGenerate({ decoder, prompt, maxNewTokens, eosTokenId }) {
+  return decodeLoop.generate(state.sessions.get(decoder), prompt, { maxNewTokens, eosTokenId });
+}
+
+async function loopRelease({ decoder }) {
+  const d = state.sessions.get(decoder);
+  if (d) await d.release();
+  state.sessions.delete(decoder);
+  return {};
+}
+
 async function mark({ text }) {
   console.log(text);
   return {};
 }
 
-window.rope = { probeCreate, mark, init, adapter, create, run, release: releaseSession, gpuAlloc, runBound, gpuFree, ready: true };
+window.rope = { probeCreate, mark, init, adapter, create, run, release: releaseSession, gpuAlloc, runBound, gpuFree,
+                loopCreate, loopLoad, loopRun, loopGenerate, loopRelease, ready: true };

@@ -24,6 +24,7 @@ class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
     def __init__(self) -> None:
         super().__init__(("127.0.0.1", 0), Handler)
         self.files: dict[str, Path] = {}  # url path -> file
+        self.folders: dict[str, Path] = {}  # url prefix (ending in /) -> folder: its files, not its subfolders
         self.io_in: dict[str, bytes] = {}
         self.io_out: dict[str, bytes] = {}
         self.lock = threading.Lock()
@@ -68,12 +69,25 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self._headers(200, size, self._TYPES.get(path.suffix, "application/octet-stream"))
             shutil.copyfileobj(f, self.wfile, 1 << 20)
 
+    def do_HEAD(self) -> None:  # noqa: N802 - http.server's name; a file's headers (the decode loop asks)
+        path = self.path.split("?", 1)[0]
+        file = self.server.files.get(path) or self._in_folder(path)
+        if file is None or not file.is_file():
+            self._headers(404, 0, "text/plain")
+        else:
+            self._headers(200, file.stat().st_size, self._TYPES.get(file.suffix, "application/octet-stream"))
+
+    def _in_folder(self, path: str) -> Path | None:
+        prefix, _, name = path.rpartition("/")
+        folder = self.server.folders.get(prefix + "/")
+        return folder / name if folder is not None and name and not name.startswith(".") else None
+
     def do_GET(self) -> None:  # noqa: N802 - http.server's name
         path = self.path.split("?", 1)[0]
         if path in ("/", "/index.html"):
             self._send_file(HERE / "index.html")
-        elif path == "/rope.mjs":
-            self._send_file(HERE / "rope.mjs")
+        elif path in ("/rope.mjs", "/web_decode_loop.mjs"):  # the page, and the decode loop it imports
+            self._send_file(HERE / path[1:])
         elif path.startswith("/ort/") and "/" not in path[5:] and not path[5:].startswith("."):
             self._send_file(self.server.ort_dist / path[5:])
         elif path.startswith("/io/"):
@@ -85,6 +99,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 self._send_bytes(blob)
         elif path in self.server.files:
             self._send_file(self.server.files[path])
+        elif (file := self._in_folder(path)) is not None:
+            self._send_file(file)
         else:
             self._headers(404, 0, "text/plain")
 
