@@ -39,7 +39,7 @@ from rope_passes.runtime.web.install import CHROMIUM, DAWN
 
 def _optimize(src: Path, out: Path, runtime: str) -> Path:
     with contextlib.redirect_stdout(io.StringIO()):  # optimize's table
-        assert cli(["optimize", str(src), "-o", str(out), "--target", "webgpu-graph", "--runtime", runtime]) == 0
+        assert cli(["optimize", str(src), "-o", str(out), "--preset", "webgpu-graph", "--runtime", runtime]) == 0
     return out
 
 

@@ -1,6 +1,6 @@
 // web_decode_loop.mjs: greedy decoding with WebGPU graph capture on onnxruntime-web 1.30 (one file: copy it).
 //
-// It runs what `rope-passes optimize MODEL -o OUT --target webgpu-graph --runtime onnxruntime-web` writes (a
+// It runs what `rope-passes optimize MODEL -o OUT --preset webgpu-graph --runtime onnxruntime-web` writes (a
 // onnxruntime-genai builder folder: model.onnx [+ model.onnx.data] + genai_config.json) the way onnxruntime-genai
 // runs a graph-capture model, in the browser:
 //   * static KV buffers on the GPU: one buffer per past_key_values.N.{key,value}, [1, kv_heads, max_length, head],

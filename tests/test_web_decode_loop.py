@@ -64,11 +64,11 @@ def generate(b: web.Browser, folder: Path, prompt: list[int], new: int, capture:
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory) -> tuple[Path, Path]:
     """The embedded tiny decoder (fp32: SwiftShader, Chromium's adapter here, has no shader-f16) and its
-    ``optimize --target webgpu-graph --runtime onnxruntime-web`` output (total-seq-on-gpu: capture-ready)."""
+    ``optimize --preset webgpu-graph --runtime onnxruntime-web`` output (total-seq-on-gpu: capture-ready)."""
     root = tmp_path_factory.mktemp("loop")
     original = build_tiny_decoder(root / "original")
     out = root / "web"
-    assert main(["optimize", str(original), "-o", str(out), "--target", "webgpu-graph",
+    assert main(["optimize", str(original), "-o", str(out), "--preset", "webgpu-graph",
                  "--runtime", "onnxruntime-web"]) == 0
     return original, out
 
@@ -123,7 +123,7 @@ def test_longrope_for_the_browser_decodes_uncaptured_past_the_switch(browsers, t
     greedy picks win by >= 0.0053 on the CPU)."""
     src = GENAI / "current/phi3_mini_128k/cpu_fp32"
     out = tmp_path / "web"
-    assert main(["optimize", str(src), "-o", str(out), "--target", "webgpu-graph", "--runtime", "onnxruntime-web"]) == 0
+    assert main(["optimize", str(src), "-o", str(out), "--preset", "webgpu-graph", "--runtime", "onnxruntime-web"]) == 0
     prompt = [5, 17, 200, 33, 90, 1, 128, 7]
     got = generate(browsers(DAWN), out, prompt, 40)
     assert got["captured"] is False and "control flow" in got["captureError"], got
