@@ -1,11 +1,12 @@
 """The form fuzzer (issue 32, "Match values, not forms"): every value ``total-seq-on-gpu`` reads, rewritten into the
-node forms of each default-domain opset 11..23 and into a model-local function with its own opset import, gives the
-rewrite the plain builder graph gets (capture-ready, outputs equal to the input on onnxruntime CPU); every lookalike
-whose value differs is refused naming a node (:mod:`form_fuzz`, :mod:`mutants.forms`).
+node forms of each default-domain opset 11..23 and into a model-local function with its own opset import, and
+LongRoPE's tables as constant values that are not plain constants (``longrope-concat``), give the rewrite the plain
+builder graph gets (capture-ready, outputs equal to the input on onnxruntime CPU); every lookalike whose value
+differs is refused naming a node (:mod:`form_fuzz`, :mod:`mutants.forms`, :mod:`mutants.table_forms`).
 
-The schedule keeps the cost modest: each opset gets one graph combining one total form and one seqlens form (every
-form appears at several opsets, rotating), a function graph at 4 opsets, and each lookalike once in the main graph and
-once inside a function.
+The schedule keeps the cost modest (about 40 s): each opset gets two graphs combining one total form and one seqlens
+form (rotating, so every form appears at several opsets) and one with a model-local function; each lookalike once in
+the main graph and once inside a function; each table form once (DequantizeLinear also at opsets 13 and 17).
 """
 
 from __future__ import annotations
@@ -14,7 +15,10 @@ from pathlib import Path
 
 import pytest
 from form_fuzz import Case, judge
+from mutants import LONGROPE_CALLS
 from mutants.forms import BASE, SEQLENS_FORMS, TOTAL_FORMS, mask_chain
+from mutants.table_forms import BASE as PHI3
+from mutants.table_forms import TABLE_FORMS, tables_as
 
 pytestmark = pytest.mark.corpus
 
@@ -31,10 +35,10 @@ def _pick(forms, opset: int, turn: int):
 def _cases() -> list[Case]:
     cases = []
     for opset in OPSETS:
-        total, seqlens = _pick(SAME_TOTAL, opset, 0), _pick(SAME_SEQLENS, opset, 0)
-        cases.append(Case(f"op{opset}-{total.name}+{seqlens.name}", BASE, mask_chain(total.name, seqlens.name, opset),
-                          "total-seq-on-gpu", True))
-    for opset in (11, 13, 18, 23):
+        for turn in (0, 5):
+            total, seqlens = _pick(SAME_TOTAL, opset, turn), _pick(SAME_SEQLENS, opset, turn)
+            cases.append(Case(f"op{opset}-{total.name}+{seqlens.name}", BASE,
+                              mask_chain(total.name, seqlens.name, opset), "total-seq-on-gpu", True))
         total, seqlens = _pick(SAME_TOTAL, opset, 3), _pick(SAME_SEQLENS, opset, 3)
         cases.append(Case(f"function-op{opset}-{total.name}+{seqlens.name}", BASE,
                           mask_chain(total.name, seqlens.name, opset, function=True), "total-seq-on-gpu", True))
@@ -45,6 +49,13 @@ def _cases() -> list[Case]:
                               "total-seq-on-gpu", False))
             cases.append(Case(f"lookalike-{kind}-{form.name}-function", BASE, mask_chain(*pair, 23, function=True),
                               "total-seq-on-gpu", False))
+    for form in TABLE_FORMS.values():
+        cases.append(Case(f"tables-{form.name}", PHI3, tables_as(form.name, None if form.same else "then_branch"),
+                          "longrope-concat", form.same, LONGROPE_CALLS, exact=form.exact))
+    for opset in (13, 17):  # DequantizeLinear before 19 (onnx's reference evaluator implements it from 19 on)
+        cases.append(Case(f"tables-dequant-int8-per-column-op{opset}", PHI3,
+                          tables_as("dequant-int8-per-column", opset=opset), "longrope-concat", True, LONGROPE_CALLS,
+                          exact=False))
     return cases
 
 
@@ -56,7 +67,9 @@ def test_every_form_is_tried():
     names = " ".join(c.name for c in CASES)
     assert all(f"op{k}-" in names for k in OPSETS)
     assert all(f"-{f.name}+" in names or f"+{f.name}" in names for f in SAME_TOTAL + SAME_SEQLENS), names
-    assert len(CASES) == 13 + 4 + 2 * sum(not f.same for f in [*TOTAL_FORMS.values(), *SEQLENS_FORMS.values()])
+    assert len({c.name for c in CASES}) == len(CASES)
+    assert len(CASES) == 3 * 13 + 2 * sum(not f.same for f in [*TOTAL_FORMS.values(), *SEQLENS_FORMS.values()]) \
+        + len(TABLE_FORMS) + 2
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])

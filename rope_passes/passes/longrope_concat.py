@@ -4,7 +4,11 @@
 constant ``[cos|sin]_cache_large`` (then) or ``..._small`` (else), read by every GroupQueryAttention as
 ``cos_cache``/``sin_cache``. Control flow makes onnxruntime refuse WebGPU graph capture. The pass replaces the ``If``
 with two initializers ``[small[:original]; large]`` (``original + max_positions`` rows) and records the offset
-``original``:
+``original``. A branch's table is read by value, whatever computes it from constants (a ``Constant``, int8 codes
+through a per-column ``DequantizeLinear``, an outer bf16 table through ``Identity``/``Cast``, an fp32 table cast to
+fp16 in the branch, a ``Slice``): folded by the one constant evaluator (:func:`rope_passes.proofs.constants.table`,
+onnx's reference evaluator node by node at the model's opset; tests/test_form_fuzzer.py compares each output with
+its input on onnxruntime CPU, bit for bit). The offset is recorded in:
 
 * ``genai_config.json``: ``model.decoder.session_options.provider_options[{"webgpu": {...}}]`` gets
   ``"multiRotaryCacheConcatOffset": "<original>"`` (the spelling of the builder's own ``_graph`` variant);
@@ -42,7 +46,8 @@ own concatenation, its own ``If``'s choice.
 
 **Refuses** (graph unchanged, reason in the report, naming the node that broke the proof): separate Q/K/V that cannot
 be packed (one of key/value missing, not rank 3, mixed dtypes, head sizes that differ); branches that are not constant
-tables of matching width/dtype; a then-branch that is not the longer table; a small table with fewer than ``o`` rows;
+tables of matching width/dtype (a table computed from anything the call gives is refused naming the node that reads
+it); a then-branch that is not the longer table; a small table with fewer than ``o`` rows;
 a condition that reads anything but the total length, is not elementwise, or is not ``total > o`` (``Greater(x, y)``
 with a non-constant ``y`` is refused as such); an ``If`` output that is also a graph output (callers read the chosen
 table); a session consumer the offset would make wrong (above).
@@ -53,23 +58,29 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from rope_passes.analysis.graph import MS_DOMAIN, const_array, const_tensor
+from rope_passes.analysis.graph import MS_DOMAIN, const_tensor
 from rope_passes.analysis.longrope import LongRoPE, if_switch, separate_qkv, switch_offset
 from rope_passes.passes._concat_offset import OFFSET_KEY, OFFSET_METADATA, WEBGPU_ONLY_KEY, pack_qkv, record_offset
+from rope_passes.passes._rewrite import opset_of
 from rope_passes.passes.base import RopePass
 from rope_passes.proofs.concat_offset import consumer_name, hidden_attention, offset_consumers, packable
+from rope_passes.proofs.constants import table as constant_table
 from rope_passes.report import MatchFailure, PassReport
 
 __all__ = ["OFFSET_KEY", "OFFSET_METADATA", "WEBGPU_ONLY_KEY", "LongRoPEConcatPass"]
 
 
-def _branch_tables(outputs: list[ir.Value], target: str) -> list[np.ndarray]:
-    """The values of an If branch's outputs (the tables are read here, to be concatenated)."""
+def _branch_tables(outputs: list[ir.Value], target: str, opset: int | None) -> list[np.ndarray]:
+    """The values of an If branch's outputs (the tables are read here, to be concatenated): any constant cone, as
+    the one constant evaluator computes it (:func:`rope_passes.proofs.constants.table`)."""
     tables = []
     for out in outputs:
-        arr = const_array(out)
+        arr = constant_table(out, opset)
         if arr is None:
-            raise MatchFailure.refuse(f"branch output {out.name!r} is not a constant table", target)
+            producer = out.producer()
+            by = f" (computed by {producer.op_type} {producer.name!r} from a value not known before the call, or " \
+                 "larger than the evaluator reads)" if producer is not None and producer.op_type != "Constant" else ""
+            raise MatchFailure.refuse(f"branch output {out.name!r} is not a constant table{by}", target)
         tables.append(arr)
     return tables
 
@@ -194,8 +205,9 @@ class LongRoPEConcatPass(RopePass):
         target = node.name or "If"
         if not node.inputs or node.inputs[0] is None:
             raise MatchFailure.refuse("If has no condition input", target)
-        then_tables = _branch_tables(switch.then_tables, target)
-        else_tables = _branch_tables(switch.else_tables, target)
+        opset = opset_of(model)
+        then_tables = _branch_tables(switch.then_tables, target, opset)
+        else_tables = _branch_tables(switch.else_tables, target, opset)
         if len(then_tables) != len(node.outputs) or len(else_tables) != len(node.outputs):
             raise MatchFailure.refuse("branches do not return one table per If output", target)
         for out in node.outputs:

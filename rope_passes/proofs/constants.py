@@ -33,10 +33,12 @@ _RANDOM = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "Rando
 _GROWING = frozenset({"ConstantOfShape", "Expand", "Tile", "Range", "Pad", "OneHot", "Resize", "Upsample", "EyeLike"})
 
 
-def _opset(node: ir.Node) -> int:
+def _opset(node: ir.Node, default: int | None) -> int:
+    """The default-domain opset ``node`` is written for: its graph's import, else ``default`` (a subgraph, an ``If``
+    branch, imports nothing: its model's opset is the caller's to give), else 18."""
     graph = node.graph
     imports = graph.opset_imports if graph is not None else {}
-    return int(imports.get("", imports.get("ai.onnx", 18)))
+    return int(imports.get("", imports.get("ai.onnx", default if default is not None else 18)))
 
 
 def _output_size(node: ir.Node, ins: list[np.ndarray | None]) -> int | None:
@@ -60,8 +62,10 @@ def _output_size(node: ir.Node, ins: list[np.ndarray | None]) -> int | None:
 class Constants:
     """Answers "what is this value, if it is a constant" for many values of one model (results memoised)."""
 
-    def __init__(self, max_size: int = MAX_SIZE) -> None:
+    def __init__(self, max_size: int = MAX_SIZE, opset: int | None = None) -> None:
+        """``opset``: the model's default-domain opset, for nodes of subgraphs (which import none)."""
         self.max_size = max_size
+        self.opset = opset
         self._memo: dict[int, np.ndarray | None] = {}
         self._keep: list[ir.Value] = []  # memo keys stay valid: the values are kept alive
 
@@ -121,7 +125,7 @@ class Constants:
             size = _output_size(node, ins)
             if size is None or size > self.max_size:
                 return none
-        out = evaluate_node(node, ins, _opset(node))
+        out = evaluate_node(node, ins, _opset(node, self.opset))
         if out is None or len(out) != len(node.outputs):
             return none
         return [a if a.size <= self.max_size else None for a in out]
@@ -153,15 +157,17 @@ def all_constant(values: Iterable[ir.Value | None]) -> bool:
 TABLE_MAX = 1 << 24
 
 
-def table(value: ir.Value | None) -> np.ndarray | None:
+def table(value: ir.Value | None, opset: int | None = None) -> np.ndarray | None:
     """The value of a cos/sin table input: an initializer, or any cone of constants that gives one (an Identity, a
-    Cast, a Slice of the table, ``Mul(cos, 1.01)``, ``Add(cos, delta)``), up to :data:`TABLE_MAX` elements; None when
-    it is not a constant."""
+    Cast, a Slice of the table, ``Mul(cos, 1.01)``, ``Add(cos, delta)``, an int8 table through ``DequantizeLinear``,
+    an outer bf16 table cast inside an ``If`` branch), up to :data:`TABLE_MAX` elements, each node as onnx's reference
+    evaluator runs it at its opset (``opset``: the model's, for a subgraph's nodes); None when it is not a
+    constant."""
     if value is None:
         return None
     if value.const_value is not None and not value.is_graph_input():
         return np.asarray(value.const_value.numpy())
-    return constant(value, TABLE_MAX)
+    return Constants(TABLE_MAX, opset)(value)
 
 
 __all__ = ["MAX_SIZE", "TABLE_MAX", "Constants", "all_constant", "constant", "scalar", "table"]

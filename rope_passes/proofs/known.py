@@ -211,11 +211,25 @@ def evaluate_node(node: ir.Node, arrays: list[np.ndarray | None], opset: int) ->
     outs = [f"y{i}" for i in range(len(proto.output))]
     del proto.output[:]
     proto.output.extend(outs)
-    try:
-        ref = ReferenceEvaluator(proto, opsets={"": opset})
-        return [np.asarray(r) for r in ref.run(None, {n: a for n, a in zip(names, arrays, strict=True) if n})]
-    except Exception:  # noqa: BLE001 - an op the evaluator cannot run is simply not known
-        return None
+    feeds = {n: a for n, a in zip(names, arrays, strict=True) if n}
+    versions = [opset]
+    first, later = _SAME_LATER.get(node.op_type, (opset + 1, opset))
+    if first <= opset < later:
+        versions.append(later)
+    for version in versions:
+        try:
+            ref = ReferenceEvaluator(proto, opsets={"": version})
+            return [np.asarray(r) for r in ref.run(None, feeds)]
+        except Exception:  # noqa: BLE001 - an op the evaluator cannot run is simply not known
+            continue
+    return None
+
+
+#: ops onnx's reference evaluator implements only from a later opset whose definition is the same for every input
+#: the earlier one accepts: op -> (the earliest such opset, the version to run). DequantizeLinear 13..18 (int8 /
+#: uint8 / int32 data, float scale, per-axis) is version 19 restricted to those types (19 adds float8 and fp16
+#: scales); QuantizeLinear likewise.
+_SAME_LATER = {"DequantizeLinear": (13, 19), "QuantizeLinear": (13, 19)}
 
 
 def _symbolic(node: ir.Node, arrays: list[np.ndarray | None]) -> list[np.ndarray] | None:

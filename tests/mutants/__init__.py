@@ -144,13 +144,14 @@ def all_mutants() -> list[Mutant]:
         longrope,
         lower_mrope,
         precompute,
+        table_forms,
         total_seq,
         unfuse,
     )
 
     out: list[Mutant] = []
     for module in (fold_mrope, longrope, precompute, total_seq, annotate, lower_mrope, unfuse, cleanup, adversarial,
-                   batch_dim, forms):
+                   batch_dim, forms, table_forms):
         out.extend(module.mutants())
     names = [m.name for m in out]
     dupes = {n for n in names if names.count(n) > 1}
