@@ -292,9 +292,10 @@ class Decoder {
 
 // ---- greedy generation on a genai builder folder -------------------------------------------------------------------
 
-/** A folder's genai_config.json and its decoder, from the folder's URL (ending in '/'). */
+/** A folder's genai_config.json and its decoder, from the folder's URL. */
 export async function loadGenaiFolder(ort, folderUrl, { maxLength, capture = 'auto', sessionOptions = {},
                                                         externalData } = {}) {
+  if (!String(folderUrl).endsWith('/')) folderUrl = `${folderUrl}/`;
   const config = await (await fetch(new URL('genai_config.json', folderUrl))).json();
   const dec = config.model.decoder;
   const filename = dec.filename ?? 'model.onnx';
