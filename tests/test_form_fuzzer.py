@@ -14,8 +14,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from form_fuzz import Case, judge
-from mutants import LONGROPE_CALLS
+from form_fuzz import Case, build, judge
+from mutants import CALLS, LONGROPE_CALLS
 from mutants.forms import BASE, SEQLENS_FORMS, TOTAL_FORMS, mask_chain
 from mutants.table_forms import BASE as PHI3
 from mutants.table_forms import TABLE_FORMS, tables_as
@@ -23,6 +23,7 @@ from mutants.table_forms import TABLE_FORMS, tables_as
 pytestmark = pytest.mark.corpus
 
 OPSETS = range(11, 24)
+QWEN25_VL = "genai/legacy/qwen25_vl/cpu_fp32"
 SAME_TOTAL = [f for f in TOTAL_FORMS.values() if f.same]
 SAME_SEQLENS = [f for f in SEQLENS_FORMS.values() if f.same]
 
@@ -42,6 +43,12 @@ def _cases() -> list[Case]:
         total, seqlens = _pick(SAME_TOTAL, opset, 3), _pick(SAME_SEQLENS, opset, 3)
         cases.append(Case(f"function-op{opset}-{total.name}+{seqlens.name}", BASE,
                           mask_chain(total.name, seqlens.name, opset, function=True), "total-seq-on-gpu", True))
+    for base, short, opsets in ((PHI3, "phi3", (11, 16, 22)), (QWEN25_VL, "qwen25vl", (13, 18, 23))):
+        for opset in opsets:  # legacy qwen25_vl's own Split/Squeeze/ReduceSum nodes take their axes as inputs: 13+
+            total, seqlens = _pick(SAME_TOTAL, opset, 7), _pick(SAME_SEQLENS, opset, 7)
+            cases.append(Case(f"{short}-op{opset}-{total.name}+{seqlens.name}", base,
+                              mask_chain(total.name, seqlens.name, opset, function=opset % 2 == 0),
+                              "total-seq-on-gpu", True, LONGROPE_CALLS if base == PHI3 else CALLS))
     for kind, forms in (("total", TOTAL_FORMS), ("seqlens", SEQLENS_FORMS)):
         for form in (f for f in forms.values() if not f.same):
             pair = (form.name, "builder") if kind == "total" else ("gather", form.name)
@@ -68,7 +75,7 @@ def test_every_form_is_tried():
     assert all(f"op{k}-" in names for k in OPSETS)
     assert all(f"-{f.name}+" in names or f"+{f.name}" in names for f in SAME_TOTAL + SAME_SEQLENS), names
     assert len({c.name for c in CASES}) == len(CASES)
-    assert len(CASES) == 3 * 13 + 2 * sum(not f.same for f in [*TOTAL_FORMS.values(), *SEQLENS_FORMS.values()]) \
+    assert len(CASES) == 3 * 13 + 6 + 2 * sum(not f.same for f in [*TOTAL_FORMS.values(), *SEQLENS_FORMS.values()]) \
         + len(TABLE_FORMS) + 2
 
 
@@ -77,3 +84,25 @@ def test_form(case: Case, tmp_path: Path):
     verdict = judge(case, tmp_path)
     assert verdict.ok, f"{case.name}: {verdict.outcome}: {verdict.detail}\n{verdict.passes}"
     assert verdict.outcome == ("rewritten" if case.same else "refused")
+
+
+#: one fuzzed graph per class: the mask chain in opset 11's forms inside a model-local function, and LongRoPE's
+#: tables as int8 codes through DequantizeLinear
+REPLAYED = ["function-op11-", "tables-dequant-int8-per-column"]
+
+
+@pytest.mark.webgpu
+@pytest.mark.parametrize("prefix", REPLAYED)
+def test_fuzzed_output_replays_under_graph_capture(prefix: str, tmp_path: Path):
+    """A WebGPU session with enableGraphCapture=1 (lavapipe here) really captures the fuzzed output and replays it:
+    the checker's captured decode equals the plain WebGPU run of the output and the original's runs (``check``)."""
+    from rope_passes.check import check
+
+    case = next(c for c in CASES if c.name.startswith(prefix))
+    variant, out, _ = build(case, tmp_path)
+    report = check(variant, out, prefill=8, steps=4, graph_capture=True)
+    captured = report.run("rewritten@webgpu+capture")
+    assert captured is not None and captured.ok, (captured.status, captured.reason) if captured else None
+    assert report.equivalent, report.to_json()[:2000]
+    vs_plain = report.comparison("rewritten@webgpu+capture", "rewritten@webgpu")
+    assert vs_plain is not None and vs_plain.ok and len({d.step for d in vs_plain.diffs}) >= 5

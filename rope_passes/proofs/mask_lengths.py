@@ -40,6 +40,7 @@ from rope_passes.report import MatchFailure
 #: the attention mask's graph input name where no genai_config names it
 MASK_INPUT = "attention_mask"
 _INT = (ir.DataType.INT64, ir.DataType.INT32)
+_MAX_DEPTH = 16  # nested model-local function calls evaluated
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,8 +172,9 @@ def _show(val: Val, mask: ir.Value | None) -> str:
 class _Walk:
     """One abstract evaluation (of the main graph, or of one call of a model-local function: ``seeds``)."""
 
-    def __init__(self, owner: MaskLengths, opset: int, seeds: dict[int, Val]) -> None:
+    def __init__(self, owner: MaskLengths, opset: int, seeds: dict[int, Val], depth: int = 0) -> None:
         self.owner = owner
+        self.depth = depth  # model-local function calls evaluated around this one
         self.opset = opset
         self.vals: dict[int, Val] = dict(seeds)
         self.touched: list[ir.Value] = []  # rank-2 integer graph inputs whose shape or values the cone reads
@@ -271,11 +273,13 @@ class _Walk:
         """A model-local function, evaluated in place at its own opset (its inputs bound to the call's values)."""
         if function.attributes:
             return [_broken(node, "calls a model-local function with attributes: not evaluated")] * len(node.outputs)
+        if self.depth >= _MAX_DEPTH:
+            return [_broken(node, f"calls functions {_MAX_DEPTH} deep (recursion?): not evaluated")] * len(node.outputs)
         imports = function.opset_imports
         opset = int(imports.get("", imports.get("ai.onnx", self.opset)))
         seeds = {id(p): self.vals[id(a)] if a is not None else Broken("an absent function input")
                  for p, a in zip(function.inputs, node.inputs, strict=False)}
-        inner = _Walk(self.owner, opset, seeds)
+        inner = _Walk(self.owner, opset, seeds, self.depth + 1)
         outs = [inner.value(o) for o in function.outputs]
         for v in inner.touched:
             if v not in self.touched:
@@ -381,7 +385,9 @@ class _Walk:
             return dataclasses.replace(x, axes=axes)
         if isinstance(x, RowSums) and op in ("Add", "Sub"):
             return RowSums(x.source, axes, x.offset + (k if op == "Add" else -k))
-        raise _Unknown(f"{op}s {k}: it changes every element, not only each row's sum")
+        if isinstance(x, RowSums):
+            raise _Unknown(f"scales the row sums by {k} ({op})")
+        raise _Unknown(f"{op}s {k} to every element of the mask: every row's sum changes by a multiple of the width")
 
     def _reduce(self, node: ir.Node, x: MaskRows, ins: list[Val | None]) -> Val:
         axes = self._ints(node, ins, 1, "axes")

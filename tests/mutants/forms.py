@@ -171,6 +171,14 @@ def mask_chain(total: str, seqlens: str, opset: int, function: bool = False):
         for gqa in gqas:
             gqa.replace_input_with(5, new_seqlens)
             gqa.replace_input_with(6, new_total)
+        width = next(n for n in old if n.name == f"{SUB}/Gather").outputs[0]
+        others = [(u, i) for u, i in width.uses() if u not in old]  # phi3's LongRoPE switch reads the int64 width
+        if others:
+            w = Writer(opset, "/lengths/int64")
+            wide = w.op("Cast", new_total, to=I64)
+            graph.insert_before(others[0][0], w.nodes)
+            for user, index in others:
+                user.replace_input_with(index, wide)
         for node in reversed(old):
             graph.remove(node, safe=True)
         graph.sort()
