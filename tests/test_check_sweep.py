@@ -18,7 +18,7 @@ from rope_passes.check.core import COULD_NOT_RUN, EQUIVALENT, NOT_EQUIVALENT, ch
 from rope_passes.check.decode import DecoderSpec
 from rope_passes.check.models import read_model
 from rope_passes.check.report import EQUIVALENT_TABLES_ONLY
-from rope_passes.check.sweep import sweep_feeds, sweep_positions
+from rope_passes.check.sweep import default_positions, sweep_feeds, sweep_positions
 from rope_passes.check.table_diff import compare_tables, ulp
 from rope_passes.check.tables import graph_tables
 from rope_passes.cli import main
@@ -137,6 +137,20 @@ def test_sweep_positions_cover_switches_and_the_end():
     assert sweep_positions(256, [32], 3) == [31, 32, 255]  # a small budget keeps the switch and the end first
     assert sweep_positions(256, [], 0) == []
     assert sweep_positions(10, [], 32) == list(range(1, 10))
+
+
+def test_default_sweep_is_every_position_or_a_stated_sample_with_its_bound():
+    every, note = default_positions(256, [32], 2 * 2**20)  # a tiny model: 2 MB of weights, context 256
+    assert every == list(range(256)) and "every position 0..255" in note
+    # 4 GB of weights, context 131072: 2 positions afforded, so the least sample (32): half by rule, half drawn
+    sample, note = default_positions(131072, [4096], 4 * 2**30, seed=0)
+    assert 17 <= len(sample) <= 32 and {4095, 4096, 131071} <= set(sample)
+    width = -(-131072 // 16)
+    assert f"strata of {width}" in note and f"probability 1/{width}" in note
+    assert all(any(lo <= p < lo + width for p in sample) for lo in range(0, 131072, width))  # one in every stratum
+    assert default_positions(131072, [4096], 4 * 2**30, seed=1)[0] != sample  # another seed draws others
+    small, note = default_positions(256, [], 100 * 2**20)  # 100 MB x 256 positions is over 8 GB: 81 afforded
+    assert 41 <= len(small) <= 81 and "strata of 7" in note and 255 in small
 
 
 @pytest.mark.corpus

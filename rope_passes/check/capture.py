@@ -15,6 +15,9 @@ What onnxruntime-webgpu 1.27 needs (measured; see docs/checker.md):
   the first single-token step is captured, the following ones replay it.
 
 ``present.*`` outputs are read back trimmed to the tokens so far, so they compare with an uncaptured run's.
+The checked conversation is genai's **second** on these buffers: an earlier one, :data:`.client_schedules.
+EARLIER_MORE` tokens longer (other ids, every call uncaptured), runs first and leaves its rows in the KV buffers;
+the checked prefill starts at past length 0 over them, as a new generator of the same model does.
 A session that cannot be created with capture (Memcpy nodes, control flow) raises with onnxruntime's reason.
 Both sessions here (the decoder's and the one-node allocator's) come from
 :func:`rope_passes.runtime.sessions.create_session`, on either WebGPU runtime; this module only binds buffers to them.
@@ -28,6 +31,7 @@ import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
+from rope_passes.check.client_schedules import EARLIER_MORE
 from rope_passes.check.decode import PAST_PREFIX, DecoderSpec, InputSpec, keep_step, step_feeds, token_ids
 from rope_passes.errors import UsageError
 from rope_passes.runtime.sessions import create_session, session_options
@@ -83,7 +87,7 @@ class CaptureDriver:
                                               embedding_table=embedding_table)
         if not self.dspec.is_decoder:
             raise UsageError("graph capture checks need a decoder graph (input_ids/inputs_embeds + attention_mask)")
-        self.max_len = spec.max_length or (spec.prefill + spec.steps)
+        self.max_len = (spec.max_length or (spec.prefill + spec.steps)) + EARLIER_MORE
         self.notes: list[str] = []
         self.buffers = WebGPUBuffers()
 
@@ -121,42 +125,55 @@ class CaptureDriver:
             return io, ins, outs
 
         results = [] if results is None else results
-        mask_host = np.zeros((1, self.max_len), mask_spec.dtype)
         no_capture = ort.RunOptions()
         no_capture.add_run_config_entry("gpu_graph_id", "-1")
         io_pre, ins_pre, outs_pre = phase(spec.prefill)
         io_dec, ins_dec, outs_dec = phase(1) if spec.steps else (None, {}, {})
-        past_len = 0
-        for step in range(spec.steps + 1):
-            seq = spec.prefill if step == 0 else 1
-            chunk = tokens[:, past_len:past_len + seq]
-            total = past_len + seq
-            feeds = step_feeds(dspec, chunk, past_len, {n: np.zeros(0) for n in kv})
-            mask_host[:, :total] = 1
-            buf.fill(mask, mask_host)
-            ins, outs, io = (ins_pre, outs_pre, io_pre) if step == 0 else (ins_dec, outs_dec, io_dec)
-            for n, v in ins.items():
-                buf.fill(v, feeds[n])
-            if step == 0:
-                sess.run_with_iobinding(io, no_capture)
-            else:
-                sess.run_with_iobinding(io)
-            result = {n: v.numpy().copy() for n, v in outs.items()}
-            for n, v in kv.items():
-                present = dspec.present_name(n)
-                if present in outputs:
-                    result[present] = v.numpy()[:, :, :total].copy()
-            results.append(keep_step({n: result[n] for n in dspec.outputs if n in result}, past_len,
-                                     step == spec.steps))
-            past_len = total
-            if on_step is not None:
-                on_step(step)
+
+        def conversation(ids: np.ndarray, steps: int, keep: list | None) -> None:
+            mask_host = np.zeros((1, self.max_len), mask_spec.dtype)  # a new generator: a new mask, the same KV
+            past_len = 0
+            for step in range(steps + 1):
+                seq = spec.prefill if step == 0 else 1
+                total = past_len + seq
+                feeds = step_feeds(dspec, ids[:, past_len:total], past_len, {n: np.zeros(0) for n in kv})
+                mask_host[:, :total] = 1
+                buf.fill(mask, mask_host)
+                ins, outs, io = (ins_pre, outs_pre, io_pre) if step == 0 else (ins_dec, outs_dec, io_dec)
+                for n, v in ins.items():
+                    buf.fill(v, feeds[n])
+                if step == 0 or keep is None:
+                    sess.run_with_iobinding(io, no_capture)
+                else:
+                    sess.run_with_iobinding(io)
+                if keep is not None:
+                    keep.append(self._read(outs, kv, outputs, total, past_len, step == steps))
+                    if on_step is not None:
+                        on_step(step)
+                past_len = total
+
+        if spec.steps:  # genai's earlier conversation on the same buffers: longer, other ids, uncaptured
+            more = spec.steps + EARLIER_MORE
+            conversation(token_ids(spec.prefill + more, spec.seed + 1, spec.vocab), more, None)
+        conversation(tokens, spec.steps, results)
         if spec.steps:
             self.notes.append("prefill run uncaptured (gpu_graph_id=-1); decode step 1 captured"
-                              + (f", steps 2..{spec.steps} replayed" if spec.steps > 1 else ""))
+                              + (f", steps 2..{spec.steps} replayed" if spec.steps > 1 else "")
+                              + f"; after an earlier conversation of {spec.prefill + spec.steps + EARLIER_MORE} "
+                              "tokens on the same KV buffers (uncaptured), whose rows past the checked ones stay")
         else:
             self.notes.append("no decode step (--steps 0): nothing was captured")
         return results
+
+    def _read(self, outs: dict[str, ort.OrtValue], kv: dict[str, ort.OrtValue], outputs: dict[str, Any], total: int,
+              past_len: int, last: bool) -> dict[str, np.ndarray]:
+        """One call's outputs as a caller reads them: ``present.*`` trimmed to the tokens so far."""
+        result = {n: v.numpy().copy() for n, v in outs.items()}
+        for n, v in kv.items():
+            present = self.dspec.present_name(n)
+            if present in outputs:
+                result[present] = v.numpy()[:, :, :total].copy()
+        return keep_step({n: result[n] for n in self.dspec.outputs if n in result}, past_len, last)
 
 
 def _np_type(ort_type: str) -> np.dtype:

@@ -5,10 +5,16 @@ real client sends, and calls at every threshold the graph has.
   a prompt and decode steps on shared ``max_length`` past/present buffers (at most :data:`SHARED_MAX` rows) with a
   growing mask of ones (how onnxruntime-genai runs every builder model), and the same with a ``max_length`` mask of
   ones then zeros (its capture loop: the decode steps after a non-empty past) for a graph that reads its total
-  length from the mask's sum. Each
+  length from the mask's sum; and a **second conversation** on the same buffers (``genai-second-conversation``,
+  ``genai-capture-second-conversation``): genai keeps its buffers across generators of one model, so a new prompt
+  starts at past length 0 over the rows an earlier, longer conversation left there (:data:`EARLIER_MORE` more
+  tokens than the new one). Each
   graph runs a schedule in the layout its own config and graph take (:func:`for_graph`), and only what a caller reads
   is compared (the real tokens, ``present.*`` trimmed to the tokens so far);
 * **batched prompts and chat turns** (every model): ``batch-rows``, a batch of :data:`BATCH_ROWS` equal prompts;
+  ``left-padded-4`` / ``right-padded-4``, four rows of four different lengths padded as onnxruntime-genai (left) and
+  transformers.js (right) pad, then decode steps (right-padded: for graphs that take their caller's positions, the
+  transformers.js layouts; a GroupQueryAttention graph's client pads left, so there the prompt alone);
   ``second-turn``, user messages of :data:`SECOND_TURNS` tokens after a past, a decode step between them;
 * **positions ahead of the cache** (a graph that rotates by the ``position_ids`` its caller sends: exporter, optimum,
   transformers.js layouts): a prompt and calls after it whose positions start :data:`AHEAD` past the cache's length;
@@ -27,12 +33,14 @@ import dataclasses
 import numpy as np
 
 from rope_passes.check.contract import GenaiLoop
-from rope_passes.check.schedules import PLAIN, SHARED, STATIC, GraphFacts, Schedule, _draw
+from rope_passes.check.schedules import LEFT, PLAIN, RIGHT, SHARED, STATIC, GraphFacts, Schedule, _draw
 
 #: how far ahead of the cache the positions of ``positions-ahead`` start
 AHEAD = 5
 #: rows of ``batch-rows`` (equal prompts, no padding)
 BATCH_ROWS = 8
+#: an earlier conversation is this many tokens longer than the second one (its rows past the new one's stay)
+EARLIER_MORE = 4
 #: the user messages of ``second-turn``: multi-token calls after a past, past the software adapter's prefill cap (a
 #: CPU EP schedule there) and well beyond it
 SECOND_TURNS = (12, 30)
@@ -53,14 +61,29 @@ def client_schedules(facts: GraphFacts, seed: int = 1) -> list[Schedule]:
     if length is not None and length >= n + 4:
         out.append(Schedule("genai-shared-buffers", (n,), (_draw(rng, v, n + 3),), then=(1, 1, 1), pad=pad,
                             kv=SHARED, max_length=length))
+        if length >= n + 4 + EARLIER_MORE:
+            out.append(Schedule("genai-second-conversation", (n,), (_draw(rng, v, n + 3),), then=(1, 1, 1), pad=pad,
+                                kv=SHARED, max_length=length, earlier=n + 3 + EARLIER_MORE))
         if facts.static_mask:
             out.append(Schedule("genai-capture-steps", (n,), (_draw(rng, v, n + 4),), then=(1, 1, 1, 1), pad=pad,
                                 kv=STATIC, max_length=length))
+            if length >= n + 4 + EARLIER_MORE:
+                out.append(Schedule("genai-capture-second-conversation", (n,), (_draw(rng, v, n + 4),),
+                                    then=(1, 1, 1, 1), pad=pad, kv=STATIC, max_length=length,
+                                    earlier=n + 4 + EARLIER_MORE))
     if facts.takes_positions:
         out.append(Schedule("positions-ahead", (4,), (_draw(rng, v, 7),), then=(1, 2), pad=pad, ahead=AHEAD))
     # a server's batched prompts: BATCH_ROWS equal rows, no padding (a batch of at least 3, 4, ... rows)
     out.append(Schedule("batch-rows", (n,) * BATCH_ROWS, tuple(_draw(rng, v, n + 2) for _ in range(BATCH_ROWS)),
                         then=(1, 1), pad=pad))
+    # four rows of four lengths, padded as genai (left) and transformers.js (right) pad, then decode steps
+    w = min(7, facts.max_call or 7)
+    rows = (w, max(1, w - 4), max(1, w - 2), 1)
+    out.append(Schedule("left-padded-4", rows, tuple(_draw(rng, v, k + 3) for k in rows), LEFT, then=(1, 1, 1),
+                        pad=pad))
+    then = (1, 1) if facts.takes_positions else ()
+    out.append(Schedule("right-padded-4", rows, tuple(_draw(rng, v, k + sum(then)) for k in rows), RIGHT, then=then,
+                        pad=pad))
     # a chat's later turns: user messages of SECOND_TURNS tokens after a past (onnxruntime-genai's append_tokens)
     turns = tuple(x for k in SECOND_TURNS for x in (1, k))
     out.append(Schedule("second-turn", (n,), (_draw(rng, v, n + sum(turns) + 1),), then=(*turns, 1), pad=pad))
@@ -117,7 +140,8 @@ def for_graph(schedule: Schedule, loop: GenaiLoop) -> Schedule:
         kv = PLAIN
     if kv == schedule.kv:
         return schedule
-    return dataclasses.replace(schedule, kv=kv, max_length=schedule.max_length if kv != PLAIN else None)
+    return dataclasses.replace(schedule, kv=kv, max_length=schedule.max_length if kv != PLAIN else None,
+                               earlier=schedule.earlier if kv != PLAIN else 0)
 
 
-__all__ = ["AHEAD", "BATCH_ROWS", "BOUNDARY_MAX", "SECOND_TURNS", "SHARED_MAX", "boundary_schedules", "client_schedules", "for_graph", "unreached"]
+__all__ = ["AHEAD", "BATCH_ROWS", "EARLIER_MORE", "BOUNDARY_MAX", "SECOND_TURNS", "SHARED_MAX", "boundary_schedules", "client_schedules", "for_graph", "unreached"]

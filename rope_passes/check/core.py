@@ -72,7 +72,6 @@ from rope_passes.check.plan import (
 from rope_passes.check.report import COULD_NOT_RUN, EQUIVALENT, EXIT_CODES, NOT_EQUIVALENT, EquivalenceReport
 from rope_passes.check.runs import all_runs
 from rope_passes.check.runtimes import fallback_interpreter, interpreter, resolve, runtime_of, runtimes_for
-from rope_passes.check.sweep import DEFAULT_SWEEP
 from rope_passes.check.table_diff import TableComparison, compare_tables
 from rope_passes.check.verdict import Evidence, compare_all, decide
 from rope_passes.runtime.adapter import adapter_info
@@ -102,7 +101,7 @@ def check(original: str | Path, rewritten: str | Path, options: CheckOptions | N
     opts.validate()
     start = time.perf_counter()
     sweep, sweep_note = (opts.sweep, "") if opts.sweep is not None else (
-        default_sweep(opts.ep) if opts.layers is not None else (DEFAULT_SWEEP, ""))
+        default_sweep(opts.ep) if opts.layers is not None else (None, ""))  # None: .sweep.default_positions
     if opts.layers is not None:  # real size: every call costs N real layers (seconds each on a software adapter)
         opts.say(f"cut after layer {opts.layers}", -1, 1)
         with cut_pair(original, rewritten, opts.layers) as cuts:

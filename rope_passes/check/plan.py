@@ -25,7 +25,7 @@ from rope_passes.check.contract import caller_positions, genai_loop, vocabulary
 from rope_passes.check.decode import TOKEN_HIGH
 from rope_passes.check.models import ModelInfo
 from rope_passes.check.schedules import GraphFacts, Schedule, default_schedules, fits, runs_on
-from rope_passes.check.sweep import sweep_positions
+from rope_passes.check.sweep import default_positions, sweep_positions
 from rope_passes.check.table_diff import TableComparison, compare_tables
 from rope_passes.check.tables import GraphTables, graph_tables
 from rope_passes.errors import UsageError
@@ -113,9 +113,20 @@ def _graph_tables(info: ModelInfo, ep: str) -> GraphTables:
                                        f"{' '.join(str(exc).split())[:200]})")
 
 
+def weight_bytes(*infos: ModelInfo) -> int:
+    """The largest graph's initializer bytes (what a single-token call reads once): the sweep's cost per position."""
+    sizes = [0]
+    for info in infos:
+        if info.model is not None:
+            sizes.append(sum(int(v.const_value.nbytes) for v in info.model.graph.initializers.values()
+                             if v.const_value is not None))
+    return max(sizes)
+
+
 def make_plan(orig: ModelInfo, rew: ModelInfo, opts: CheckOptions, adapter: AdapterInfo | None,
-              sweep: int) -> Plan:
-    """The decode, the sweep positions, the table comparison and the tolerance (the schedules come with
+              sweep: int | None) -> Plan:
+    """The decode, the sweep positions (``sweep`` None: :func:`.sweep.default_positions`, every position where the
+    CPU reference can afford it), the table comparison and the tolerance (the schedules come with
     :func:`with_schedules`, once the embedding tables are known)."""
     ep, prefill, steps = opts.ep, opts.prefill, opts.steps
     notes: list[str] = []
@@ -126,8 +137,12 @@ def make_plan(orig: ModelInfo, rew: ModelInfo, opts: CheckOptions, adapter: Adap
         (orig_t.covers if orig_t is not None and not orig_t.unavailable else None) or orig.context_length)
     switches = set(orig_t.switches if orig_t else []) | set(rew_t.switches if rew_t else [])
     switches |= {m.longrope.switch for m in (orig, rew) if m.longrope is not None}
-    positions = sweep_positions(end, switches, sweep) if sweep and end else []
-    if sweep and not end:
+    if sweep is None and end:
+        positions, rule = default_positions(end, switches, weight_bytes(orig, rew), opts.seed)
+        notes.append(rule)
+    else:
+        positions = sweep_positions(end, switches, sweep) if sweep and end else []
+    if sweep != 0 and not end:
         notes.append("no position sweep: the table length is unknown (no context_length in genai_config.json, and "
                      "the rotation tables were not read)")
 
@@ -262,5 +277,5 @@ def with_schedules(plan: Plan, facts: GraphFacts, given: Sequence[Schedule] | No
     return plan
 
 
-__all__ = ["MAX_CROSSING_STEPS", "PAST_SWITCH", "CheckOptions", "Plan", "graph_facts", "make_plan",
+__all__ = ["MAX_CROSSING_STEPS", "PAST_SWITCH", "CheckOptions", "Plan", "graph_facts", "make_plan", "weight_bytes",
            "with_schedules"]

@@ -34,11 +34,34 @@ def run_schedule(session: Any, spec: DecoderSpec, schedule: Schedule,
     rows, and the whole cache on the last call); appended to ``results`` as they come, so the calls before one
     that raises are kept. A ``shared`` / ``static`` schedule feeds ``max_length`` past buffers (the first call's
     zeros, then the previous call's present written into one) and, ``static``, a ``max_length`` mask of ones then
-    zeros; its ``present.*`` are read back trimmed to the tokens so far, as a caller reads them."""
+    zeros; its ``present.*`` are read back trimmed to the tokens so far, as a caller reads them. With ``earlier``,
+    the buffers first hold an earlier conversation (:func:`earlier_conversation`, run on zeroed buffers, its outputs
+    not kept): a second conversation on onnxruntime-genai's buffers starts at past length 0 over its stale rows."""
     results = [] if results is None else results
     past: dict[str, np.ndarray] | None = None
-    calls = list(schedule.calls())
     length = schedule.max_length if schedule.kv != PLAIN and not spec.cacheless else None
+    if length is not None and schedule.earlier:
+        past = _run_calls(session, spec, earlier_conversation(schedule), length, [], None)
+    _run_calls(session, spec, schedule, length, results, past)
+    return results
+
+
+def earlier_conversation(schedule: Schedule) -> Schedule:
+    """The conversation a ``schedule.earlier`` leaves in the buffers: ``earlier`` tokens (the schedule's own ids
+    backwards, cycled), its prompt as long as the schedule's first call (so it fits where that does), then single
+    steps."""
+    row = schedule.ids[0][::-1]
+    first = min(schedule.call_sizes[0], schedule.earlier)
+    ids = tuple(row[k % len(row)] for k in range(schedule.earlier))
+    return dataclasses.replace(schedule, name=schedule.name + "#earlier", lengths=(first,), ids=(ids,), padding=LEFT,
+                               chunk=None, then=(1,) * (schedule.earlier - first), earlier=0)
+
+
+def _run_calls(session: Any, spec: DecoderSpec, schedule: Schedule, length: int | None,
+               results: list[dict[str, np.ndarray]], past: dict[str, np.ndarray] | None
+               ) -> dict[str, np.ndarray] | None:
+    """The calls of :func:`run_schedule`; returns the last call's buffers."""
+    calls = list(schedule.calls())
     whole = schedule.matrix() if spec.cacheless else None  # no KV cache: every call sends the sequence so far
     for call in calls:
         mask = call.mask
@@ -56,12 +79,12 @@ def run_schedule(session: Any, spec: DecoderSpec, schedule: Schedule,
         feeds = step_feeds(spec, call.ids, call.past, past, mask=mask, positions=call.positions)
         outs = dict(zip(spec.outputs, session.run(spec.outputs, feeds)))
         total = call.past + call.tokens
-        past = {p: outs[spec.present_name(p)] for p in spec.past_names if spec.present_name(p) in outs}
+        fed, past = past, {p: outs[spec.present_name(p)] for p in spec.past_names if spec.present_name(p) in outs}
         if length is not None:
-            past = {p: _into(v, length) for p, v in past.items()}
+            past = {p: _into(v, length, total, fed.get(p) if fed else None) for p, v in past.items()}
             outs = {n: v[:, :, :total] if n.startswith(PRESENT_PREFIX) and v.ndim == 4 else v for n, v in outs.items()}
         results.append(keep_step(outs, call.past, call.index == len(calls) - 1))
-    return results
+    return past
 
 
 def _buffers(spec: DecoderSpec, batch: int, length: int) -> dict[str, np.ndarray]:
@@ -70,12 +93,16 @@ def _buffers(spec: DecoderSpec, batch: int, length: int) -> dict[str, np.ndarray
     return {p: np.zeros((*empty[p].shape[:2], length, empty[p].shape[3]), empty[p].dtype) for p in spec.past_names}
 
 
-def _into(present: np.ndarray, length: int) -> np.ndarray:
-    """A present as the next call's ``length``-row past buffer (a runtime may return it at the tokens so far)."""
-    if present.ndim != 4 or present.shape[2] == length:
+def _into(present: np.ndarray, length: int, total: int, fed: np.ndarray | None) -> np.ndarray:
+    """The next call's ``length``-row past buffer, as genai's one shared buffer holds it: the buffer this call was
+    fed with the present's rows below ``total`` written in. Rows past the sequence stay what the buffer held (zeros,
+    or an earlier conversation's), never what a runtime left in a separate present array (on WebGPU: another
+    call's rows), which no client reads."""
+    if present.ndim != 4:
         return present
-    out = np.zeros((*present.shape[:2], length, present.shape[3]), present.dtype)
-    n = min(length, present.shape[2])
+    out = fed.copy() if fed is not None and fed.shape == (*present.shape[:2], length, present.shape[3]) else \
+        np.zeros((*present.shape[:2], length, present.shape[3]), present.dtype)
+    n = min(length, total, present.shape[2])
     out[:, :, :n] = present[:, :, :n]
     return out
 
@@ -165,6 +192,8 @@ def _read(value: np.ndarray, call: Call, name: str) -> np.ndarray:
     """The part of one output a caller reads: real tokens' rows, real cache positions."""
     b, s = call.batch, call.tokens
     if name.startswith(PRESENT_PREFIX) and value.ndim == 4 and value.shape[0] == b:
+        if value.shape[2] > call.past + s:  # a buffer's rows past the sequence (another call's): no one reads them
+            value = value[:, :, :call.past + s]
         t = value.shape[2]
         real = call.real if t == call.past + s else (call.real[:, call.past:] if t == s else None)
         if real is not None:
@@ -242,5 +271,5 @@ def differs(schedule: Schedule, runs: Sequence[tuple[Any, DecoderSpec, Any, Deco
     return None
 
 
-__all__ = ["AGAIN", "ROW", "compare_calls", "differs", "padded_rows_kept", "row_alone", "run_reference", "run_schedule",
+__all__ = ["AGAIN", "ROW", "compare_calls", "differs", "earlier_conversation", "padded_rows_kept", "row_alone", "run_reference", "run_schedule",
            "run_twice", "scrubbed"]

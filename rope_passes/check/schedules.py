@@ -4,7 +4,8 @@ A :class:`Schedule` is a batch of token rows and the calls that feed them:
 
 * ``lengths``: each row's prompt length (the batch is ``len(lengths)``); shorter rows are padded to the longest with
   ``pad`` ids, on the ``left`` (as onnxruntime-genai pads a batch: attention mask 0 there, position ids 0 there and
-  ``0, 1, 2, ...`` over each row's real tokens) or on the ``right`` (a prompt alone: no call after it);
+  ``0, 1, 2, ...`` over each row's real tokens) or on the ``right`` (as transformers.js pads: a later call's mask
+  has the padding's zeros in the middle, each row's positions count its own tokens);
 * the prompt goes in calls of at most ``chunk`` tokens (None: one call; chunked prefill = multi-token calls after a
   past), then ``then``: one call per entry with that many new tokens on every row (1: a decode step; more: a
   multi-token call after a past: chat turns, speculative decoding). Every call after the first continues from the
@@ -20,13 +21,13 @@ a failure names a schedule that reruns as is.
 issue 26 in :mod:`.client_schedules`); :func:`random_schedule` draws one for ``check --budget``, :func:`shrink`
 makes a differing one as small as it stays differing.
 
-Only the outputs a caller reads are compared (:func:`.schedule_runs.compare_calls`): per call, the rows' real tokens (logits and
-every ``[B, S, ...]`` output) and the real cache positions of ``present.*``. What a graph computes at padding is
-read by no one, and a correct rewrite may differ there.
+Only what a caller reads is compared (:func:`.schedule_runs.compare_calls`): the real tokens' rows and the real
+cache rows of ``present.*`` below the tokens so far; padding and rows past the sequence are read by no one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import re
@@ -41,14 +42,11 @@ LEFT, RIGHT = "left", "right"
 #: a schedule's KV layout (:mod:`.client_schedules`): growing tensors, genai's shared max_length buffers with a
 #: growing mask, the same with a max_length mask of ones then zeros (its capture loop's)
 PLAIN, SHARED, STATIC = "plain", "shared", "static"
-#: the longest prompt a default schedule sends in one call to reach past a switch or window (longer: the sweep's
-#: single steps after a random past stand in, see :mod:`.sweep`)
+#: the longest prompt a default schedule sends in one call to pass a switch or window (longer: the sweep stands in)
 LONG_PROMPT_MAX = 512
 #: a one-token prompt then single steps to this many positions: every position below it is read by a decode step
 DENSE_DECODE = 64
-#: vocabularies up to this size get the ``every-id`` schedule (each id once, in a batch of EVERY_ID_ROWS rows)
-EVERY_ID_MAX = 4096
-EVERY_ID_ROWS = 256
+EVERY_ID_MAX, EVERY_ID_ROWS = 4096, 256  # vocabularies up to MAX get ``every-id`` (each id once, in ROWS rows)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,14 +92,13 @@ class Schedule:
     kv: str = PLAIN  # PLAIN | SHARED | STATIC: the buffers' layout (batch 1)
     max_length: int | None = None  # SHARED / STATIC: the buffers' length
     ahead: int = 0  # the positions run this far ahead of the cache (a caller that sends position_ids)
+    earlier: int = 0  # SHARED / STATIC: the buffers still hold this many rows of an earlier conversation (genai)
 
     def __post_init__(self) -> None:
         if not self.lengths or min(self.lengths) < 1:
             raise UsageError(f"schedule {self.name}: every row needs a prompt of at least one token")
         if self.padding not in (LEFT, RIGHT):
             raise UsageError(f"schedule {self.name}: padding is left or right, not {self.padding!r}")
-        if self.padding == RIGHT and self.then and len(set(self.lengths)) > 1:
-            raise UsageError(f"schedule {self.name}: a right-padded batch takes no call after its prompt")
         if self.chunk is not None and self.chunk < 1 or any(n < 1 for n in self.then):
             raise UsageError(f"schedule {self.name}: every call takes at least one token")
         more = sum(self.then)
@@ -110,6 +107,8 @@ class Schedule:
         if self.kv not in (PLAIN, SHARED, STATIC) or (self.kv != PLAIN and (
                 self.batch != 1 or not self.max_length or self.width + sum(self.then) > self.max_length)):
             raise UsageError(f"schedule {self.name}: kv {self.kv} takes one row of at most max_length tokens")
+        if self.earlier and (self.kv == PLAIN or self.earlier > (self.max_length or 0)):
+            raise UsageError(f"schedule {self.name}: an earlier conversation needs shared buffers it fits in")
 
     @property
     def batch(self) -> int:
@@ -166,7 +165,7 @@ class Schedule:
             parts += ["then", "+".join(f"{n}*{k}" if k > 1 else str(n)
                                        for n, k in ((n, len(list(g))) for n, g in itertools.groupby(self.then)))]
         if self.kv != PLAIN:
-            parts += ["kv", self.kv, str(self.max_length)]
+            parts += ["kv", self.kv, str(self.max_length)] + (["earlier", str(self.earlier)] if self.earlier else [])
         if self.ahead:
             parts += ["ahead", str(self.ahead)]
         parts += ["pad", str(self.pad), "ids", "/".join(".".join(map(str, r)) for r in self.ids)]
@@ -181,6 +180,7 @@ class Schedule:
         starts = np.cumsum([0, *self.call_sizes])
         calls = [f"{n}" + (f" after {p}" if p else "") for n, p in zip(self.call_sizes, starts)]
         how = (f"; {self.kv} KV buffers of {self.max_length}" if self.kv != PLAIN else "") + (
+            f" still holding {self.earlier} rows of an earlier conversation" if self.earlier else "") + (
             f"; positions {self.ahead} ahead of the cache" if self.ahead else "")
         if len(calls) > 6:
             calls = calls[:3] + [f"... ({len(calls) - 5} more)"] + calls[-2:]
@@ -195,18 +195,18 @@ class Schedule:
         """What a run needs (JSON): :func:`from_spec` makes it back."""
         return {"name": self.name, "lengths": list(self.lengths), "ids": [list(r) for r in self.ids],
                 "padding": self.padding, "chunk": self.chunk, "then": list(self.then), "pad": self.pad,
-                "kv": self.kv, "max_length": self.max_length, "ahead": self.ahead}
+                "kv": self.kv, "max_length": self.max_length, "ahead": self.ahead, "earlier": self.earlier}
 
 
 def from_spec(data: dict[str, Any]) -> Schedule:
     return Schedule(data["name"], tuple(data["lengths"]), tuple(tuple(r) for r in data["ids"]), data["padding"],
                     data["chunk"], tuple(data["then"]), data["pad"], data.get("kv", PLAIN), data.get("max_length"),
-                    data.get("ahead", 0))
+                    data.get("ahead", 0), data.get("earlier", 0))
 
 
 _TEXT = re.compile(r"\s*(?P<padding>left|right)\s+rows\s+(?P<rows>\d+(?:,\d+)*)(?:\s+chunk\s+(?P<chunk>\d+))?"
                    r"(?:\s+then\s+(?P<then>\d+(?:\*\d+)?(?:\+\d+(?:\*\d+)?)*))?"
-                   r"(?:\s+kv\s+(?P<kv>shared|static)\s+(?P<max>\d+))?"
+                   r"(?:\s+kv\s+(?P<kv>shared|static)\s+(?P<max>\d+)(?:\s+earlier\s+(?P<earlier>\d+))?)?"
                    r"(?:\s+ahead\s+(?P<ahead>\d+))?(?:\s+pad\s+(?P<pad>\d+))?\s+ids\s+(?P<ids>[\d./]+)\s*")
 
 
@@ -229,7 +229,7 @@ def parse(text: str, name: str = "given") -> Schedule:
     return Schedule(name, tuple(int(n) for n in m["rows"].split(",")), ids, m["padding"],
                     int(m["chunk"]) if m["chunk"] else None,
                     _calls(m["then"]), int(m["pad"] or 0),
-                    m["kv"] or PLAIN, int(m["max"]) if m["max"] else None, int(m["ahead"] or 0))
+                    m["kv"] or PLAIN, int(m["max"]) if m["max"] else None, int(m["ahead"] or 0), int(m["earlier"] or 0))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -383,10 +383,9 @@ def random_schedule(rng: np.random.RandomState, facts: GraphFacts, name: str = "
 
 
 def _replace(s: Schedule, **kw: Any) -> Schedule | None:
-    try:
+    with contextlib.suppress(UsageError):
         return dataclasses.replace(s, **kw)
-    except UsageError:
-        return None
+    return None
 
 
 def _smaller(s: Schedule) -> Iterator[Schedule]:

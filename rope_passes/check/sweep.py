@@ -7,8 +7,11 @@ order from a seed of ``p``), the attention mask ``p + 1`` ones, position ``p``. 
 rotated with row ``p`` (the row the graph picks for total ``p + 1``), so a wrong row shows in ``logits`` and in the
 new key of ``present.*``. A graph without a KV cache gets the whole sequence instead (``p + 1`` random ids).
 
-Positions (:func:`sweep_positions`): every table switch (LongRoPE: total ``C`` reads the short table, ``C + 1`` the
-long one) with its neighbours, the table's last two rows, and log-spaced positions in between, ``n`` in all.
+Positions: by default (:func:`default_positions`) **every** position ``0..end-1`` where the CPU reference can afford
+it (``end`` times the weights' bytes at most :data:`SWEEP_BYTES`: tiny and small models, seconds), else the sampled
+rule below with its bound. ``--sweep N`` (:func:`sweep_positions`): every table switch (LongRoPE: total ``C`` reads
+the short table, ``C + 1`` the long one) with its neighbours, the table's last two rows, and log-spaced positions in
+between, ``n`` in all.
 """
 
 from __future__ import annotations
@@ -21,8 +24,45 @@ import numpy as np
 from rope_passes.check.compare import Comparison, OutputDiff, diff_arrays
 from rope_passes.check.decode import DecoderSpec, InputSpec, _dim, id_range, step_feeds
 
-#: default number of sweep positions
+#: sweep positions of ``--sweep`` without a number's default rule when the model is too large for every position
 DEFAULT_SWEEP = 32
+#: every position is swept when ``end * weight bytes`` is at most this: a single-token call reads every weight once,
+#: so this is about the bytes the CPU reference reads per run (measured: ``current/llama/cpu_fp32``, 1.7 MB, 256
+#: positions: +3 s over 32 positions for the four runs of a check on 2 cores); it also bounds the logits a run keeps
+#: (a position's logits are smaller than the weights divided by the hidden size)
+SWEEP_BYTES = 8 * 2**30
+#: never more positions than this per run (each position's random past grows with it, and its outputs travel back
+#: from the run's subprocess)
+SWEEP_MAX = 1024
+
+
+def default_positions(end: int, switches: Iterable[int], weight_bytes: int, seed: int = 0) -> tuple[list[int], str]:
+    """The default sweep and the note that states its rule: every position ``0..end-1`` when the CPU reference can
+    afford it (``end * weight_bytes <= SWEEP_BYTES`` and ``end <= SWEEP_MAX``); else ``n`` positions (what the
+    budget affords, at least :data:`DEFAULT_SWEEP`): :func:`sweep_positions` (switches, their neighbours, the end,
+    log-spaced) for half, and one position drawn from ``RandomState(seed)`` in each of ``k`` equal strata of
+    ``width`` positions for the other half. Bound: a rewrite wrong on ``width`` or more consecutive positions is
+    caught by every check (each such run holds a whole stratum); one wrong at a single other position is caught
+    with probability ``1/width`` per seed."""
+    if end < 1:
+        return [], ""
+    afford = SWEEP_BYTES // max(1, weight_bytes)
+    if end <= min(afford, SWEEP_MAX):
+        return list(range(end)), f"position sweep: every position 0..{end - 1} (single-token calls after a random past)"
+    n = max(DEFAULT_SWEEP, min(afford, SWEEP_MAX))
+    chosen = set(sweep_positions(end, switches, n // 2))
+    k = n - n // 2
+    width = -(-end // k)
+    rng = np.random.RandomState(seed)
+    for lo in range(0, end, width):
+        chosen.add(int(rng.randint(lo, min(end, lo + width))))
+    why = (f"{end} x {weight_bytes / 2**20:.0f} MB of weights is over {SWEEP_BYTES // 2**30} GB"
+           if end <= SWEEP_MAX else f"more than {SWEEP_MAX} positions")
+    return sorted(chosen), (
+        f"position sweep: {len(chosen)} of the {end} positions, not all ({why}): the switches, their neighbours, the "
+        f"end and log-spaced positions, and one position drawn (seed {seed}) from each of {-(-end // width)} strata "
+        f"of {width}: a rewrite wrong on {width} or more consecutive positions is caught by every check, one wrong at "
+        f"a single other position with probability 1/{width} per seed")
 
 
 def sweep_positions(limit: int, switches: Iterable[int] = (), n: int = DEFAULT_SWEEP) -> list[int]:
@@ -112,7 +152,7 @@ def compare_sweep(actual: Any, reference: Any, comparison: Comparison, only: Cal
             else:
                 comparison.diffs.append(diff_arrays(got, ref, comparison.tolerance, p, name))
     if skipped:
-        comparison.reason = (f"{reference.label} could not run position(s) {_spans(skipped)}"
+        comparison.reason = (f"{reference.label} could not run position(s) {spans(skipped)}"
                              + (f": {reference.sweep_errors[skipped[0]]}" if skipped[0] in reference.sweep_errors
                                 else ""))
     if not comparison.diffs:
@@ -121,7 +161,7 @@ def compare_sweep(actual: Any, reference: Any, comparison: Comparison, only: Cal
     return comparison
 
 
-def _spans(values: Sequence[int]) -> str:
+def spans(values: Sequence[int]) -> str:
     out: list[str] = []
     start: int | None = None
     prev = 0  # read only once start is set
@@ -138,4 +178,5 @@ def _spans(values: Sequence[int]) -> str:
     return ", ".join(out)
 
 
-__all__ = ["DEFAULT_SWEEP", "compare_sweep", "run_sweep", "sweep_feeds", "sweep_positions"]
+__all__ = ["DEFAULT_SWEEP", "SWEEP_BYTES", "SWEEP_MAX", "compare_sweep", "default_positions", "run_sweep", "spans",
+           "sweep_feeds", "sweep_positions"]

@@ -59,7 +59,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--timeout", type=float, default=300, help="seconds per run before it counts as hung (default 300)")
     p.add_argument("--sweep", type=int, metavar="N",
                    help="single decode steps at N positions spread over the whole cos/sin table, each after a random "
-                   "past (default 32; with --layers 4, none on a software WebGPU adapter)")
+                   "past (default: every position where the CPU reference can afford it, else a stated sample; "
+                   "with --layers 4, none on a software WebGPU adapter)")
     p.add_argument("--no-sweep", dest="sweep", action="store_const", const=0, help="no position sweep")
     p.add_argument("--fallback-python", default="auto", metavar="PYTHON",
                    help="second onnxruntime (the WebGPU plugin venv) for an original that does not load here "
@@ -251,13 +252,15 @@ def render_details(report, console: Console) -> None:
     from rich.markup import escape
     from rich.table import Table
 
+    from rope_passes.check.sweep import spans
+
     console.print(f"original:  {report.original.path} ({report.original.precision})")
     console.print(f"rewritten: {report.rewritten.path} ({report.rewritten.precision})")
     console.print(f"decode: prefill {report.prefill} + {report.steps} single-token steps "
                   f"= {report.prefill + report.steps} tokens")
     if report.sweep_positions:
         console.print(f"sweep: {len(report.sweep_positions)} single steps after a random past, positions "
-                      f"{', '.join(map(str, report.sweep_positions))}")
+                      f"{spans(report.sweep_positions)}")
     for s in report.schedules:
         console.print(f"schedule {escape(s.summary())}")
     console.print(f"runtime: {escape(report.runtime_label)} ({escape(report.runtime)})")
