@@ -310,6 +310,7 @@ COMMANDS: dict[str, Run | Elsewhere | NotHere | Fragment] = {
     "rope-passes check --graph-capture": Fragment(),
     # docs/inspect.md (the sample: test_inspect_sample_is_a_real_run)
     "rope-passes inspect MODEL [MODEL ...] [--json]": Fragment(),
+    "python tools/doc_samples.py": Elsewhere("tests/test_doc_commands.py::test_inspect_sample_is_a_real_run"),
     "rope-passes inspect current/phi3_mini_128k/cpu_fp32 legacy/qwen35/cpu_fp32_text":
         Elsewhere("tests/test_doc_commands.py::test_inspect_sample_is_a_real_run"),
     # docs/lint.md
@@ -542,3 +543,54 @@ def test_the_sample_tool_runs():
     done = subprocess.run([sys.executable, str(REPO / "tools" / "doc_samples.py"), "--help"], capture_output=True,
                           text=True)
     assert done.returncode == 0, done.stderr
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the Python blocks
+# ---------------------------------------------------------------------------------------------------------------
+#: doc -> (names the block uses -> the paths given them here, what its prints must say) or why it is not run here
+PYTHON_BLOCKS: dict[str, tuple[dict[str, str], tuple[str, ...]] | str] = {
+    "README.md": ({'"qwen_dir"': "{genai}/legacy/qwen25_vl/cpu_fp32", '"qwen_webgpu"': "{tmp}/qwen_webgpu",
+                   '"model.onnx"': "{tiny}/model.onnx"},
+                  ("fold-text-mrope rewritten", "total-seq-on-gpu rewritten", "not matched")),
+    "docs/passes/precompute-cos-sin.md": ({'"decode.onnx"': "{fixtures}/torch/tf5/hf_onnx/llama/decode.onnx",
+                                           '"decode.precomputed.onnx"': "{tmp}/decode.precomputed.onnx"},
+                                          ("rewritten 2",)),
+    "docs/checker.md": "creates WebGPU sessions: the API it shows is tests/test_check.py's; its names are real "
+                       "(tests/test_docs.py)",
+    "docs/graph-capture.md": "probe_placement creates a WebGPU session (tests/test_placement.py); its names are real "
+                             "(tests/test_docs.py)",
+    "docs/transformers-js-batch-dim.md": "the repro written for transformers.js's maintainers (make_repro.py, run "
+                                         "with transformers.js under Node by hand); the failure it shows runs in "
+                                         "tests/test_transformers_js.py on the corpus graph",
+}
+
+
+def _python_blocks() -> dict[str, str]:
+    blocks: dict[str, str] = {}
+    for doc in DOCS:
+        for block in re.findall(r"^```python\n(.*?)^```", doc.read_text(encoding="utf-8"), flags=re.S | re.M):
+            rel = doc.relative_to(REPO).as_posix()
+            assert rel not in blocks, f"{rel}: more than one Python block: give each an entry"
+            blocks[rel] = block
+    return blocks
+
+
+def test_every_python_block_is_run_or_said_why_not():
+    assert set(_python_blocks()) == set(PYTHON_BLOCKS)
+
+
+@pytest.mark.corpus
+@pytest.mark.parametrize("doc", sorted(d for d, e in PYTHON_BLOCKS.items() if not isinstance(e, str)))
+def test_python_block_runs_and_prints_what_it_says(doc, tmp_path, tiny_src):
+    names, said = PYTHON_BLOCKS[doc]  # type: ignore[misc]
+    places = _places(tmp_path, tiny_src, corpus=True)
+    code = _python_blocks()[doc]
+    for name, path in names.items():
+        assert name in code, (doc, name)
+        code = code.replace(name, repr(path.format(**places)))
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(code, doc, "exec"), {"__name__": "__doc_block__"})  # noqa: S102 - the doc's own code
+    for words in said:
+        assert words in out.getvalue(), (doc, words, out.getvalue())

@@ -30,8 +30,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         sub, "lint", help="lint models for WebGPU RoPE problems (rule codes, --fix, CI formats)",
         description="Lints each model (file, folder, or folder of model folders) for what keeps it from loading, "
         "running right or being captured on a WebGPU runtime: rule codes RP001-RP4xx (--list-rules), each with "
-        "the pass that fixes it. Weights are never read. --fix rewrites each model in place with those passes, "
-        "then lints again and reports what is left.",
+        "the pass that fixes it. Weight matrices are never read (cos/sin tables are, where RP4xx compares them "
+        "with config.json). --fix rewrites each model in place with those passes, then lints again and reports "
+        "what is left.",
         exits=("0  no finding at or above --fail-on", "1  findings at or above --fail-on",
                "2  a model could not be read, or a usage error"))
     p.add_argument("models", nargs="*", help="model files, model folders, or folders of model folders; a model's "

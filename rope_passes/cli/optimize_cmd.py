@@ -27,11 +27,12 @@ MAX_POSITIONS = 2**31 - 1
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = add_command(
-        sub, "optimize", help="rewrite a model (file or genai folder) for a target",
+        sub, "optimize", help="rewrite a model (file or genai folder) with a preset's passes",
         description="Loads a model (file, genai folder, or folder of model folders), runs the --preset's passes "
         "(or --passes) for the WebGPU runtime it is for, and writes the result with a per-pass summary: what "
-        "each pass rewrote, refused (and why, naming the node) or did not find. Weights are never rewritten (see "
-        "--weights). The summary ends with the lint findings the output still has.",
+        "each pass rewrote, refused (and why, naming the node) or did not find, and which files differ from the "
+        "input. The input's weights are carried as they are, not rewritten, unless --weights rewrite. The summary "
+        "ends with the lint findings the output still has.",
         exits=("0  written (or --dry-run): every model rewritten or unchanged",
                "2  usage error, or a model could not be read or written (a folder of models: the others are "
                "written, the failed ones listed)"))
@@ -138,7 +139,8 @@ def _run_tree(args: argparse.Namespace, plan: RunPlan, jobs: list[ModelJob]) -> 
              + (f"; refused {refused} (see --report)" if refused else "")
              + (f"; output still has {remaining}" if remaining else "")
              + (f"; capture {capture['state']}" if capture else "")
-             + (f" by {len(blockers)} ({blockers[0]['node']}, ...)" if blockers else ""))
+             + (f" by {len(blockers)} ({blockers[0]['node']}, ...)" if blockers else "")
+             + (" (predicted)" if capture else ""))
         reports.append(report.to_dict())
         if args.explain:
             explain(report, output_console(), indent="    ")

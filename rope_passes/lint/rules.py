@@ -204,7 +204,7 @@ def _capture_in_config(ctx: LintContext) -> bool | None:
       """enableGraphCapture is "1" in the decoder's WebGPU provider options, and the graph has control flow or needs
       Memcpy nodes on the target runtime: onnxruntime refuses to create the session, so onnxruntime-genai fails to
       load the model. Remove the blockers (`rope-passes optimize --preset webgpu-graph`, which also sets the option
-      to match), or set enableGraphCapture to "0".""")
+      to match), or set enableGraphCapture to "0" (`lint --fix` sets it to match the graph it leaves).""")
 def capture_on_not_ready(ctx: LintContext) -> Found:
     if _capture_in_config(ctx) and _capture(ctx).state == "blocked":
         for node, why in _capture(ctx).blockers()[:5]:
@@ -215,7 +215,7 @@ def capture_on_not_ready(ctx: LintContext) -> Found:
       "the graph is WebGPU capture-ready, but genai_config.json leaves capture off",
       """The graph creates a WebGPU session with enableGraphCapture=1 (no control flow, no Memcpy), but the decoder's
       WebGPU provider options do not turn it on, so onnxruntime-genai runs every decode step without capture. Set
-      "enableGraphCapture": "1" there (`rope-passes optimize --preset webgpu-graph` does).""")
+      "enableGraphCapture": "1" there (`rope-passes optimize --preset webgpu-graph` and `lint --fix` do).""")
 def capture_ready_but_off(ctx: LintContext) -> Found:
     if _capture_in_config(ctx) is False and _capture(ctx).state == "ready":
         yield "<model>", "capture-ready, but genai_config.json's WebGPU provider options have enableGraphCapture off"
