@@ -409,6 +409,8 @@ COMMANDS: dict[str, Run | Elsewhere | NotHere | Fragment] = {
             check=_exporter_claims, corpus=True),
     "rope-passes check ORIG OUT --runtime web": Elsewhere(
         "tests/test_web_runtime.py::test_check_in_the_browser_is_equivalent_with_capture"),
+    "bench/web_decode.py --longrope": NotHere("times the web decode loop on Dawn for Node (a benchmark: timings "
+                                              "belong in bench/); the loop itself: tests/test_web_decode_loop.py"),
     "scripts/setup-web-runtime.sh": NotHere("installs chromium, Node packages and Dawn (downloads, minutes)"),
     # docs/transformers-js-batch-dim.md
     "rope-passes lint FOLDER": Run("lint {dl}", code=1, check=_lint_dl_claims, corpus=True),
