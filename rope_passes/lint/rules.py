@@ -208,7 +208,8 @@ def _capture_in_config(ctx: LintContext) -> bool | None:
 def capture_on_not_ready(ctx: LintContext) -> Found:
     if _capture_in_config(ctx) and _capture(ctx).state == "blocked":
         for node, why in _capture(ctx).blockers()[:5]:
-            yield node, f"enableGraphCapture='1' in genai_config.json, but capture is refused: {why}"
+            yield node, (f"enableGraphCapture='1' in genai_config.json, but capture will be refused (predicted from "
+                         f"{ctx.runtime.label}'s probed table): {why}")
 
 
 @rule("RP222", "capture-ready-but-off", Severity.NOTE,
@@ -218,7 +219,8 @@ def capture_on_not_ready(ctx: LintContext) -> Found:
       "enableGraphCapture": "1" there (`rope-passes optimize --preset webgpu-graph` and `lint --fix` do).""")
 def capture_ready_but_off(ctx: LintContext) -> Found:
     if _capture_in_config(ctx) is False and _capture(ctx).state == "ready":
-        yield "<model>", "capture-ready, but genai_config.json's WebGPU provider options have enableGraphCapture off"
+        yield "<model>", (f"capture-ready (predicted from {ctx.runtime.label}'s probed table), but genai_config.json's "
+                          "WebGPU provider options have enableGraphCapture off")
 
 
 def _concat_cache(ctx: LintContext) -> ConcatCache | None:
