@@ -64,6 +64,7 @@ NARY = {"Add", "Sub", "Mul", "Div", "Pow", "Mod", "Max", "Min", "Equal", "Greate
          "LessOrEqual", "And", "Or", "Xor", "Where", "BitShift", "BitwiseAnd", "BitwiseOr", "BitwiseXor", "Sum",
          "Mean", "CastLike"}
 _MOVES = {"Identity", "Unsqueeze", "Squeeze", "Reshape", "Slice", "Transpose", "Expand", "Gather", "Concat", "Flatten",
+          "Pad", "GatherElements", "GatherND",
           "Tile", "Split"}
 def combine(exts: Sequence) -> Ext:
     """The broadcast extent of feature axes (ints, Dim, OPAQUE)."""
@@ -158,7 +159,16 @@ def _columns(shapes: list[tuple]) -> list[list]:
 
 def _move(node: ir.Node, ins: list[Known | None], opset: int, varies: bool) -> list[Known]:
     """A data-movement op on known values (symbols included): run on element indices, then take the elements."""
-    data_inputs = range(len(ins)) if node.op_type == "Concat" else [0]
+    if node.op_type == "Pad":  # its pad value is moved too: given as an element (0 where the input is absent)
+        first = ins[0]
+        if opset < 11 or first is None:
+            return [UNKNOWN_VARYING] * len(node.outputs)  # pads and value as attributes: not followed
+        if len(ins) < 3 or ins[2] is None:
+            zero = np.zeros((), first.values.dtype if first.values is not None and first.values.dtype != object
+                            else np.int64)
+            ins = [ins[0], ins[1] if len(ins) > 1 else None, Known.of(zero), *ins[3:]]
+    # the inputs whose elements are moved (each fed as its elements' indices); Pad's constant_value is one of them
+    data_inputs = range(len(ins)) if node.op_type == "Concat" else [0, 2] if node.op_type == "Pad" else [0]
     feeds: list[np.ndarray | None] = []
     pool: list = []
     for i, a in enumerate(ins):

@@ -100,10 +100,17 @@ TOTAL_FORMS = {f.name: f for f in [
     Form("cast-chain", lambda w, m: w.op("Identity", w.op("Gather", w.op("Cast", w.op("Identity", w.op("Shape", m)),
                                                                           to=I32), w.const(1), axis=0))),
     Form("pad-zero-columns", lambda w, m: _width(w, w.op("Shape", w.pad(m, 0, 0)))),
+    Form("pad-shape", lambda w, m: w.op("Cast", w.op("Gather", w.op("Pad", w.op("Shape", m), w.const([2, 0])),
+                                                      w.const(3), axis=0), to=I32)),
+    Form("gather-elements", lambda w, m: w.op("Cast", w.axes_op("Squeeze", w.op(
+        "GatherElements", w.op("Shape", m), w.const([1]), axis=0), [0]), to=I32)),
     # lookalikes
     Form("largest-row-sum", lambda w, m: w.op("Cast", w.op("ReduceMax", w.axes_op("ReduceSum", m, [1], keepdims=0),
                                                            keepdims=0), to=I32), same=False,
          why="the largest row sum (the builder's _graph variant): below the width when no row is all ones"),
+    Form("pad-shape-value", lambda w, m: w.op("Cast", w.op("Gather", w.op("Pad", w.op("Shape", m), w.const([0, 1]),
+                                                                       w.const(40)), w.const(2), axis=0), to=I32),
+         same=False, why="the shape padded with the number 40, its third entry read: 40, not the width"),
     Form("pad-one-column", lambda w, m: _width(w, w.op("Shape", w.pad(m, 1, 0))), same=False,
          why="the width of the mask padded by one column: one more than the mask's"),
     Form("float-roundtrip-plus-one", lambda w, m: w.op("Cast", w.op("Add", w.op("Cast", w.op(
