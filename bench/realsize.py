@@ -104,6 +104,7 @@ class ModelSpec:
     config: str  # key of CONFIGS
     form: str  # what `rope-passes inspect` should call it (for the report)
     description: str
+    int4: bool = False  # the builder's ``-p int4`` form: every weight MatMul a MatMulNBits (:func:`quantize_int4`)
 
 
 MODELS = {
@@ -123,10 +124,72 @@ MODELS = {
                   "LongRoPE concat", "Phi-3-mini-128k, builder 0.18 enable_webgpu_graph: concatenated cache, fp16"),
         ModelSpec("llama3-8b", "current/llama/webgpu_fp16", "llama3-8b", "GQA do_rotary",
                   "Llama-3-8B, builder 0.18 GQA do_rotary=1, fp16"),
+        ModelSpec("llama3-8b-graph", "current/llama/webgpu_fp16_graph", "llama3-8b", "GQA do_rotary",
+                  "Llama-3-8B, builder 0.18 GQA do_rotary=1, enable_webgpu_graph, fp16"),
         ModelSpec("llama3-70b", "current/llama/webgpu_fp16", "llama3-70b", "GQA do_rotary",
                   "Llama-3-70B shape (80 layers), builder 0.18 GQA do_rotary=1, fp16 (~141 GB apparent)"),
+        # int4 (issue 31): the builder's -p int4 -e webgpu graphs (fp16 activations, MatMulNBits block 32)
+        ModelSpec("qwen25vl-3b-legacy-int4", "legacy/qwen25_vl/webgpu_fp16_graph", "qwen25vl-3b", "manual mRoPE",
+                  "Qwen2.5-VL-3B text, builder 0.15.2 manual mRoPE, enable_webgpu_graph, int4", int4=True),
+        ModelSpec("qwen25vl-3b-int4", "current/qwen25_vl/webgpu_fp16", "qwen25vl-3b", "MRotaryEmbedding",
+                  "Qwen2.5-VL-3B text, builder 0.18 MRotaryEmbedding, int4", int4=True),
+        ModelSpec("qwen25vl-3b-graph-int4", "current/qwen25_vl/webgpu_int4_graph", "qwen25vl-3b", "MRotaryEmbedding",
+                  "Qwen2.5-VL-3B text, builder 0.18 MRotaryEmbedding, enable_webgpu_graph, int4 (the builder's own "
+                  "int4 graph scaled)", int4=True),
+        ModelSpec("phi3-mini-128k-graph-int4", "current/phi3_mini_128k/webgpu_fp16_graph", "phi3-mini-128k",
+                  "LongRoPE concat", "Phi-3-mini-128k, builder 0.18 enable_webgpu_graph: concatenated cache, int4",
+                  int4=True),
+        ModelSpec("llama3-8b-int4", "current/llama/webgpu_fp16", "llama3-8b", "GQA do_rotary",
+                  "Llama-3-8B, builder 0.18 GQA do_rotary=1, int4", int4=True),
+        ModelSpec("llama3-8b-graph-int4", "current/llama/webgpu_fp16_graph", "llama3-8b", "GQA do_rotary",
+                  "Llama-3-8B, builder 0.18 enable_webgpu_graph, int4", int4=True),
     ]
 }
+
+#: the fp16 model each int4 model is the int4 form of (same source graph, same config); the corpus has no fp16
+#: enable_webgpu_graph build of builder 0.18's qwen25_vl, so qwen25vl-3b-graph-int4 has none
+FP16_OF = {"qwen25vl-3b-legacy-int4": "qwen25vl-3b-legacy", "qwen25vl-3b-int4": "qwen25vl-3b",
+           "phi3-mini-128k-graph-int4": "phi3-mini-128k-graph", "llama3-8b-int4": "llama3-8b",
+           "llama3-8b-graph-int4": "llama3-8b-graph"}
+
+
+# ------------------------------------------------------------------------------------------------- int4
+
+#: what onnxruntime-genai 0.18's builder writes for ``-p int4`` (onnxruntime's MatMulNBitsQuantizer, its default
+#: symmetric algorithm: no zero points), read off the corpus's current/qwen25_vl/webgpu_int4_graph
+INT4_BLOCK, INT4_ACCURACY = 32, 4
+
+
+def quantize_int4(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The builder's int4 form of a builder fp16 graph, in place: every ``MatMul`` reading a ``*.MatMul.weight``
+    initializer [K, N] becomes ``com.microsoft::MatMulNBits`` named ``<name>_Q4`` reading ``<weight>_Q4`` (uint8
+    [N, K/32, 16]) and ``<weight>_scales`` (the activation type, [N, K/32]), attributes K, N, accuracy_level 4,
+    bits 4, block_size 32; the output keeps its name. The new initializers carry no data (the scaler writes it)."""
+    g = model.graph
+    inits = {i.name: i for i in g.initializer}
+    new_nodes, dropped, added = [], set(), []
+    for n in g.node:
+        w = inits.get(n.input[1]) if n.op_type == "MatMul" and len(n.input) == 2 else None
+        if w is None or not w.name.endswith(".MatMul.weight"):
+            new_nodes.append(n)
+            continue
+        k, nn = (int(d) for d in w.dims)
+        blocks = -(-k // INT4_BLOCK)
+        q = onnx.helper.make_tensor_value_info(w.name + "_Q4", TensorProto.UINT8, [nn, blocks, INT4_BLOCK // 2])
+        qt = onnx.TensorProto(name=q.name, data_type=TensorProto.UINT8, dims=[nn, blocks, INT4_BLOCK // 2])
+        st = onnx.TensorProto(name=w.name + "_scales", data_type=w.data_type, dims=[nn, blocks])
+        added += [qt, st]
+        dropped.add(w.name)
+        new_nodes.append(onnx.helper.make_node(
+            "MatMulNBits", [n.input[0], qt.name, st.name], list(n.output), name=n.name + "_Q4", domain="com.microsoft",
+            K=k, N=nn, accuracy_level=INT4_ACCURACY, bits=4, block_size=INT4_BLOCK))
+    kept = [i for i in g.initializer if i.name not in dropped]
+    del g.node[:], g.initializer[:]
+    g.node.extend(new_nodes)
+    g.initializer.extend(kept + added)
+    if added and not any(o.domain == "com.microsoft" for o in model.opset_import):
+        model.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
+    return model
 
 
 # ----------------------------------------------------------------------------------------------- tiny config
@@ -187,6 +250,11 @@ def _cache_values(name: str, cfg: Config) -> np.ndarray | None:
 
 def _init_shape(name: str, shape: list[int], t: Config, r: Config) -> list[int]:
     """Real shape of a builder initializer, by name."""
+    q4 = re.match(r"^(.*\.MatMul\.weight)_(Q4|scales)$", name)
+    if q4:  # MatMulNBits: the float weight [K, N] as [N, K/32, 16] (uint8) and [N, K/32] (scales)
+        k, n = _init_shape(q4.group(1), [], t, r)
+        blocks = -(-k // INT4_BLOCK)
+        return [n, blocks, INT4_BLOCK // 2] if q4.group(2) == "Q4" else [n, blocks]
     rules = [
         (r"embed_tokens\.weight$", [r.vocab, r.hidden]),
         (r"lm_head\.MatMul\.weight$", [r.hidden, r.vocab]),
@@ -310,11 +378,12 @@ def _const_name(dtype: str, value: np.ndarray) -> str:
 # ------------------------------------------------------------------------------------------------ build
 
 def build(name: str, out: str | os.PathLike, layers: int | None = None, context: int | None = None,
-          corpus: str | os.PathLike | None = None, config: Config | None = None) -> Path:
+          corpus: str | os.PathLike | None = None, config: Config | None = None, seed: int | None = None) -> Path:
     """Write the genai folder ``out`` (model.onnx + sparse model.onnx.data + genai_config.json); returns it.
 
     ``layers`` overrides the layer count (per-layer slopes), ``context`` the cos/sin cache rows (LongRoPE: the long
-    cache; the short one stays at original_context unless it is larger), ``config`` the whole config.
+    cache; the short one stays at original_context unless it is larger), ``config`` the whole config. ``seed``:
+    every weight random instead of zero (dense: for small configs, where a check must see real numbers).
     """
     spec = MODELS[name]
     source = Path(corpus or CORPUS) / spec.source
@@ -328,13 +397,15 @@ def build(name: str, out: str | os.PathLike, layers: int | None = None, context:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     model = onnx.load(str(source / "model.onnx"), load_external_data=False)
-    _scale_model(model, t, r, out / "model.onnx.data")
+    if spec.int4:
+        quantize_int4(model)  # a no-op on a source the builder wrote in int4
+    _scale_model(model, t, r, out / "model.onnx.data", seed)
     onnx.save(model, str(out / "model.onnx"))
     _write_genai_config(source, out, r)
     return out
 
 
-def _scale_model(model: onnx.ModelProto, t: Config, r: Config, data_path: Path) -> None:
+def _scale_model(model: onnx.ModelProto, t: Config, r: Config, data_path: Path, seed: int | None = None) -> None:
     g = model.graph
     N, TL = r.layers, t.layers
     assert TL >= 2 and N >= 1, (TL, N)
@@ -440,6 +511,9 @@ def _scale_model(model: onnx.ModelProto, t: Config, r: Config, data_path: Path) 
                     attrs["mrope_section"].ints.extend(r.mrope_section)
             elif n.op_type in ("SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization"):
                 attrs["epsilon"].f = r.eps
+            elif n.op_type == "MatMulNBits":
+                k, nn = _init_shape(n.input[1][:-len("_Q4")], [], t, r)
+                attrs["K"].i, attrs["N"].i = k, nn
             elif n.op_type == "If":  # LongRoPE: small/large caches inline in the branches, as the builder does
                 for branch in ("then_branch", "else_branch"):
                     sub = attrs[branch].g
@@ -484,6 +558,7 @@ def _scale_model(model: onnx.ModelProto, t: Config, r: Config, data_path: Path) 
             order.append((ini, _renamer({TL: N}, {})(ini.name)))
     offset = 0
     writes: list[tuple[int, bytes]] = []
+    rng = None if seed is None else np.random.default_rng(seed)
     for ini, nm in order:
         dims = _init_shape(nm, list(ini.dims), t, r)
         tp = onnx.TensorProto()
@@ -494,6 +569,8 @@ def _scale_model(model: onnx.ModelProto, t: Config, r: Config, data_path: Path) 
         vals = _cache_values(nm, r)
         if vals is None and re.search(r"norm(_layernorm)?\.weight$", nm):
             vals = np.ones(dims, np.float32)
+        if vals is None and rng is not None:
+            vals = _random_weight(rng, nm, dims, np_dtype)
         if vals is not None:
             assert list(vals.shape) == dims, (nm, vals.shape, dims)
             writes.append((offset, vals.astype(np_dtype).tobytes()))
@@ -569,6 +646,17 @@ def _scale_model(model: onnx.ModelProto, t: Config, r: Config, data_path: Path) 
                 new_vis.append(nv)
     del g.value_info[:]
     g.value_info.extend(new_vis)
+
+
+def _random_weight(rng: np.random.Generator, name: str, dims: list[int], dtype) -> np.ndarray:
+    """A weight with real numbers, of the size a fresh Hugging Face checkpoint has (its initializer_range 0.02, which
+    the corpus's tiny builds have): N(0, 0.02); int4: uniform codes (any byte) times scales of 0.003..0.006 (std
+    ~0.02)."""
+    if np.dtype(dtype) == np.uint8:
+        return rng.integers(0, 256, size=dims, dtype=np.uint8)
+    if name.endswith("_scales"):
+        return rng.uniform(0.003, 0.006, size=dims).astype(np.float32)
+    return (rng.standard_normal(dims) * 0.02).astype(np.float32)
 
 
 def _resize_vi(vi: onnx.ValueInfoProto, t: Config, r: Config) -> bool:
