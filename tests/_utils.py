@@ -86,15 +86,21 @@ def exporter_outputs(path: str | os.PathLike, calls: Any) -> list[list[np.ndarra
     return [sess.run(None, exporter_feeds(sess, *c)) for c in calls]
 
 
-def realsize() -> ModuleType:
-    """``bench/realsize.py``, imported once (registered in ``sys.modules``: its dataclasses look their module up)."""
-    if "realsize" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("realsize", REPO / "bench" / "realsize.py")
+def bench_module(name: str) -> ModuleType:
+    """``bench/<name>.py``, imported once (registered in ``sys.modules``: dataclasses look their module up, and
+    bench modules import each other by name)."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, REPO / "bench" / f"{name}.py")
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
-        sys.modules["realsize"] = module
+        sys.modules[name] = module
         spec.loader.exec_module(module)
-    return sys.modules["realsize"]
+    return sys.modules[name]
+
+
+def realsize() -> ModuleType:
+    """``bench/realsize.py`` (:func:`bench_module`)."""
+    return bench_module("realsize")
 
 
 def copy_folder(src: str | os.PathLike, dst: str | os.PathLike, edit: Any = None) -> Path:

@@ -14,11 +14,10 @@ cache is wrong on CPU past its offset, RP204). Measured 2026-11-25 on onnxruntim
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from _utils import bench_module
 from conftest import GENAI
 
 import rope_passes
@@ -38,40 +37,10 @@ CASES = {
 }
 PROMPT, NEW = 6, 40
 
-GENERATE = r'''
-import json, sys
-import onnxruntime_genai as og
-folder, mode, prompt_len, new = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-config = og.Config(folder)
-if mode == "cpu":
-    config.clear_providers()
-elif mode == "webgpu0":
-    options = {}
-    for entry in json.load(open(folder + "/genai_config.json"))["model"]["decoder"]["session_options"].get(
-            "provider_options", []):
-        options.update(entry.get("webgpu", {}))
-    config.clear_providers()
-    config.append_provider("webgpu")
-    for key, value in {**options, "enableGraphCapture": "0"}.items():
-        config.set_provider_option("webgpu", key, str(value))
-model = og.Model(config)
-params = og.GeneratorParams(model)
-params.set_search_options(max_length=prompt_len + new, min_length=prompt_len + new, do_sample=False)
-generator = og.Generator(model, params)
-generator.append_tokens([(7 * i + 11) % 400 + 4 for i in range(prompt_len)])
-while not generator.is_done():
-    generator.generate_next_token()
-print("TOKENS " + json.dumps([int(t) for t in generator.get_sequence(0)]))
-'''
-
 
 def generate(folder: Path, mode: str) -> list[int]:
-    """Greedy tokens from onnxruntime-genai in a child process (a crash there is a failure, not ours)."""
-    proc = subprocess.run([sys.executable, "-c", GENERATE, str(folder), mode, str(PROMPT), str(NEW)],
-                          capture_output=True, text=True, timeout=600, check=False)
-    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("TOKENS ")), None)
-    assert line is not None, f"{folder} ({mode}): exit {proc.returncode}: {proc.stderr.strip()[-600:]}"
-    return json.loads(line.split(" ", 1)[1])
+    """Greedy tokens from onnxruntime-genai's loop (bench/genai_loop.py) in a child process."""
+    return bench_module("genai_loop").run_child(folder, mode, [PROMPT], NEW)["runs"][0]["tokens"]
 
 
 @pytest.mark.parametrize("rel", sorted(CASES))
@@ -99,5 +68,5 @@ def test_capture_on_for_a_graph_that_needs_memcpy_fails_at_session_creation(tmp_
     config["model"]["decoder"]["session_options"]["provider_options"] = [
         {"webgpu": {"enableGraphCapture": "1", "validationMode": "disabled"}}]
     (folder / "genai_config.json").write_text(json.dumps(config))
-    with pytest.raises(AssertionError, match="cannot use the graph capture feature"):
+    with pytest.raises(RuntimeError, match="cannot use the graph capture feature"):
         generate(folder, "config")
