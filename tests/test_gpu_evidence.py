@@ -1,0 +1,62 @@
+"""bench/gpu.sh, the GPU evidence script of issue 31, at its tiny plan on the CPU adapter (what CI can run).
+
+It must run green where a GPU is not (lavapipe here), write its tables in the format docs/performance.md shows,
+and give the same greedy tokens from the original (capture off) and the rewritten folder (capture on) in
+onnxruntime-genai's loop. Timings are not asserted (bench/, not tests). Budget (2 cores): ~60 s.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+from _utils import bench_module
+from conftest import GENAI, REPO
+
+
+@pytest.mark.corpus
+@pytest.mark.webgpu
+def test_gpu_script_runs_at_tiny_size_and_writes_its_tables(tmp_path):
+    ev = bench_module("gpu_evidence")
+    out = tmp_path / "out"
+    env = dict(os.environ, ROPE_PASSES_WEBGPU_PYTHON=sys.executable, ROPE_PASSES_CORPUS=str(GENAI),
+               ROPE_PASSES_GPU_WORK=str(tmp_path / "work"))
+    done = subprocess.run([str(REPO / "bench" / "gpu.sh"), "--tiny", "--out", str(out)], capture_output=True,
+                          text=True, timeout=600, env=env)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    assert {p.name for p in out.iterdir()} >= {"gpu-evidence.md", "gpu-evidence.json", "gpu-evidence.csv", "gpu.log"}
+    result = json.loads((out / "gpu-evidence.json").read_text())
+    plan = ev.PLANS["tiny"]
+    assert result["plan"] == "tiny" and not result["skipped"] and result["copy_gb_s"] > 0
+    loops = [r for r in result["genai"] if r.get("context")]
+    assert {(r["model"], r["context"]) for r in loops} >= {(m, c) for m in plan.models for c in plan.contexts}
+    assert all(r["same_tokens"] is True and r["rewritten"]["decode_tok_s"] > 0 for r in loops), loops
+    assert any("real weights" in r["model"] for r in loops)
+    assert [r["graph"] for r in result["cost"]][0] == "original" and len(result["cost"]) >= 3
+    assert {r["model"] for r in result["floor"]} == set(plan.models)
+    assert all(r["weight_bytes"] > 0 and r["floor_ms"] > 0 for r in result["floor"])
+    md = (out / "gpu-evidence.md").read_text()
+    assert md == ev.render(result)
+    for header in (ev.GENAI_HEADER, ev.COST_HEADER, ev.FLOOR_HEADER):
+        assert header in md.splitlines()
+    with open(out / "gpu-evidence.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert rows and list(rows[0]) == ev.CSV_FIELDS and len(rows) == 2 * len(loops)
+
+
+def test_performance_doc_shows_the_scripts_tables():
+    """docs/performance.md's GPU-evidence tables are the script's own output: the block between the markers is
+    ``gpu_evidence.py --render`` of the JSON committed beside the doc, and has the script's headers."""
+    ev = bench_module("gpu_evidence")
+    doc = (REPO / "docs" / "performance.md").read_text()
+    block = re.search(r"<!-- gpu-evidence: (\S+) -->\n```\n(.*?)```\n<!-- /gpu-evidence -->", doc, re.S)
+    assert block, "docs/performance.md has no gpu-evidence block"
+    source = REPO / "docs" / block.group(1)
+    assert block.group(2) == ev.render(json.loads(source.read_text()))
+    for header in (ev.GENAI_HEADER, ev.COST_HEADER, ev.FLOOR_HEADER):
+        assert header in block.group(2).splitlines()
