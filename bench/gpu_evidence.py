@@ -5,7 +5,7 @@ Run through ``bench/gpu.sh`` (it installs the carried wheels on a GPU machine fi
 weights, on whatever WebGPU adapter there is, lavapipe in CI):
 
 1. **genai loop**: onnxruntime-genai's own generate loop (bench/genai_loop.py) on the original as users have it
-   (``enableGraphCapture=0``: it cannot be captured) and on ``optimize --target webgpu-graph``'s output as written
+   (``enableGraphCapture=0``: it cannot be captured) and on ``optimize --preset webgpu-graph``'s output as written
    (``enableGraphCapture=1``), each prompt length of the plan: prefill tokens/s (the prompt in one call) and decode
    tokens/s (median step after the capture step), and whether both gave the same greedy tokens. One tiny corpus model
    with real weights runs through the same loop (zero weights give degenerate tokens).

@@ -3,7 +3,7 @@
 
 * the int4 form is the builder's: :func:`realsize.quantize_int4` on the corpus's fp16 qwen25_vl build gives the
   MatMulNBits nodes and initializers of the builder's own int4 build of the same checkpoint, field for field;
-* at 2 layers (the corpus's tiny widths, random weights of a fresh checkpoint's size), ``optimize --target
+* at 2 layers (the corpus's tiny widths, random weights of a fresh checkpoint's size), ``optimize --preset
   webgpu-graph`` then ``check`` is equivalent for each family (fold, LongRoPE concat, total-seq-on-gpu);
 * at real size, a dry run rewrites with the same passes, the same number of times, as for the fp16 twin, and reads no
   weight (only the RoPE tables, which the proofs need).
