@@ -60,7 +60,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         ways = _ways(args, Path(tmp))
         b = web.Browser(host=args.host)
         try:
-            decoders = {w: b.call("loopLoad", {"folder": b.serve_folder(folder), "capture": capture})
+            decoders = {w: b.call("loopLoad", {"folder": b.serve_folder(folder), "capture": capture,
+                                               "maxLength": args.max_length})
                         for w, (folder, capture) in ways.items()}
             prompt = [5 + (7 * k) % 400 for k in range(args.prompt)]
             steps: dict[str, list[float]] = {w: [] for w in ways}
@@ -81,7 +82,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "captured": {w: d["captured"] for w, d in decoders.items()},
                     "step_ms": {w: statistics.median(v) for w, v in steps.items()},
                     "prefill_ms": {w: statistics.median(v) for w, v in prefill.items()},
-                    "n": len(steps[next(iter(ways))]),
+                    "n": len(steps[next(iter(ways))]), "max_length": decoders[next(iter(ways))]["maxLength"],
                     "tokens_part_at": None if part is None else args.prompt + part}
         finally:
             b.close()
@@ -95,10 +96,12 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=TINY["hidden"])
     ap.add_argument("--prompt", type=int, default=8, help="prompt tokens (default 8)")
     ap.add_argument("--steps", type=int, default=40, help="new tokens per generation (default 40)")
+    ap.add_argument("--max-length", type=int, help="tokens the KV buffers (and the captured mask) hold "
+                                                   "(default: genai_config's search.max_length)")
     ap.add_argument("--rounds", type=int, default=3, help="generations per way, taking turns (default 3)")
     args = ap.parse_args()
     r = run(args)
-    print(f"{r['runtime']}; adapter: {r['adapter']}")
+    print(f"{r['runtime']}; adapter: {r['adapter']}; KV buffers of {r['max_length']} tokens")
     print(f"| way | captured | decode step, median ms ({r['n']} steps) | prompt of {args.prompt}, median ms |")
     print("|---|---|---|---|")
     for w in r["ways"]:

@@ -121,7 +121,8 @@ function write(ort, tensor, data, byteOffset = 0) {  // host data into a GPU ten
  * Two sessions of one decoder graph on static GPU KV buffers.
  *   model         a URL (or the model's bytes), as InferenceSession.create takes it
  *   externalData  [{path, data}] as onnxruntime-web takes it (the data file(s) the model names)
- *   maxLength     tokens the KV buffers hold (genai_config's search.max_length)
+ *   maxLength     tokens the KV buffers hold (loadGenaiFolder: genai_config's search.max_length). A captured
+ *                 step attends over all maxLength positions (its mask is that long): give it what the app needs
  *   kv            {pastName: presentName}; default: every input past_key_values.* to its present.* output
  *   kvDims        {pastName: [1, kvHeads, maxLength, head]}; default: the inputs' declared heads and head size
  *   capture       true | false | 'auto' (default): capture the decode steps; 'auto' falls back to no capture when
