@@ -596,3 +596,25 @@ def test_python_block_runs_and_prints_what_it_says(doc, tmp_path, tiny_src):
         exec(compile(code, doc, "exec"), {"__name__": "__doc_block__"})  # noqa: S102 - the doc's own code
     for words in said:
         assert words in out.getvalue(), (doc, words, out.getvalue())
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# tables of the docs that are data of the code
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_lint_md_rule_table_is_the_rules():
+    """docs/lint.md's table: one row per rule, its name, severity, fix (with the option it needs) and summary as the
+    rule says them; RP221/RP222's fix is lint --fix's config step (rope_passes.lint.CONFIG_FIXES)."""
+    from rope_passes.lint import CONFIG_FIXES, RULES
+
+    rows = {m[0]: m[1:] for m in re.findall(r"^\| (RP\d+) \| `([^`]+)` \| (\w+) \| (.*?) \| (.*) \|$",
+                                           (REPO / "docs" / "lint.md").read_text(encoding="utf-8"), flags=re.M)}
+    assert set(rows) == set(RULES)
+    for code, rule in RULES.items():
+        name, severity, fix, what = rows[code]
+        assert (name, severity, what) == (rule.name, str(rule.severity), rule.summary), code
+        if code in CONFIG_FIXES:
+            assert fix.startswith("`--fix`: enableGraphCapture"), (code, fix)
+        else:
+            assert fix == (f"`{rule.fix} {rule.fix_flag}`".replace(" `", "`") if rule.fix else "—"), (code, fix)

@@ -213,3 +213,21 @@ def test_a_table_s_width_is_its_tensor_s_not_a_stale_declaration(tiny, tmp_path)
     bundle = load_bundle(work)
     assert list(bundle.model.graph.initializers["cos_cache"].shape) == [128, 8]
     assert not [d for d in lint_bundle(work) if d.code == "RP301"]
+
+
+def test_a_constant_node_s_shape_is_its_tensor_s(tmp_path):
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from rope_passes.io import load_model
+
+    table = numpy_helper.from_array(np.zeros((4, 14), np.float32))
+    graph = helper.make_graph([helper.make_node("Constant", [], ["t"], value=table),
+                               helper.make_node("Identity", ["t"], ["y"])], "g", [],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 14])],
+                              value_info=[helper.make_tensor_value_info("t", TensorProto.FLOAT, [4, 16])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10),
+              tmp_path / "m.onnx")
+    (node, _) = load_model(tmp_path / "m.onnx").graph
+    assert list(node.outputs[0].shape) == [4, 14]

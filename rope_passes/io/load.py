@@ -303,17 +303,20 @@ def load_model(path: str | os.PathLike) -> ir.Model:
 def _shapes_of_initializers(model: ir.Model) -> None:
     """An initializer's value has the shape and type of its tensor: a ``value_info`` (or graph input) that declares
     another shape for it (a stale exporter's [256, 16] over a [256, 14] table) is not what onnxruntime feeds, and
-    every reader of ``value.shape`` (a refusal's "16 columns", a width a pass builds with) must see the tensor's."""
-    for graph in graph_walk.graphs(model):
-        for value in graph.initializers.values():
-            tensor = value.const_value
-            if tensor is None:
-                continue
-            dims = [int(d) for d in tensor.shape.numpy()]  # a tensor's shape is static
-            if value.shape is None or list(value.shape) != dims:
-                value.shape = ir.Shape(dims)
-            if value.dtype is None or value.dtype != tensor.dtype:
-                value.dtype = tensor.dtype
+    every reader of ``value.shape`` (a refusal's "16 columns", a width a pass builds with) must see the tensor's.
+    The output of a ``Constant`` node with a tensor ``value`` likewise."""
+    pairs = [(v, v.const_value) for g in graph_walk.graphs(model) for v in g.initializers.values()]
+    pairs += [(node.outputs[0], node.attributes["value"].value) for node in graph_walk.nodes(model.graph)
+              if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and "value" in node.attributes
+              and node.attributes["value"].type == ir.AttributeType.TENSOR]
+    for value, tensor in pairs:
+        if tensor is None:
+            continue
+        dims = [int(d) for d in tensor.shape.numpy()]  # a tensor's shape is static
+        if value.shape is None or list(value.shape) != dims:
+            value.shape = ir.Shape(dims)
+        if value.dtype is None or value.dtype != tensor.dtype:
+            value.dtype = tensor.dtype
 
 
 def load_bundle(path: str | os.PathLike) -> ModelBundle:
