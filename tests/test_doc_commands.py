@@ -383,6 +383,15 @@ COMMANDS: dict[str, Run | Elsewhere | NotHere | Fragment] = {
     "--dense-limit 0": NotHere("a benchmark run (minutes)"),
     "bench/run_all --only qwen25vl-3b-legacy,phi3-mini-128k-graph --repeat 3 --dense-model none --no-slope "
     "--no-decode --commands floor,opt-link --no-cli-startup": NotHere("a benchmark run (minutes)"),
+    "bench/gpu.sh": NotHere("the real-size GPU evidence: a GPU machine, with the carry bench/gpu_carry.sh makes"),
+    "bench/gpu_carry.sh": NotHere("downloads the wheels and fixtures a GPU machine without network needs"),
+    "bench/gpu.sh --tiny": Elsewhere("tests/test_gpu_evidence.py::test_gpu_script_runs_at_tiny_size_and_writes_its_tables"),
+    "bench/gpu.sh --tiny --out out/gpu":
+        Elsewhere("tests/test_gpu_evidence.py::test_gpu_script_runs_at_tiny_size_and_writes_its_tables"),
+    "bench/gpu_evidence.py": Elsewhere("tests/test_gpu_evidence.py::test_gpu_script_runs_at_tiny_size_and_writes_its_tables"),
+    "python bench/gpu_evidence.py --render docs/gpu-evidence-tiny.json":
+        Elsewhere("tests/test_gpu_evidence.py::test_performance_doc_shows_the_scripts_tables"),
+    "bench/genai_loop.py": Elsewhere("tests/test_genai_generate.py::test_unedited_output_generates_with_capture_like_the_original"),
     "rope-passes lint tiny": Run("lint {tiny}", code=1, check=_lint_tiny),
     "rope-passes inspect tiny": Run("inspect {tiny}", check=_inspect_claims),
     'python -X importtime -c "import onnx_ir"': NotHere("measures import time (a benchmark's tool)"),
