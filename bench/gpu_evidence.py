@@ -162,9 +162,20 @@ def decode_stats(run: dict[str, Any]) -> dict[str, float]:
 
 def loop(folder: Path, mode: str, plan: Plan, contexts: tuple[int, ...] | None = None) -> dict[str, Any]:
     try:
-        return genai_loop.run_child(folder, mode, list(contexts or plan.contexts), plan.new, warm=True)
-    except (RuntimeError, OSError) as exc:
-        return {"error": str(exc).strip().splitlines()[-1][:300]}
+        return genai_loop.run_child(folder, mode, list(contexts or plan.contexts), plan.new, warm=True,
+                                    timeout=120 if plan.tiny else 300)
+    except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
+        return {"error": (str(exc).strip().splitlines() or ["?"])[-1][:300]}
+
+
+def source(plan: Plan, name: str, folder: Path) -> Path:
+    """A fresh realsize folder of ``name`` (sparse, < 1 s). Every optimize reads its own: the outputs hard-link
+    the weights (``--weights link``: no copy of 2-16 GB), and onnx_ir reads no tensor of a file with two links."""
+    if plan.tiny:
+        spec = realsize.MODELS[name]
+        cfg = dataclasses.replace(realsize.tiny_config(realsize.CORPUS / spec.source), layers=2)
+        return realsize.build(name, folder, config=cfg, seed=0)
+    return realsize.build(name, folder)
 
 
 def build_models(plan: Plan, work: Path) -> dict[str, dict[str, Any]]:
@@ -172,19 +183,18 @@ def build_models(plan: Plan, work: Path) -> dict[str, dict[str, Any]]:
 
     built = {}
     for name in plan.models:
-        spec = realsize.MODELS[name]
-        src = work / name
-        if plan.tiny:
-            cfg = dataclasses.replace(realsize.tiny_config(realsize.CORPUS / spec.source), layers=2)
-            realsize.build(name, src, config=cfg, seed=0)
-        else:
-            realsize.build(name, src)
         options = {"text_only": True} if "qwen" in name else None
-        report = rope_passes.optimize(src, work / f"{name}.opt", preset="webgpu-graph", options=options)
+        try:
+            src = source(plan, name, work / name)
+            report = rope_passes.optimize(src, work / f"{name}.opt", preset="webgpu-graph", options=options,
+                                          weights="link")
+        except Exception as exc:  # noqa: BLE001  (one model's failure must not cost the others' numbers)
+            print(f"gpu_evidence: {name}: {type(exc).__name__}: {exc}", file=sys.stderr)
+            continue
         changed = [p.pass_name for p in report.passes if p.modified]
         built[name] = {"source": src, "output": work / f"{name}.opt", "changed": changed, "options": options,
-                       "passes": [p.pass_name for p in report.passes],
-                       "capture": (report.capture or {}).get("state"), "weights": "int4" if spec.int4 else "fp16"}
+                       "passes": [p.pass_name for p in report.passes], "capture": (report.capture or {}).get("state"),
+                       "weights": "int4" if realsize.MODELS[name].int4 else "fp16"}
     return built
 
 
@@ -214,7 +224,8 @@ def pass_costs(name: str, info: dict, plan: Plan, work: Path) -> list[dict[str, 
     for k, pass_name in enumerate(names):
         if pass_name in info["changed"] and pass_name != "cleanup":
             out = work / f"{name}.upto{k + 1}"
-            rope_passes.optimize(info["source"], out, passes=names[:k + 1], options=info["options"])
+            fresh = source(plan, name, work / f"{name}.upto{k + 1}.src")
+            rope_passes.optimize(fresh, out, passes=names[:k + 1], options=info["options"], weights="link")
             graphs.append((f"+ {pass_name}", out))
     graphs.append(("rewritten (all passes)", info["output"]))
     rows = []
@@ -237,6 +248,11 @@ def _f(value: Any, fmt: str = "{:.1f}") -> str:
     return "–" if value is None else fmt.format(value)
 
 
+def _cell(text: str) -> str:
+    """An error in a table cell: one short line (the JSON keeps it whole)."""
+    return "failed: " + text.replace("|", "/")[-90:]
+
+
 def _rule(header: str) -> str:
     return "|" + "---|" * (header.count("|") - 1)
 
@@ -248,21 +264,21 @@ def render(result: dict[str, Any]) -> str:
              f"{result['wall_s']:.0f} s", "", GENAI_HEADER, _rule(GENAI_HEADER)]
     for r in result["genai"]:
         if r.get("context") is None:
-            lines.append(f"| {r['model']} | {r['weights']} | – | – | – | {r['rewritten_error']} | – | – | – |")
+            lines.append(f"| {r['model']} | {r['weights']} | – | – | – | {_cell(r['rewritten_error'])} | – | – | – |")
             continue
         o, w = r.get("original", {}), r["rewritten"]
         same = {True: "yes", False: "NO"}.get(r.get("same_tokens"), "–")
-        orig = [_f(o.get("prefill_tok_s")), _f(o.get("decode_tok_s"))] if o else [r["original_error"], "–"]
+        orig = [_f(o.get("prefill_tok_s")), _f(o.get("decode_tok_s"))] if o else [_cell(r["original_error"]), "–"]
         lines.append(f"| {r['model']} | {r['weights']} | {r['context']} | {orig[0]} | {orig[1]} | "
                      f"{_f(w['prefill_tok_s'])} | {_f(w['decode_tok_s'])} | {_f(r.get('speedup'), '{:.2f}x')} | "
                      f"{same} |")
     lines += ["", COST_HEADER, _rule(COST_HEADER)]
     for r in result["cost"]:
-        lines.append(f"| {r['model']} | {r['graph']} | {_f(r.get('decode_ms'), '{:.2f}') if 'error' not in r else r['error']}"
+        lines.append(f"| {r['model']} | {r['graph']} | {_f(r.get('decode_ms'), '{:.2f}') if 'error' not in r else _cell(r['error'])}"
                      f" | {_f(r.get('vs_original'), '{:.2f}x')} |")
     lines += ["", FLOOR_HEADER, _rule(FLOOR_HEADER)]
     for r in result["floor"]:
-        lines.append(f"| {r['model']} | {r['weight_bytes'] / 1e6:.1f} | {r['copy_gb_s']:.1f} | {r['floor_ms']:.3f} | "
+        lines.append(f"| {r['model']} | {r['weight_bytes'] / 1e6:.1f} | {_f(r['copy_gb_s'])} | {_f(r['floor_ms'], '{:.3f}')} | "
                      f"{_f(r.get('decode_ms'), '{:.3f}')} | {_f(r.get('floor_over_decode'), '{:.2f}')} |")
     return "\n".join(lines) + "\n"
 
@@ -334,10 +350,14 @@ def main(argv: list[str] | None = None) -> int:
                               "contexts": plan.contexts, "new": plan.new, "genai": [], "cost": [], "floor": [],
                               "skipped": []}
     say = print
-    result["copy_gb_s"] = copy_bandwidth(plan.bandwidth_mb)
-    say(f"copy bandwidth {result['copy_gb_s']:.1f} GB/s; building {len(plan.models)} models", flush=True)
+    try:
+        result["copy_gb_s"] = copy_bandwidth(plan.bandwidth_mb)
+    except (RuntimeError, subprocess.TimeoutExpired) as exc:
+        result["copy_gb_s"], result["copy_error"] = None, str(exc)[-500:]
+    say(f"copy bandwidth {result['copy_gb_s']} GB/s; building {len(plan.models)} models", flush=True)
     built = build_models(plan, work)
     result["models"] = {k: {f: v[f] for f in ("weights", "passes", "changed", "capture")} for k, v in built.items()}
+    result["skipped"] += [f"{name}: did not build or optimize (see the log)" for name in plan.models if name not in built]
 
     def over() -> bool:
         return time.perf_counter() - start > args.budget
@@ -359,16 +379,19 @@ def main(argv: list[str] | None = None) -> int:
         if name not in built or over():
             result["skipped"].append(f"rewrite cost {name}")
             continue
-        result["cost"] += pass_costs(name, built[name], plan, work)
+        try:
+            result["cost"] += pass_costs(name, built[name], plan, work)
+        except Exception as exc:  # noqa: BLE001
+            result["skipped"].append(f"rewrite cost {name}: {type(exc).__name__}: {exc}"[:300])
         say(f"rewrite cost {name}: {time.perf_counter() - start:.0f} s", flush=True)
     for name, info in built.items():
         rows = [r for r in result["genai"] if r["model"] == name and r.get("rewritten")]
         nbytes = weight_bytes_per_step(info["output"] / "model.onnx")
-        floor_ms = nbytes / (result["copy_gb_s"] * 1e9) * 1e3
+        floor_ms = nbytes / (result["copy_gb_s"] * 1e9) * 1e3 if result["copy_gb_s"] else None
         decode = rows[0]["rewritten"]["decode_ms"] if rows else None
         result["floor"].append({"model": name, "weight_bytes": nbytes, "copy_gb_s": result["copy_gb_s"],
                                 "floor_ms": floor_ms, "decode_ms": decode,
-                                "floor_over_decode": floor_ms / decode if decode else None})
+                                "floor_over_decode": floor_ms / decode if decode and floor_ms else None})
     result["wall_s"] = time.perf_counter() - start
     write_outputs(result, out)
     (out / "gpu-evidence.json").write_text(json.dumps(result, indent=1, default=str) + "\n")  # with the picture

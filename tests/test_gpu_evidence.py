@@ -60,3 +60,16 @@ def test_performance_doc_shows_the_scripts_tables():
     assert block.group(2) == ev.render(json.loads(source.read_text()))
     for header in (ev.GENAI_HEADER, ev.COST_HEADER, ev.FLOOR_HEADER):
         assert header in block.group(2).splitlines()
+
+
+def test_the_gpu_plan_is_runnable_as_written():
+    """The real plan (only a GPU session runs it): its models exist, in fp16 and int4, with their fp16 twins; the
+    rewrite cost is measured on models it builds; Phi-3 crosses its LongRoPE switch while decoding at one prompt."""
+    ev, rs = bench_module("gpu_evidence"), bench_module("realsize")
+    gpu = ev.PLANS["gpu"]
+    assert set(gpu.models) <= set(rs.MODELS) and set(gpu.per_pass) <= set(gpu.models) and not gpu.tiny
+    assert {rs.MODELS[m].int4 for m in gpu.models} == {True, False}
+    assert all(rs.FP16_OF[m] in gpu.models for m in gpu.models if rs.MODELS[m].int4)
+    switch = rs.CONFIGS["phi3-mini-128k"].original_context
+    assert any(c < switch < c + gpu.new for c in gpu.contexts), (switch, gpu.contexts)
+    assert max(gpu.contexts) + gpu.new <= min(rs.CONFIGS[rs.MODELS[m].config].context for m in gpu.models)
