@@ -59,7 +59,9 @@ function identityModel(dtype) {  // ModelProto: ir_version 8, opset 17, graph y 
 }
 
 class GpuAllocator {
-  constructor(ort) { this.ort = ort; this.sessions = new Map(); this.tensors = []; this.buffers = new Set(); }
+  constructor(ort, ep) {
+    Object.assign(this, { ort, ep, sessions: new Map(), tensors: [], buffers: new Set() });
+  }
 
   // a zero-filled GPU buffer owned by onnxruntime, as a tensor to bind (Tensor.fromGpuBuffer: binding it needs no
   // care of its lifetime; the allocating tensor is kept until release())
@@ -68,7 +70,7 @@ class GpuAllocator {
     let session = this.sessions.get(dtype);
     if (!session) {
       session = await this.ort.InferenceSession.create(identityModel(dtype), {
-        executionProviders: [{ name: 'webgpu' }], preferredOutputLocation: 'gpu-buffer' });
+        executionProviders: [this.ep], preferredOutputLocation: 'gpu-buffer' });
       this.sessions.set(dtype, session);
     }
     const zeros = new this.ort.Tensor(dtype, new ARRAY[dtype](count(dims)), dims);
@@ -128,16 +130,20 @@ function write(ort, tensor, data, byteOffset = 0) {  // host data into a GPU ten
  *   capture       true | false | 'auto' (default): capture the decode steps; 'auto' falls back to no capture when
  *                 onnxruntime-web refuses it for this graph (decoder.captureError says why)
  *   sessionOptions  merged into both sessions' options (e.g. {extra: {...}}, logSeverityLevel)
+ *   webgpu        the WebGPU EP entry (default {name: 'webgpu'}; e.g. {name: 'webgpu', device} for your own
+ *                 GPUDevice); a string is made an object (see below)
  *   decodeOutputDims  {name: dims} of each non-KV output of a one-token step; default: the prompt run's dims with
  *                 the sequence axis (axis 1: [batch, sequence, ...]) set to 1
  */
 export async function createDecoder(ort, { model, externalData = [], maxLength, kv = null, kvDims = {},
-                                           capture = 'auto', sessionOptions = {}, decodeOutputDims = {} }) {
+                                           capture = 'auto', sessionOptions = {}, decodeOutputDims = {},
+                                           webgpu = { name: 'webgpu' } }) {
   if (!Number.isInteger(maxLength) || maxLength < 1) throw new Error('createDecoder: maxLength is required');
   // the EP as an object, never the string 'webgpu': onnxruntime-web 1.30 passes enableGraphCapture to the WebGPU EP
   // only from an object entry; with ['webgpu'] the session binds its buffers once as for capture but the EP does
-  // not capture, and every step from the third on computes wrong tokens, without an error (docs/runtimes.md)
-  const options = (more = {}) => ({ ...structuredClone(sessionOptions), executionProviders: [{ name: 'webgpu' }],
+  // not capture, and from the second decode step on the KV and logits are wrong, without an error (docs/runtimes.md)
+  const ep = typeof webgpu === 'string' ? { name: webgpu } : webgpu;
+  const options = (more = {}) => ({ ...structuredClone(sessionOptions), executionProviders: [ep],
                                     externalData, preferredOutputLocation: 'gpu-buffer', ...more });
   let decode = null;
   let captureError = null;
@@ -151,7 +157,7 @@ export async function createDecoder(ort, { model, externalData = [], maxLength, 
   }
   if (!decode) decode = await ort.InferenceSession.create(model, options());
   const prefillSession = await ort.InferenceSession.create(model, options());
-  return new Decoder(ort, { prefillSession, decodeSession: decode, captured: !captureError && !!capture, captureError, maxLength, kv,
+  return new Decoder(ort, { ep, prefillSession, decodeSession: decode, captured: !captureError && !!capture, captureError, maxLength, kv,
                             kvDims, decodeOutputDims });
 }
 
@@ -164,7 +170,7 @@ class Decoder {
     this.kv = this.kv ?? Object.fromEntries(this.prefillSession.inputNames.filter((n) => n.startsWith('past_key_values.'))
       .map((n) => [n, n.replace(/^past_key_values\./, 'present.')]));
     this.presents = new Set(Object.values(this.kv));
-    this.alloc = new GpuAllocator(ort);
+    this.alloc = new GpuAllocator(ort, this.ep);
     this.kvTensors = null;  // {pastName: GPU tensor [1, kvHeads, maxLength, head]}
     this.bound = null;      // the captured step's fixed tensors: {inputs: {name: tensor}, outputs: {name: tensor}}
     this.length = 0;        // tokens in the KV buffers
@@ -295,7 +301,7 @@ class Decoder {
 
 /** A folder's genai_config.json and its decoder, from the folder's URL. */
 export async function loadGenaiFolder(ort, folderUrl, { maxLength, capture = 'auto', sessionOptions = {},
-                                                        externalData } = {}) {
+                                                        externalData, webgpu } = {}) {
   if (!String(folderUrl).endsWith('/')) folderUrl = `${folderUrl}/`;
   const config = await (await fetch(new URL('genai_config.json', folderUrl))).json();
   const dec = config.model.decoder;
@@ -314,7 +320,7 @@ export async function loadGenaiFolder(ort, folderUrl, { maxLength, capture = 'au
   const kvDims = Object.fromEntries(Object.keys(kv).map((n) => [n, [1, dec.num_key_value_heads, length,
                                                                     dec.head_size]]));
   const decoder = await createDecoder(ort, { model: new URL(filename, folderUrl).href, externalData, maxLength: length,
-                                             kv, kvDims, capture, sessionOptions });
+                                             kv, kvDims, capture, sessionOptions, webgpu });
   decoder.config = config;
   return decoder;
 }
