@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from form_fuzz import Case, build, judge
 from mutants import CALLS, LONGROPE_CALLS
-from mutants.forms import BASE, SEQLENS_FORMS, TOTAL_FORMS, mask_chain
+from mutants.forms import BASE, SEQLENS_FORMS, TOTAL_FORMS, attention_in_function, mask_chain
 from mutants.table_forms import BASE as PHI3
 from mutants.table_forms import TABLE_FORMS, tables_as
 
@@ -43,6 +43,12 @@ def _cases() -> list[Case]:
         total, seqlens = _pick(SAME_TOTAL, opset, 3), _pick(SAME_SEQLENS, opset, 3)
         cases.append(Case(f"function-op{opset}-{total.name}+{seqlens.name}", BASE,
                           mask_chain(total.name, seqlens.name, opset, function=True), "total-seq-on-gpu", True))
+    for opset in (11, 13, 18, 23):  # GroupQueryAttention itself inside a model-local function: rewritten in its body
+        total, seqlens = _pick(SAME_TOTAL, opset, 9), _pick(SAME_SEQLENS, opset, 9)
+        cases.append(Case(f"attention-function-op{opset}-{total.name}+{seqlens.name}", BASE,
+                          attention_in_function(total.name, seqlens.name, opset), "total-seq-on-gpu", True))
+    cases.append(Case("lookalike-attention-function-seqlens-pad-one-column", BASE,
+                      attention_in_function("gather", "pad-one-column", 18), "total-seq-on-gpu", False))
     for base, short, opsets in ((PHI3, "phi3", (11, 16, 22)), (QWEN25_VL, "qwen25vl", (13, 18, 23))):
         for opset in opsets:  # legacy qwen25_vl's own Split/Squeeze/ReduceSum nodes take their axes as inputs: 13+
             total, seqlens = _pick(SAME_TOTAL, opset, 7), _pick(SAME_SEQLENS, opset, 7)
@@ -75,7 +81,7 @@ def test_every_form_is_tried():
     assert all(f"op{k}-" in names for k in OPSETS)
     assert all(f"-{f.name}+" in names or f"+{f.name}" in names for f in SAME_TOTAL + SAME_SEQLENS), names
     assert len({c.name for c in CASES}) == len(CASES)
-    assert len(CASES) == 3 * 13 + 6 + 2 * sum(not f.same for f in [*TOTAL_FORMS.values(), *SEQLENS_FORMS.values()]) \
+    assert len(CASES) == 3 * 13 + 6 + 5 + 2 * sum(not f.same for f in [*TOTAL_FORMS.values(), *SEQLENS_FORMS.values()]) \
         + len(TABLE_FORMS) + 2
 
 
@@ -86,9 +92,9 @@ def test_form(case: Case, tmp_path: Path):
     assert verdict.outcome == ("rewritten" if case.same else "refused")
 
 
-#: one fuzzed graph per class: the mask chain in opset 11's forms inside a model-local function, and LongRoPE's
-#: tables as int8 codes through DequantizeLinear
-REPLAYED = ["function-op11-", "tables-dequant-int8-per-column"]
+#: one fuzzed graph per class: the mask chain in opset 11's forms inside a model-local function, GroupQueryAttention
+#: inside one (rewritten in the body), and LongRoPE's tables as int8 codes through DequantizeLinear
+REPLAYED = ["function-op11-", "attention-function-op11-", "tables-dequant-int8-per-column"]
 
 
 @pytest.mark.webgpu
@@ -106,3 +112,20 @@ def test_fuzzed_output_replays_under_graph_capture(prefix: str, tmp_path: Path):
     assert report.equivalent, report.to_json()[:2000]
     vs_plain = report.comparison("rewritten@webgpu+capture", "rewritten@webgpu")
     assert vs_plain is not None and vs_plain.ok and len({d.step for d in vs_plain.diffs}) >= 5
+
+
+@pytest.mark.webgpu
+@pytest.mark.parametrize("prefix", ["function-op13-", "attention-function-op13-"])
+def test_placement_of_model_local_functions_is_predicted(prefix: str, tmp_path: Path):
+    """onnxruntime inlines model-local functions before placing nodes; the static prediction does too
+    (``ort_rewrites.inline_functions``): the fuzzed input is blocked by the same 2 Memcpy a real capture session
+    reports, the output is capture-ready in both (before, a function call was 'capture unknown')."""
+    from rope_passes.analysis.placement import predict_placement
+    from rope_passes.runtime.placement_probe import probe_placement
+
+    case = next(c for c in CASES if c.name.startswith(prefix))
+    variant, out, _ = build(case, tmp_path)
+    for model, ready in ((variant / "model.onnx", False), (out / "model.onnx", True)):
+        static, probe = predict_placement(model), probe_placement(model, graph_capture=True)
+        assert static.capture_ok is probe.capture_ok is ready, (static.verdict(), probe.verdict())
+        assert len(static.memcpy) == len(probe.memcpy) == (0 if ready else 2)

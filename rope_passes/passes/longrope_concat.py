@@ -3,7 +3,8 @@
 **Rewrites.** Builders emit LongRoPE (Phi-3 128k) as ``If(Greater(total_len, original))`` whose branches return
 constant ``[cos|sin]_cache_large`` (then) or ``..._small`` (else), read by every GroupQueryAttention as
 ``cos_cache``/``sin_cache``. Control flow makes onnxruntime refuse WebGPU graph capture. The pass replaces the ``If``
-with two initializers ``[small[:original]; large]`` (``original + max_positions`` rows) and records the offset
+with two initializers ``[small[:original]; large]`` (``original + max_positions`` rows; the condition's nodes go with
+it where nothing else reads them) and records the offset
 ``original``. A branch's table is read by value, whatever computes it from constants (a ``Constant``, int8 codes
 through a per-column ``DequantizeLinear``, an outer bf16 table through ``Identity``/``Cast``, an fp32 table cast to
 fp16 in the branch, a ``Slice``): folded by the one constant evaluator (:func:`rope_passes.proofs.constants.table`,
@@ -61,7 +62,7 @@ import onnx_ir as ir
 from rope_passes.analysis.graph import MS_DOMAIN, const_tensor
 from rope_passes.analysis.longrope import LongRoPE, if_switch, separate_qkv, switch_offset
 from rope_passes.passes._concat_offset import OFFSET_KEY, OFFSET_METADATA, WEBGPU_ONLY_KEY, pack_qkv, record_offset
-from rope_passes.passes._rewrite import opset_of
+from rope_passes.passes._rewrite import opset_of, remove_dead
 from rope_passes.passes.base import RopePass
 from rope_passes.proofs.concat_offset import consumer_name, hidden_attention, offset_consumers, packable
 from rope_passes.proofs.constants import table as constant_table
@@ -245,4 +246,6 @@ class LongRoPEConcatPass(RopePass):
                 table.dtype)), const_value=ir.tensor(table, name=name))
             graph.register_initializer(init)
             out.replace_all_uses_with(init)  # never a graph output (_match refuses those)
+        condition = node.inputs[0] if node.inputs else None
         graph.remove(node, safe=True)
+        remove_dead(graph, [condition])  # the switch's condition, read by nothing else now (its Greater, ...)

@@ -43,6 +43,9 @@ width and ``seqlens_k`` its row sums minus one, batch on axis 0. The builder's c
 ``Slice``/``Split`` (``num_outputs`` too) of the shape, ``Pad`` columns of zeros, ``Identity`` and integer ``Cast``
 chains, ``Add(x, -1)``, or a model-local function (evaluated in place at its own opset; the call node is removed with
 the old chains where nothing else reads it, the function body is left as it was) are all rewritten the same way.
+GroupQueryAttention inside a model-local function is rewritten in the function's body, at the function's opset
+(constants as ``Constant`` nodes), when every call passes the attention mask itself as one parameter (proved for each
+call, the body's chain built from that parameter).
 
 **The mask** is the graph input genai_config names as the decoder's ``attention_mask`` (``attention_mask`` without
 a genai_config): a rank-2 integer input alone proves nothing (``input_ids`` has that look, and its row sums are
@@ -64,17 +67,31 @@ already) is "not matched", with the node that computes it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import onnx_ir as ir
 
+import rope_passes.graph_walk as graph_walk
 from rope_passes.analysis.bf16 import BF16_GQA_NOTE, bf16_gqa, note_bf16
 from rope_passes.analysis.graph import MS_DOMAIN, nodes_of
 from rope_passes.passes._rewrite import NodeTape, add_initializer, opset_of
 from rope_passes.passes.base import RopePass
-from rope_passes.proofs.mask_lengths import MASK_INPUT, MaskLengths
+from rope_passes.proofs.mask_lengths import MASK_INPUT, MaskLengths, Proved
 from rope_passes.report import MatchFailure, PassReport
 
 SEQLENS_K, TOTAL_SEQ = 5, 6
+
+
+def _function_gqas(model: ir.Model) -> list[tuple[ir.Function, list[ir.Node]]]:
+    """The model-local functions holding GroupQueryAttention nodes, with those nodes."""
+    found = []
+    for function in model.functions.values():
+        gqas = [n for n in graph_walk.nodes(function.graph) if n.op_type == "GroupQueryAttention"
+                and n.domain == MS_DOMAIN]
+        if gqas:
+            found.append((function, gqas))
+    return found
 
 
 def match_total_seq(model: ir.Model, value: ir.Value, mask: str = MASK_INPUT) -> tuple[ir.Value, list[ir.Node]]:
@@ -98,12 +115,47 @@ class TotalSeqOnGpuPass(RopePass):
     def apply(self, model: ir.Model, report: PassReport) -> None:
         graph = model.graph
         gqas = nodes_of(graph, "GroupQueryAttention", MS_DOMAIN)
-        if not gqas:
+        hidden = _function_gqas(model)
+        if not gqas and not hidden:
             raise MatchFailure.absent("no com.microsoft::GroupQueryAttention node")
         if note_bf16(model, report):
             return
         mask_name = self.genai_config.decoder_inputs.get("attention_mask", MASK_INPUT)
         lengths = MaskLengths(model, (mask_name,))
+        if gqas:
+            self._rewrite(graph, gqas, lengths.total, lengths.seqlens, opset_of(graph), None, report)
+        for function, inner in hidden:
+            calls = [n for n in graph_walk.nodes(graph) if (n.domain, n.op_type, n.overload) == function.identifier()]
+            if not calls:
+                report.not_matched(function.name, f"model-local function {function.name!r} holds GroupQueryAttention "
+                                   "but is never called")
+                continue
+            scopes = [lengths.scope(call, function) for call in calls]
+
+            def proof(kind: str, function: ir.Function = function, scopes: list = scopes) -> Callable[..., Proved]:
+                def prove(value: ir.Value) -> Proved:
+                    """Proved for every call, the mask passed as one parameter of the function (built from it)."""
+                    param = found = None
+                    for scope in scopes:
+                        found = getattr(lengths, kind)(value, scope)
+                        here = lengths.parameter(scope, function, found.mask)
+                        if here is None or (param is not None and here is not param):
+                            raise MatchFailure.refuse(
+                                f"model-local function {function.name!r} does not receive {found.mask.name!r} as one "
+                                "parameter at every call: its body cannot compute the lengths from it", value.name
+                                or kind)
+                        param = here
+                    assert param is not None and found is not None
+                    return Proved(param, found.nodes)
+                return prove
+            opset = int(function.opset_imports.get("", function.opset_imports.get("ai.onnx", opset_of(graph) or 18)))
+            self._rewrite(function.graph, inner, proof("total"), proof("seqlens"), opset, function.name, report)
+
+    def _rewrite(self, graph: ir.Graph, gqas: list[ir.Node], prove_total: Callable[[ir.Value], Proved],
+                 prove_seqlens: Callable[[ir.Value], Proved], opset: int | None, in_function: str | None,
+                 report: PassReport) -> None:
+        """Rewrite the GroupQueryAttention nodes ``gqas`` of ``graph`` (the main graph, or the body of the model-local
+        function ``in_function``: new nodes at its ``opset``, constants as Constant nodes)."""
         by_pair: dict[tuple[int, int], tuple[ir.Value | None, ir.Value]] = {}
         by_mask: dict[int, tuple[ir.Value, ir.Value]] = {}  # one int32 computation per mask, whatever reads it
         failed: set[tuple[int, int]] = set()  # one finding per (seqlens_k, total) pair, not per layer
@@ -120,10 +172,10 @@ class TotalSeqOnGpuPass(RopePass):
                 new_seqlens, new_total = by_pair[key]
             else:
                 try:
-                    found = lengths.total(total)
+                    found = prove_total(total)
                     mask, old_nodes = found.mask, found.nodes
                     try:
-                        seq_found = lengths.seqlens(seqlens)
+                        seq_found = prove_seqlens(seqlens)
                         seq_mask, old_nodes = seq_found.mask, old_nodes + seq_found.nodes
                     except MatchFailure as failure:
                         if failure.refused:
@@ -137,14 +189,15 @@ class TotalSeqOnGpuPass(RopePass):
                     failed.add(key)
                     continue
                 if id(mask) not in by_mask:
-                    by_mask[id(mask)] = self._build(graph, mask, len(by_mask))
+                    by_mask[id(mask)] = self._build(graph, mask, len(by_mask), opset, in_function is not None)
                 built_seqlens, new_total = by_mask[id(mask)]
                 new_seqlens = built_seqlens if seq_mask is not None else None
                 by_pair[key] = (new_seqlens, new_total)
                 stale.extend(old_nodes)
+                where = f" (in model-local function {in_function!r})" if in_function else ""
                 report.rewritten(
                     total.name or "total_sequence_length",
-                    f"seqlens_k/total_sequence_length from int32 sums of {mask.name!r} (no Shape)",
+                    f"seqlens_k/total_sequence_length from int32 sums of {mask.name!r} (no Shape){where}",
                     mask=mask.name, seqlens_k=new_seqlens.name if new_seqlens is not None else seqlens.name,
                     total_sequence_length=new_total.name,
                     seqlens_k_rewritten=seq_mask is not None,
@@ -166,16 +219,25 @@ class TotalSeqOnGpuPass(RopePass):
                 del dead[id(node)]
 
     @staticmethod
-    def _build(graph: ir.Graph, mask: ir.Value, index: int) -> tuple[ir.Value, ir.Value]:
+    def _build(graph: ir.Graph, mask: ir.Value, index: int, opset: int | None = None,
+               as_nodes: bool = False) -> tuple[ir.Value, ir.Value]:
         """(seqlens_k, total_sequence_length) of ``mask`` in int32: row sums - 1, and the width as the sum of a row
-        of ones (the ``index``-th mask gets its own names)."""
+        of ones (the ``index``-th mask gets its own names), at ``opset`` (default the graph's); ``as_nodes``:
+        constants as Constant nodes (a function body holds no initializers)."""
         prefix = "/rope_passes/total_seq_on_gpu" + (f"/mask{index}" if index else "")
-        axes = add_initializer(graph, f"{prefix}/axes", np.array([1], dtype=np.int64))
-        one = add_initializer(graph, f"{prefix}/one", np.array([1], dtype=np.int32))
-        zero = add_initializer(graph, f"{prefix}/zero", np.array(0, dtype=np.int32))
+        tape = NodeTape(opset if opset is not None else opset_of(graph))
+
+        def constant(name: str, array: np.ndarray) -> ir.Value:
+            if as_nodes:
+                return tape.op("Constant", [], {"value": ir.tensor(array, name=name)}, name=name, output=name,
+                               dtype=ir.DataType.from_numpy(array.dtype), shape=array.shape)
+            return add_initializer(graph, name, array)
+
+        axes = constant(f"{prefix}/axes", np.array([1], dtype=np.int64))
+        one = constant(f"{prefix}/one", np.array([1], dtype=np.int32))
+        zero = constant(f"{prefix}/zero", np.array(0, dtype=np.int32))
         i32 = ir.DataType.INT32
         batch = mask.shape[0] if mask.shape is not None else None
-        tape = NodeTape(opset_of(graph))
         mask32 = tape.op("Cast", [mask], {"to": i32}, name=f"{prefix}/Cast", output=f"{prefix}/mask_int32", dtype=i32,
                          shape=mask.shape)
         lengths = tape.op("ReduceSum", [mask32, axes], {"keepdims": 0}, name=f"{prefix}/ReduceSum",
@@ -190,7 +252,7 @@ class TotalSeqOnGpuPass(RopePass):
                          output=f"{prefix}/widths", dtype=i32, shape=[batch])
         total = tape.op("ReduceMax", [widths], {"keepdims": 0}, name=f"{prefix}/ReduceMax",
                         output=f"{prefix}/total_sequence_length", dtype=i32, shape=[])
-        if not axes.uses():  # below opset 13 ReduceSum takes its axes as an attribute (NodeTape wrote it so)
+        if not axes.uses() and not as_nodes:  # below opset 13 ReduceSum takes its axes as an attribute
             del graph.initializers[axes.name]
         # insert right after the mask's first reader so the graph stays topologically sorted
         first_user = next((n for n in graph if any(v is mask for v in n.inputs)), None)

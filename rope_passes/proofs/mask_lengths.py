@@ -82,6 +82,10 @@ def mask_problem(mask: ir.Value, names: Collection[str]) -> str | None:
     return None
 
 
+def _opset(imports, default: int) -> int:
+    return int(imports.get("", imports.get("ai.onnx", default)))
+
+
 def _mask_like(v: ir.Value) -> bool:
     return v.is_graph_input() and v.dtype in _INT and v.shape is not None and len(v.shape) == 2
 
@@ -104,15 +108,29 @@ class MaskLengths:
         self.names = frozenset(mask_names)
         self.constants = Constants()
         self.functions = {(f.domain, f.name, getattr(f, "overload", "")): f for f in model.functions.values()}
-        imports = model.opset_imports
-        self.opset = int(imports.get("", imports.get("ai.onnx", 18)))
+        self.opset = _opset(model.opset_imports, 18)
 
     # -- the two facts ------------------------------------------------------------------------------------------
-    def total(self, value: ir.Value) -> Proved:
+    def scope(self, call: ir.Node, function: ir.Function) -> _Walk:
+        """A walk of ``function``'s body for the call ``call`` (its parameters bound to the call's arguments, as
+        the main graph computes them), at the function's own opset: what :meth:`total`/:meth:`seqlens` read a value
+        of the body in."""
+        outer = _Walk(self, self.opset, {})
+        seeds = {id(p): outer.value(a) if a is not None else Broken("an absent function input")
+                 for p, a in zip(function.inputs, call.inputs, strict=False)}
+        inner = _Walk(self, _opset(function.opset_imports, self.opset), seeds, 1)
+        inner.adopt(outer)
+        return inner
+
+    def parameter(self, walk: _Walk, function: ir.Function, mask: ir.Value) -> ir.Value | None:
+        """The parameter of ``function`` that ``walk``'s call binds to ``mask`` itself (its elements, unmoved)."""
+        return next((p for p in function.inputs if walk.vals.get(id(p)) == MaskRows(mask, ("b", "t"), Dim(1))), None)
+
+    def total(self, value: ir.Value, scope: _Walk | None = None) -> Proved:
         """``value`` is the mask's width; MatchFailure otherwise (refused where its cone reads the shape of a rank-2
         integer input: a length chain the proof could not follow; not matched where it reads none, e.g. the builder's
         ``_graph`` variant's largest row sum, computed on the GPU already)."""
-        walk = _Walk(self, self.opset, {})
+        walk = scope.fresh() if scope is not None else _Walk(self, self.opset, {})
         val = walk.value(value)
         if isinstance(val, Known):
             values = known_values(val)
@@ -123,10 +141,10 @@ class MaskLengths:
             raise MatchFailure.refuse(why, value.name or "total_sequence_length")
         raise MatchFailure.absent(why, value.name or "total_sequence_length")
 
-    def seqlens(self, value: ir.Value) -> Proved:
+    def seqlens(self, value: ir.Value, scope: _Walk | None = None) -> Proved:
         """``value`` is the mask's row sums minus one, the batch on axis 0; MatchFailure otherwise (refused where its
         cone reads a rank-2 integer input's values, not matched where it reads none)."""
-        walk = _Walk(self, self.opset, {})
+        walk = scope.fresh() if scope is not None else _Walk(self, self.opset, {})
         val = walk.value(value)
         if isinstance(val, RowSums) and val.axes[:1] == ("b",) and all(a == 1 for a in val.axes[1:]):
             problem = mask_problem(val.source, self.names)
@@ -177,6 +195,7 @@ class _Walk:
         self.depth = depth  # model-local function calls evaluated around this one
         self.opset = opset
         self.vals: dict[int, Val] = dict(seeds)
+        self.seeds = set(seeds)
         self.touched: list[ir.Value] = []  # rank-2 integer graph inputs whose shape or values the cone reads
         self.read_values = False  # the cone reads such an input's values
         self.read_shape = False  # the cone reads such an input's shape (Shape / Size)
@@ -275,24 +294,33 @@ class _Walk:
             return [_broken(node, "calls a model-local function with attributes: not evaluated")] * len(node.outputs)
         if self.depth >= _MAX_DEPTH:
             return [_broken(node, f"calls functions {_MAX_DEPTH} deep (recursion?): not evaluated")] * len(node.outputs)
-        imports = function.opset_imports
-        opset = int(imports.get("", imports.get("ai.onnx", self.opset)))
+        opset = _opset(function.opset_imports, self.opset)
         seeds = {id(p): self.vals[id(a)] if a is not None else Broken("an absent function input")
                  for p, a in zip(function.inputs, node.inputs, strict=False)}
         inner = _Walk(self.owner, opset, seeds, self.depth + 1)
         outs = [inner.value(o) for o in function.outputs]
-        for v in inner.touched:
+        self.adopt(inner)
+        return outs
+
+    def adopt(self, other: _Walk) -> None:
+        """What ``other`` (a walk of a function call, or of the call's arguments) found about the inputs it read."""
+        for v in other.touched:
             if v not in self.touched:
                 self.touched.append(v)
-        self.read_values = self.read_values or inner.read_values
-        self.read_shape = self.read_shape or inner.read_shape
-        self.mask = self.mask or inner.mask
-        return outs
+        self.read_values = self.read_values or other.read_values
+        self.read_shape = self.read_shape or other.read_shape
+        self.mask = self.mask or other.mask
+
+    def fresh(self) -> _Walk:
+        """A new walk of the same scope (its seeds and what its arguments' walk found), for one more proof."""
+        walk = _Walk(self.owner, self.opset, {k: v for k, v in self.vals.items() if k in self.seeds}, self.depth)
+        walk.adopt(self)
+        return walk
 
     def _rows_op(self, node: ir.Node, x: MaskRows | RowSums, ins: list[Val | None]) -> list[Val]:
         op = node.op_type
         if op == "Shape":
-            dims = [Dim(0) if a == "b" and self.mask is x.source else OPAQUE if a in ("b", "t") else a for a in x.axes]
+            dims = [Dim(0) if a == "b" and mask_problem(x.source, self.owner.names) is None else OPAQUE if a in ("b", "t") else a for a in x.axes]
             if isinstance(x, MaskRows):
                 dims = [x.width if a == "t" else d for a, d in zip(x.axes, dims, strict=True)]
             start, end = attr(node, "start", 0), attr(node, "end", None)

@@ -193,6 +193,53 @@ def mask_chain(total: str, seqlens: str, opset: int, function: bool = False):
     return edit
 
 
+def attention_in_function(total: str, seqlens: str, opset: int):
+    """An edit: every GroupQueryAttention moves into one model-local function ``Attention(qkv, mask, past_key,
+    past_value, cos, sin)`` (importing ``opset``, as the model does), whose body computes the lengths from its
+    ``mask`` parameter in the ``total``/``seqlens`` forms: the pass must rewrite inside the body, at its opset."""
+    def edit(work: Work) -> list[str]:
+        graph = work.graph
+        work.model.opset_imports[""] = opset
+        gqas = [n for n in graph if n.op_type == "GroupQueryAttention"]
+        mask = graph_input(graph, "attention_mask")
+        old = [n for n in graph if (n.name or "").startswith(f"{SUB}/")]
+        first = gqas[0]
+        params = [ir.Value(name=n, type=ir.TensorType(t), shape=None) for n, t in (
+            ("qkv", ir.DataType.FLOAT), ("mask", I64), ("past_key", ir.DataType.FLOAT),
+            ("past_value", ir.DataType.FLOAT), ("cos", ir.DataType.FLOAT), ("sin", ir.DataType.FLOAT))]
+        w = Writer(opset, "/attention")
+        lengths = [SEQLENS_FORMS[seqlens].build(w, params[1]), TOTAL_FORMS[total].build(w, params[1])]
+        body_gqa = ir.node("GroupQueryAttention", [params[0], None, None, params[2], params[3], *lengths, params[4],
+                                                   params[5]], attributes=dict(first.attributes),
+                           domain=first.domain, name="/attention/GroupQueryAttention", num_outputs=3)
+        for k, out in enumerate(body_gqa.outputs):
+            out.name = f"/attention/output_{k}"
+        body = ir.Graph(params, list(body_gqa.outputs), nodes=[*w.nodes, body_gqa],
+                        opset_imports={"": opset, first.domain: 1}, name="Attention")
+        work.model.functions[("custom.attention", "Attention", "")] = ir.Function(
+            "custom.attention", "Attention", graph=body, attributes=[])
+        work.model.opset_imports["custom.attention"] = 1
+        calls = []
+        for gqa in gqas:
+            ins = gqa.inputs
+            call = ir.node("Attention", [ins[0], mask, ins[3], ins[4], ins[7], ins[8]], domain="custom.attention",
+                           name=f"{gqa.name}/call", num_outputs=3)
+            graph.insert_before(gqa, call)
+            for old_out, new_out in zip(gqa.outputs, call.outputs, strict=True):
+                new_out.name, new_out.dtype, new_out.shape = old_out.name + "/call", old_out.dtype, old_out.shape
+                old_out.replace_all_uses_with(new_out, replace_graph_outputs=True)
+                name = old_out.name
+                old_out.name = name + "/old"
+                new_out.name = name
+            graph.remove(gqa, safe=True)
+            calls.append(call.name)
+        for node in reversed(old):
+            graph.remove(node, safe=True)
+        graph.sort()
+        return calls
+    return edit
+
+
 BASE = "genai/current/llama/cpu_fp32"
 
 

@@ -6,7 +6,7 @@ It replays onnxruntime's own partitioning rules on the target's probed kernel ta
 (:class:`rope_passes.webgpu_kernels.KernelTable`) and the kernels' memory types (:mod:`rope_passes.webgpu_kernels`);
 the runtime truth it is checked against on the whole genai corpus and the builder fixtures, on both runtimes
 (tests/test_placement.py), is :func:`rope_passes.runtime.placement_probe.probe_placement`, a session with verbose
-logging. One module per responsibility: :mod:`.result` (what a prediction says), :mod:`.dtypes` (element types as
+logging. Model-local functions are inlined first, as onnxruntime does at load (:func:`.ort_rewrites.inline_functions`). One module per responsibility: :mod:`.result` (what a prediction says), :mod:`.dtypes` (element types as
 onnxruntime infers them), :mod:`.ort_rewrites` (onnxruntime's transforms before partitioning, replayed),
 :mod:`.predict` (the prediction and the capture verdict).
 

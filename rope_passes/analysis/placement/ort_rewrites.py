@@ -1,12 +1,32 @@
 """onnxruntime's level-1 graph transforms that run before partitioning, replayed so the prediction places the graph
-onnxruntime places: common subexpressions merged (:func:`common_subexpressions`), ``Shape(Cast(x))`` read as
-``Shape(x)`` (:func:`shape_bypass`), nodes it may fold to constants (:func:`maybe_folded`)."""
+onnxruntime places: model-local functions inlined (:func:`inline_functions`), common subexpressions merged
+(:func:`common_subexpressions`), ``Shape(Cast(x))`` read as ``Shape(x)`` (:func:`shape_bypass`), nodes it may fold
+to constants (:func:`maybe_folded`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import onnx_ir as ir
+
+
+def inline_functions(model: ir.Model) -> ir.Model:
+    """``model`` with every call of a model-local function replaced by the function's body, as onnxruntime does at load
+    (its nodes are then placed one by one; a call node itself is in no kernel table). A copy of the graph sharing the
+    tensors (``model`` is left as it is); ``model`` itself when it calls none, or when onnx_ir's inliner cannot
+    (the prediction then says it cannot place the call)."""
+    local = {(f.domain, f.name, f.overload) for f in model.functions.values()}
+    if not local or not any((n.domain, n.op_type, n.overload) in local for n in model.graph):
+        return model
+    from onnx_ir.passes.common import InlinePass
+
+    copy = ir.Model(model.graph.clone(), ir_version=model.ir_version, functions=list(model.functions.values()))
+    for domain, version in model.opset_imports.items():
+        copy.opset_imports[domain] = version
+    try:
+        return InlinePass()(copy).model
+    except Exception:  # noqa: BLE001 - a function the inliner cannot expand: the call stays, placed as unknown
+        return model
 
 
 def is_constant(value: ir.Value) -> bool:

@@ -11,7 +11,13 @@ import onnx_ir as ir
 
 import rope_passes.graph_walk as graph_walk
 from rope_passes.analysis.placement.dtypes import Dtypes, attr_dtype, value_dtype
-from rope_passes.analysis.placement.ort_rewrites import common_subexpressions, is_constant, maybe_folded, shape_bypass
+from rope_passes.analysis.placement.ort_rewrites import (
+    common_subexpressions,
+    inline_functions,
+    is_constant,
+    maybe_folded,
+    shape_bypass,
+)
 from rope_passes.analysis.placement.result import Memcpy, Placement
 from rope_passes.targets import RuntimeTarget, resolve_target
 from rope_passes.webgpu_kernels import (
@@ -99,6 +105,7 @@ def predict_placement(model: ir.Model | str | os.PathLike, *, graph_capture: boo
     else:
         name = model.graph.name or "<model>"
     result = Placement(name, graph_capture, "static", runtime=runtime.name)
+    model = inline_functions(model)
     error = check_loadable(model, runtime)
     if error is not None:
         result.loads = False
