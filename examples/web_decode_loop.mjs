@@ -19,14 +19,17 @@
 //
 //   import * as ort from 'onnxruntime-web/webgpu';
 //   import { loadGenaiFolder, generate } from './web_decode_loop.mjs';
-//   const decoder = await loadGenaiFolder(ort, 'https://example.com/phi3-web/');   // a folder URL, ending in '/'
+//   const decoder = await loadGenaiFolder(ort, 'https://example.com/phi3-web/', { maxLength: 1024 });
 //   const { tokens, stepMs } = await generate(decoder, [1, 450, 4996], { maxNewTokens: 32 });
 //   await decoder.release();
 //
-// In Node, onnxruntime-web runs on the `webgpu` npm package (Dawn for Node): set `globalThis.navigator =
-// { gpu: create([]) }` from it first, and serve the folder over HTTP (onnxruntime-web fetches the model and its data).
+// maxLength (default: genai_config's search.max_length) sizes the KV buffers, and a captured step attends over all
+// of it: give it what the app needs, not the model's context (docs/performance.md). In Node, onnxruntime-web runs on
+// the `webgpu` npm package (Dawn for Node): set `globalThis.navigator = { gpu: create([]) }` from it, copy
+// shared-memory data before `GPUQueue.writeBuffer` (Dawn for Node crashes on it: rope-passes'
+// runtime/web/node_driver.mjs has the shim), and serve the folder over HTTP (onnxruntime-web fetches the model).
 // Lower level, for any decoder graph: createDecoder(ort, options) -> decoder.prefill(feeds), decoder.step(feeds),
-// decoder.read(tensor), decoder.kv (the static KV tensors); generate() is built on them.
+// decoder.read(tensor), decoder.kvBuffers (the static KV tensors); generate() is built on them.
 
 const ELEMENT = { float32: 1, uint8: 2, int8: 3, int32: 6, int64: 7, bool: 9, float16: 10 };  // ONNX TensorProto
 const BYTES = { float32: 4, uint8: 1, int8: 1, int32: 4, int64: 8, bool: 1, float16: 2 };
@@ -89,14 +92,14 @@ class GpuAllocator {
   }
 }
 
-function device(ort) {
-  const d = ort.env.webgpu.device;
+function device(ort, ep) {  // the GPUDevice onnxruntime-web runs on: the EP entry's own, or its default one
+  const d = ep.device ?? ort.env.webgpu.device;
   if (!d || typeof d.createBuffer !== 'function') throw new Error('onnxruntime-web has no WebGPU device');
   return d;
 }
 
-async function download(ort, tensor) {  // a GPU tensor's data, copied out through a staging buffer (getData() would
-  const dev = device(ort);              // turn the tensor itself into a CPU one, and a captured graph needs it bound)
+async function download(dev, tensor) {  // a GPU tensor's data, copied out through a staging buffer (getData() would
+                                        // turn the tensor itself into a CPU one, and a captured graph needs it bound)
   const nbytes = count(tensor.dims) * BYTES[tensor.type];
   const size = Math.ceil(nbytes / 4) * 4;
   const staging = dev.createBuffer({ size, usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST });
@@ -110,11 +113,11 @@ async function download(ort, tensor) {  // a GPU tensor's data, copied out throu
   return new ARRAY[tensor.type](bytes);
 }
 
-function write(ort, tensor, data, byteOffset = 0) {  // host data into a GPU tensor's buffer (4-byte aligned sizes)
+function write(dev, tensor, data, byteOffset = 0) {  // host data into a GPU tensor's buffer (4-byte aligned sizes)
   const bytes = new Uint8Array(data.buffer, data.byteOffset, data.byteLength);
   const padded = new Uint8Array(Math.ceil(bytes.byteLength / 4) * 4);
   padded.set(bytes);
-  device(ort).queue.writeBuffer(tensor.gpuBuffer, byteOffset, padded);
+  dev.queue.writeBuffer(tensor.gpuBuffer, byteOffset, padded);
 }
 
 // ---- the decoder ---------------------------------------------------------------------------------------------------
@@ -177,6 +180,8 @@ class Decoder {
     this.maskType = this.meta.attention_mask?.type ?? 'int64';
   }
 
+  get gpu() { return device(this.ort, this.ep); }
+
   get kvTensorsOrThrow() {
     if (!this.kvTensors) throw new Error('no prompt run yet');
     return this.kvTensors;
@@ -231,7 +236,7 @@ class Decoder {
     if (!this.staticMask) this.staticMask = await this.alloc.tensor(this.maskType, [1, this.maxLength]);
     const mask = new ARRAY[this.maskType](this.maxLength);
     mask.fill(this.maskType === 'int64' ? 1n : 1, 0, ones);
-    write(this.ort, this.staticMask, mask);
+    write(this.gpu, this.staticMask, mask);
     return this.staticMask;
   }
 
@@ -245,9 +250,9 @@ class Decoder {
     if (this.captured) {
       if (!this.bound) await this.#bind(feeds);
       const { inputs, outputs } = this.bound;
-      for (const [name, t] of Object.entries(feeds)) write(this.ort, inputs[name], t.data);
+      for (const [name, t] of Object.entries(feeds)) write(this.gpu, inputs[name], t.data);
       const one = new ARRAY[this.maskType](1).fill(this.maskType === 'int64' ? 1n : 1);
-      write(this.ort, this.staticMask, one, this.length * BYTES[this.maskType]);  // mask[length] = 1
+      write(this.gpu, this.staticMask, one, this.length * BYTES[this.maskType]);  // mask[length] = 1
       await this.decodeSession.run({ ...inputs }, { ...outputs });
       outs = Object.fromEntries(Object.entries(outputs).filter(([n]) => !this.presents.has(n)));
     } else {
@@ -281,7 +286,7 @@ class Decoder {
    *  GPU output of an uncaptured run is downloaded and its buffer released. */
   async read(tensor) {
     if (tensor.location === 'cpu') return tensor.data;
-    if (this.alloc.buffers.has(tensor.gpuBuffer)) return download(this.ort, tensor);
+    if (this.alloc.buffers.has(tensor.gpuBuffer)) return download(this.gpu, tensor);
     return tensor.getData(true);
   }
 
