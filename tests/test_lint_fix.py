@@ -2,8 +2,9 @@
 options (``--text-only`` folds the 3-D mRoPE), settles in one run (a second ``--fix`` leaves every byte as it was),
 and says which files it rewrote, by bytes.
 
-One ``optimize --preset webgpu-graph --text-only`` per folder is the reference: a finding ``lint --fix`` leaves must
-be one ``optimize`` leaves too (a pass that refused there refuses here; RP204 is a note neither can fix).
+One ``optimize --preset webgpu-graph`` per folder, with the same options (``--text-only`` or not), is the reference:
+a finding ``lint --fix`` leaves must be one ``optimize`` leaves too (a pass that refused there refuses here; RP204 is
+a note neither can fix).
 """
 
 from __future__ import annotations
@@ -26,9 +27,11 @@ def digest(folder: Path) -> dict[str, str]:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir()) if p.is_file()}
 
 
+@pytest.mark.parametrize("text_only", [True, False], ids=["text-only", "all-positions"])
 @pytest.mark.parametrize("name", genai_models())
-def test_fix_is_optimize_s_fixes_and_settles_in_one_run(name, tmp_path):
-    plan = lint_plan(fix=True, options={"text_only": True})
+def test_fix_is_optimize_s_fixes_and_settles_in_one_run(name, text_only, tmp_path):
+    options = {"text_only": True} if text_only else {}
+    plan = lint_plan(fix=True, options=options)
     work = copy_folder(GENAI / name, tmp_path / "m")
     before = digest(work)
     said: list[str] = []
@@ -51,12 +54,13 @@ def test_fix_is_optimize_s_fixes_and_settles_in_one_run(name, tmp_path):
     assert digest(work) == first, ("a second lint --fix changed the model", again)
     assert not [s for s in again if ": files: " in s], again
 
-    optimize(GENAI / name, tmp_path / "opt", preset="webgpu-graph", options={"text_only": True})
+    optimize(GENAI / name, tmp_path / "opt", preset="webgpu-graph", options=options)
     left = {d.code for d in lint_bundle(work, plan)}
     left_by_optimize = {d.code for d in lint_bundle(tmp_path / "opt", plan)}
     # what optimize fixes, lint --fix fixes: its passes' findings, and enableGraphCapture (RP221, RP222)
     assert left <= left_by_optimize, (left - left_by_optimize, said)
-    assert "RP103" not in left, "--text-only folds the 3-D mRoPE"
+    if text_only:
+        assert "RP103" not in left, "--text-only folds the 3-D mRoPE"
 
 
 def test_fix_without_text_only_keeps_the_3d_mrope_and_says_what_folds_it(tmp_path):
