@@ -319,11 +319,36 @@ class GenaiConfig:
 
     @property
     def graph_capture(self) -> bool | None:
-        """Whether the WebGPU provider options turn graph capture on (``enableGraphCapture`` "1"); False: a WebGPU
-        entry without it or with "0"; None: no WebGPU provider entry (onnxruntime-genai does not use WebGPU)."""
+        """Whether the WebGPU provider options turn graph capture on: ``enableGraphCapture`` is exactly ``"1"``, the
+        one value onnxruntime-genai accepts (``IsGraphCaptureEnabled`` in its ``src/config.cpp`` compares the string
+        with ``"1"``; ``"true"`` is off there, and onnxruntime's WebGPU EP refuses it); False: a WebGPU entry without
+        it or with another value; None: no WebGPU provider entry (onnxruntime-genai does not use WebGPU). The one
+        answer lint, inspect, optimize and check read."""
         if not any(_is_provider(name, WEBGPU_PROVIDER) for name, _ in self._provider_entries()):
             return None
-        return self.provider_options(WEBGPU_PROVIDER).get(GRAPH_CAPTURE_OPTION, "0").strip() == "1"
+        return self.provider_options(WEBGPU_PROVIDER).get(GRAPH_CAPTURE_OPTION, "0") == "1"
+
+    @property
+    def vocab_size(self) -> int | None:
+        """``model.vocab_size`` (a positive integer), or None."""
+        return _int(self._model.get("vocab_size"))
+
+    @property
+    def pad_token_id(self) -> int:
+        """``model.pad_token_id`` (the first of a list), the id onnxruntime-genai pads a batch with; 0 when absent."""
+        pad = self._model.get("pad_token_id", 0)
+        pad = pad[0] if isinstance(pad, list) and pad else pad
+        return int(pad) if isinstance(pad, int) and not isinstance(pad, bool) else 0
+
+    @property
+    def share_buffer(self) -> bool:
+        """``search.past_present_share_buffer`` is ``true``: past and present share one ``max_length`` buffer."""
+        return self._section("search").get("past_present_share_buffer") is True
+
+    @property
+    def max_length(self) -> int | None:
+        """``search.max_length`` (a positive integer), or None."""
+        return _int(self._section("search").get("max_length"))
 
     def session_option(self, key: str) -> Any:
         session = self._decoder.get("session_options")

@@ -282,3 +282,32 @@ def test_genai_config_sections_are_read_by_config_only():
             if isinstance(node, ast.Attribute) and node.attr in ("_decoder", "_model", "_section", "decoder"):
                 offenders.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} reads .{node.attr}")
     assert not offenders, "read genai_config.json through GenaiConfig's properties:\n" + "\n".join(offenders)
+
+
+#: the top-level sections of genai_config.json: read through GenaiConfig's properties only
+GENAI_SECTIONS = ("model", "search")
+
+
+def _raw_section_reads(path: Path) -> list[tuple[int, str]]:
+    """(line, what) for every ``x.get("model"...)`` / ``x.get("search"...)`` call: a genai_config section read from
+    the raw dict (a subscript ``x["model"]`` is left alone: regex matches spell their groups so)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get" \
+                and node.args and isinstance(node.args[0], ast.Constant) and node.args[0].value in GENAI_SECTIONS:
+            found.append((node.lineno, f"reads .get({node.args[0].value!r})"))
+    return found
+
+
+def test_genai_config_raw_sections_are_read_by_config_only(tmp_path):
+    """``model.vocab_size``, ``model.pad_token_id``, ``search.past_present_share_buffer``, ``search.max_length`` and
+    the rest are GenaiConfig properties: no module but rope_passes/config.py reads the raw dict's sections (the
+    checker once read three of them raw, and "capture is on" had two answers)."""
+    offenders = [f"{path.relative_to(PACKAGE.parent)}:{line} {what}" for name, path in _modules().items()
+                 if name != "rope_passes.config" for line, what in _raw_section_reads(path)]
+    assert not offenders, "read genai_config.json through GenaiConfig's properties:\n" + "\n".join(offenders)
+    # the finder finds what it looks for
+    sample = tmp_path / "sample.py"
+    sample.write_text('pad = (data or {}).get("model", {}).get("pad_token_id")\nshare = data.get("search")\n')
+    assert sorted(line for line, _ in _raw_section_reads(sample)) == [1, 2]
+    assert _raw_section_reads(PACKAGE / "config.py")

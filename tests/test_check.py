@@ -397,10 +397,11 @@ def test_bad_reference_logits_is_a_usage_error(tmp_path):
 @pytest.mark.webgpu
 def test_tolerance_follows_the_original_precision():
     from rope_passes.check.compare import precision_of
+    from rope_passes.io import load_model
 
-    assert precision_of(str(GENAI / "current/llama/cpu_fp32/model.onnx")) == "fp32"
-    assert precision_of(str(GENAI / "current/llama/webgpu_fp16/model.onnx")) == "fp16"
-    assert precision_of(str(GENAI / "current/qwen25_vl/webgpu_int4_graph/model.onnx")) == "int4"
+    assert precision_of(load_model(GENAI / "current/llama/cpu_fp32/model.onnx")) == "fp32"
+    assert precision_of(load_model(GENAI / "current/llama/webgpu_fp16/model.onnx")) == "fp16"
+    assert precision_of(load_model(GENAI / "current/qwen25_vl/webgpu_int4_graph/model.onnx")) == "int4"
     # int4 is never compared across EPs: that comparison is skipped, with the reason
     report = check(GENAI / "current/qwen25_vl/webgpu_int4_graph", GENAI / "current/qwen25_vl/webgpu_int4_graph",
                    isolate=False)

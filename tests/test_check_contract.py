@@ -15,10 +15,11 @@ import pytest
 from conftest import GENAI, TORCH
 
 import rope_passes
-from rope_passes.check.contract import embedding_rows, vocabulary
+from rope_passes.analysis.genai_contract import embedding_rows
 from rope_passes.check.decode import TOKEN_HIGH, TOKEN_LOW, token_ids
 from rope_passes.check.fit import runtime_fit
 from rope_passes.check.models import read_model
+from rope_passes.check.plan import vocabulary
 from rope_passes.check.report import COULD_NOT_RUN
 from rope_passes.check.runner import CRASHED, OK, RUN_FAILED, RunResult
 from rope_passes.check.verdict import decide, reference_failure
@@ -125,8 +126,8 @@ def test_an_output_built_for_another_runtime_names_the_optimize_command(tmp_path
 def test_client_schedules_come_from_the_graph_facts():
     """Thresholds, the genai loop and caller positions come from the facts read off the graph (no model list); a
     schedule prints as one line that parses back, layout included; each graph runs the layout it takes."""
+    from rope_passes.analysis.genai_contract import GenaiLoop
     from rope_passes.check.client_schedules import client_schedules, for_graph
-    from rope_passes.check.contract import GenaiLoop
     from rope_passes.check.schedules import PLAIN, SHARED, STATIC, GraphFacts, parse
 
     facts = GraphFacts(vocab=300, switches=(32,), windows=(16,), context=256, max_length=256, static_mask=True,
@@ -156,7 +157,8 @@ def test_client_schedules_come_from_the_graph_facts():
     turns = by["second-turn"].call_sizes
     assert any(n > 8 for n in turns[1:]) and turns[0] < 8  # user messages past the prefill cap, after a past
     # nothing in the graph: only what every caller does (batched prompts, chat turns)
-    assert {s.name for s in client_schedules(GraphFacts(vocab=300))} == {"batch-rows", "second-turn"}
+    assert {s.name for s in client_schedules(GraphFacts(vocab=300))} == {"batch-rows", "second-turn",
+                                                                        "left-padded-4", "right-padded-4"}
 
 
 @pytest.mark.corpus
@@ -164,16 +166,14 @@ def test_the_capture_loops_mask_goes_to_graphs_whose_total_is_the_mask_sum(tmp_p
     """The builder's _graph model computes the total as the mask's sum: its client (genai's capture loop) sends a
     max_length mask of ones then zeros. A plain build (total from Shape) and total-seq-on-gpu's output (the width,
     on the GPU: right under capture only) get genai's shared buffers with a growing mask instead."""
-    from rope_passes.check.contract import genai_loop
-
-    graph = genai_loop(read_model(GENAI / "current/llama/webgpu_fp16_graph"))
+    graph = read_model(GENAI / "current/llama/webgpu_fp16_graph").loop
     assert graph.share_buffer and graph.max_length == 256 and graph.static_mask
-    plain = genai_loop(read_model(GENAI / "current/llama/cpu_fp32"))
+    plain = read_model(GENAI / "current/llama/cpu_fp32").loop
     assert plain.share_buffer and not plain.static_mask
     out = tmp_path / "out"
     rope_passes.optimize(GENAI / "current/llama/cpu_fp32", out, preset="webgpu-graph", weights="copy")
-    assert not genai_loop(read_model(out)).static_mask
-    assert genai_loop(read_model(TORCH / "tf5/dynamo/llama/decode.onnx")).share_buffer is False  # no genai_config
+    assert not read_model(out).loop.static_mask
+    assert read_model(TORCH / "tf5/dynamo/llama/decode.onnx").loop.share_buffer is False  # no genai_config
 
 
 @pytest.mark.corpus

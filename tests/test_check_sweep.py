@@ -16,11 +16,10 @@ from conftest import FIXTURES, GENAI, TORCH
 import rope_passes
 from rope_passes.check.core import COULD_NOT_RUN, EQUIVALENT, NOT_EQUIVALENT, check, rotation_tables
 from rope_passes.check.decode import DecoderSpec
-from rope_passes.check.models import read_model
+from rope_passes.check.models import read_model, rotation_tables_of
 from rope_passes.check.report import EQUIVALENT_TABLES_ONLY
 from rope_passes.check.sweep import default_positions, sweep_feeds, sweep_positions
 from rope_passes.check.table_diff import compare_tables, ulp
-from rope_passes.check.tables import graph_tables
 from rope_passes.cli import main
 from rope_passes.io import load_bundle, save_bundle
 
@@ -63,7 +62,7 @@ def gqa_tables():
     out = {}
     for precision, name in GQA_CACHES.items():
         info = read_model(GENAI / name)
-        out[precision] = (info, graph_tables(info.model, info.genai_config))
+        out[precision] = (info, rotation_tables_of(info, "webgpu"))
     return out
 
 
@@ -77,7 +76,7 @@ def test_table_comparison_catches_one_value_in_any_row(gqa_tables, precision, ta
     column = row % saved.shape[1]
     try:
         change_value(info.model, table, row, column)  # the rewritten copy: one value of one row, +1e-2
-        rewritten = graph_tables(info.model, info.genai_config)
+        rewritten = rotation_tables_of(info, "webgpu")
     finally:
         info.model.graph.initializers[table].const_value = saved
     result = compare_tables(original, rewritten, info.context_length)
@@ -95,7 +94,7 @@ def test_table_comparison_catches_one_value_in_any_row(gqa_tables, precision, ta
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 def test_table_comparison_passes_the_same_tables(gqa_tables, precision):
     info, original = gqa_tables[precision]
-    result = compare_tables(original, graph_tables(info.model, info.genai_config), info.context_length)
+    result = compare_tables(original, rotation_tables_of(info, "webgpu"), info.context_length)
     assert result.ok and result.max_ulps == 0
     assert (result.positions, result.sites) == (256, 4)  # 2 layers x (q, k)
 
@@ -248,9 +247,9 @@ def test_row_in_the_long_half_of_a_concatenated_cache_is_caught(row, position, f
     """phi3 [short 32; long 256] cache read at offset 32: row 65 is position 33 just past the original context;
     row 33 is position 1 of the long table, read only by a prefill longer than 32 tokens."""
     info = read_model(PHI3 / "webgpu_fp16_graph")
-    original = graph_tables(info.model, info.genai_config)
+    original = rotation_tables_of(info, "webgpu")
     change_value(info.model, "cos_cache", row, 2)
-    result = compare_tables(original, graph_tables(info.model, info.genai_config), info.context_length)
+    result = compare_tables(original, rotation_tables_of(info, "webgpu"), info.context_length)
     assert not result.ok
     assert (result.first.position, result.first.totals) == ((position), (first_total, 256))
     assert result.first.rewritten_row == f"row {row} of 'cos_cache' (GroupQueryAttention input 7)"
@@ -309,7 +308,7 @@ def test_a_table_the_graph_computes_from_constants_is_compared(precision, op):
     ``Add(cos, delta)`` (one row) is no stored table; before, the comparison skipped it and the decode (fp16: 0.04
     under the 0.1 tolerance; fp32: row 170 never reached) passed it. Now the one constant evaluator gives its rows."""
     info = read_model(GENAI / GQA_CACHES[precision])
-    original = graph_tables(info.model, info.genai_config)
+    original = rotation_tables_of(info, "webgpu")
     graph = info.model.graph
     cos = graph.initializers["cos_cache"]
     dtype = cos.const_value.numpy().dtype
@@ -325,6 +324,6 @@ def test_a_table_the_graph_computes_from_constants_is_compared(precision, op):
     graph.insert_before(gqas[0], node)
     for gqa in gqas:
         gqa.replace_input_with(7, node.outputs[0])
-    result = compare_tables(original, graph_tables(info.model, info.genai_config), info.context_length)
+    result = compare_tables(original, rotation_tables_of(info, "webgpu"), info.context_length)
     assert result.status == "compared" and not result.ok, result.summary()
     assert result.first.position == (0 if op == "Mul" else 170) and result.first.table == "cos"

@@ -18,7 +18,6 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from rope_passes.check.contract import stated_vocab
 from rope_passes.check.models import read_model
 from rope_passes.cli import main
 from rope_passes.errors import ModelLoadError
@@ -79,7 +78,7 @@ def test_the_folder_is_one_model_its_onnx_model(tmp_path):
     hf = HFConfig.find(folder / "onnx" / "model_q4f16.onnx")  # a sibling named alone reads the folder's config
     assert hf is not None and hf.data["max_position_embeddings"] == 64
     info = read_model(folder)  # check: the model and what it accepts (ids below config.json's vocab_size)
-    assert info.path == bundle.model_path and 300 in stated_vocab(info)
+    assert info.path == bundle.model_path and 300 in info.vocab
     with pytest.raises(ModelLoadError, match="give the transformers.js folder"):
         load_bundle(folder / "onnx")  # several models there: the folder or one file
     (folder / "onnx" / "model.onnx").rename(folder / "onnx" / "other.onnx")

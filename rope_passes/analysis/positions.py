@@ -95,11 +95,14 @@ def position_inputs(model: ir.Model, genai_config: GenaiConfig) -> list[Position
     return out
 
 
-def position_input(model: ir.Model) -> ir.Value | None:
-    """The graph's integer position input by its name (``position_ids``, ``input_positions``...), or None: what the
-    rotation probe feeds (:mod:`rope_passes.proofs.rotation`)."""
+def position_input(model: ir.Model, name: str | None = None) -> ir.Value | None:
+    """The graph's integer position input, or None: the one named ``name`` (genai_config's ``position_ids`` input: the
+    rotation tables' position cone, :mod:`rope_passes.analysis.rotation_tables`), else the first whose name says
+    position (``position_ids``, ``input_positions``...: what the rotation probe feeds, :mod:`rope_passes.proofs.
+    rotation`)."""
     for v in model.graph.inputs:
-        if "position" in (v.name or "") and v.dtype in (ir.DataType.INT64, ir.DataType.INT32):
+        if (v.name == name if name is not None else "position" in (v.name or "")) and v.dtype in (
+                ir.DataType.INT64, ir.DataType.INT32):
             return v
     return None
 

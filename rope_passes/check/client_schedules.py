@@ -1,7 +1,7 @@
 """The schedules every ``check`` runs besides :func:`.schedules.default_schedules` (issue 26): what the model's
 real client sends, and calls at every threshold the graph has.
 
-* **the genai loop** (a genai folder whose config says ``past_present_share_buffer``, :class:`.contract.GenaiLoop`):
+* **the genai loop** (a genai folder whose config says ``past_present_share_buffer``, :class:`rope_passes.analysis.genai_contract.GenaiLoop`):
   a prompt and decode steps on shared ``max_length`` past/present buffers (at most :data:`SHARED_MAX` rows) with a
   growing mask of ones (how onnxruntime-genai runs every builder model), and the same with a ``max_length`` mask of
   ones then zeros (its capture loop: the decode steps after a non-empty past) for a graph that reads its total
@@ -32,7 +32,7 @@ import dataclasses
 
 import numpy as np
 
-from rope_passes.check.contract import GenaiLoop
+from rope_passes.analysis.genai_contract import GenaiLoop
 from rope_passes.check.schedules import LEFT, PLAIN, RIGHT, SHARED, STATIC, GraphFacts, Schedule, _draw
 
 #: how far ahead of the cache the positions of ``positions-ahead`` start

@@ -57,20 +57,18 @@ def cpu_tolerance(tolerance: Tolerance) -> Tolerance:
     return tighter if tighter is not None and tolerance == TOLERANCES.get(tolerance.precision) else tolerance
 
 
-def precision_of(model_path: str) -> str:
-    """fp32 / fp16 / bf16 from the graph's first float output; int4 when it has MatMulNBits."""
-    import onnx
+def precision_of(model: Any) -> str:
+    """fp32 / fp16 / bf16 from the graph's first float output; int4 when it has MatMulNBits (``model``: onnx_ir)."""
+    import onnx_ir as ir
 
-    model = onnx.load(model_path, load_external_data=False)
-    if any(n.op_type == "MatMulNBits" for n in model.graph.node):
+    if any(n.op_type == "MatMulNBits" for n in model.graph):
         return "int4"
-    for out in model.graph.output:
-        et = out.type.tensor_type.elem_type
-        if et == onnx.TensorProto.FLOAT16:
+    for out in model.graph.outputs:
+        if out.dtype == ir.DataType.FLOAT16:
             return "fp16"
-        if et == onnx.TensorProto.BFLOAT16:
+        if out.dtype == ir.DataType.BFLOAT16:
             return "bf16"
-        if et in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE):
+        if out.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE):
             return "fp32"
     return "fp32"
 

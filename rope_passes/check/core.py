@@ -59,12 +59,11 @@ from rope_passes.check.constants import compare_constants
 from rope_passes.check.explore import command_line, explore
 from rope_passes.check.fit import runtime_fit
 from rope_passes.check.layers import cut_pair, default_sweep, describe
-from rope_passes.check.models import ModelInfo, capture_on, embedding_for, load_reference, read_model
+from rope_passes.check.models import ModelInfo, embedding_for, load_reference, read_model, rotation_tables_of
 from rope_passes.check.plan import (
     MAX_CROSSING_STEPS,
     PAST_SWITCH,
     CheckOptions,
-    _graph_tables,
     graph_facts,
     make_plan,
     with_schedules,
@@ -87,7 +86,7 @@ def rotation_tables(original: str | Path | ModelInfo, rewritten: str | Path | Mo
     value and input), ``.summary()``."""
     orig = original if isinstance(original, ModelInfo) else read_model(original)
     rew = rewritten if isinstance(rewritten, ModelInfo) else read_model(rewritten)
-    return compare_tables(_graph_tables(orig, ep), _graph_tables(rew, ep), orig.context_length, ulps)
+    return compare_tables(rotation_tables_of(orig, ep), rotation_tables_of(rew, ep), orig.context_length, ulps)
 
 
 def check(original: str | Path, rewritten: str | Path, options: CheckOptions | None = None,
@@ -122,8 +121,8 @@ def check(original: str | Path, rewritten: str | Path, options: CheckOptions | N
     config_capture = None
     # the output's config turns capture on where the original's did not (optimize does so when capture is ready):
     # onnxruntime-genai creates its session so, and a session that refuses capture does not load
-    capture_required = (opts.ep == "webgpu" and runtime_of(runtime).genai and capture_on(rew)
-                        and not capture_on(orig))
+    capture_required = (opts.ep == "webgpu" and runtime_of(runtime).genai and rew.capture_on
+                        and not orig.capture_on)
     if capture_required and not opts.graph_capture:
         # onnxruntime-genai runs the output as its config says: a capture it turns on is part of what is checked
         opts = dataclasses.replace(opts, graph_capture=True)

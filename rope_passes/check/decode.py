@@ -65,7 +65,7 @@ DECODER_INPUTS = {"input_ids", "inputs_embeds", "attention_mask", "position_ids"
 
 def token_ids(total: int, seed: int = 0, vocab: int | None = None) -> np.ndarray:
     """The corpus's token sequence of ``total`` tokens, ``[1, total]`` int64 (a prefix of a longer one is the same);
-    for a model whose vocabulary ``vocab`` (:mod:`.contract`) is smaller than the corpus's ids, ids drawn across
+    for a model whose vocabulary ``vocab`` (:func:`.plan.vocabulary`) is smaller than the corpus's ids, ids drawn across
     ``0..vocab-1`` instead (an id past the embedding table is no input the model accepts)."""
     low, high = id_range(vocab)
     return np.random.RandomState(seed).randint(low, high, size=(1, total)).astype(np.int64)
@@ -119,7 +119,7 @@ class DecoderSpec:
     head_size: int | None = None  # from genai_config.json when the graph's dims are symbolic
     dims: dict[str, int] = dataclasses.field(default_factory=dict)  # user-given sizes for symbolic dims
     embedding_table: np.ndarray | None = None  # [vocab, hidden] for inputs_embeds graphs
-    vocab: int | None = None  # ids below this are valid (.contract.vocabulary); None: the corpus's ids
+    vocab: int | None = None  # ids below this are valid (.plan.vocabulary); None: the corpus's ids
 
     @classmethod
     def from_session(cls, sess: Any, genai_config: GenaiConfig | Mapping | None = None, **kw: Any) -> DecoderSpec:

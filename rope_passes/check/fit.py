@@ -14,13 +14,12 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from rope_passes.config import GenaiConfig
 from rope_passes.runtimes import with_tables
 from rope_passes.targets import OPTION_PASSES, get_target
 
 
 def _options(info: Any) -> dict[str, str]:
-    return GenaiConfig(info.genai_config).provider_options("webgpu") if info.genai_config else {}
+    return info.genai_config.provider_options("webgpu")
 
 
 def runtime_fit(original: str | Path, orig: Any, rewritten: Any, runtime: str) -> str | None:

@@ -7,8 +7,9 @@ kept layers and makes its cost (time, memory, weights read) that of ``N`` layers
 
 The cut (:func:`cut_model`), the same on both sides:
 
-* a node's layer is read from its name (builder ``/model/layers.<i>/...``, TorchScript ``/m/model/layers.<i>/...``)
-  or, for torch's dynamo exporter, from its ``namespace`` metadata (``model.layers.<i>: ...``); the builder names
+* a node's layer is :func:`rope_passes.analysis.layers.layer_in`: its name (builder ``/model/layers.<i>/...``,
+  TorchScript ``/m/model/layers.<i>/...``), for torch's dynamo exporter its ``namespace`` metadata
+  (``model.layers.<i>: ...``), else its outputs' names (``present.<i>.key``); the builder names
   the final norm ``/model/layers.<L>/final_norm_layernorm``, so ``N`` may go up to ``L`` there;
 * the *hidden state* entering layer ``N``: the values that nodes of layer ``>= N`` read from before the cut and that
   depend on layer ``N-1``'s KV cache (the producer of ``present.<N-1>.*``): the residual stream, not the shared
@@ -43,6 +44,7 @@ from pathlib import Path
 
 import onnx
 
+from rope_passes.analysis.layers import layer_in
 from rope_passes.errors import UsageError
 from rope_passes.io import resolve_model_path
 
@@ -68,8 +70,6 @@ def default_sweep(ep: str) -> tuple[int, str]:
                    "rotation tables (every position), when both graphs' tables are read")
     return LAYERS_SWEEP, ""
 
-_LAYER_IN_NAME = re.compile(r"(?:^|[/.])layers\.(\d+)(?:[/.]|$)")
-_LAYER_IN_NAMESPACE = re.compile(r"(?:^|[\s/:.])layers\.(\d+)(?:[:./]|$)")
 _PRESENT = re.compile(r"^present\.(\d+)\.")
 #: the ops whose first two inputs the builder's residual stream enters as (residual, sublayer output)
 _SKIP_NORMS = {"SkipSimplifiedLayerNormalization", "SkipLayerNormalization"}
@@ -106,16 +106,9 @@ class Cut:
 
 
 def node_layer(node: onnx.NodeProto) -> int | None:
-    """The decoder layer a node belongs to by its name or its exporter namespace; None for shared nodes."""
-    m = _LAYER_IN_NAME.search(node.name)
-    if m:
-        return int(m.group(1))
-    for prop in node.metadata_props:
-        if prop.key == "namespace":
-            m = _LAYER_IN_NAMESPACE.search(prop.value)
-            if m:
-                return int(m.group(1))
-    return None
+    """The decoder layer a node belongs to (:func:`rope_passes.analysis.layers.layer_in`); None for shared nodes."""
+    namespace = next((p.value for p in node.metadata_props if p.key == "namespace"), None)
+    return layer_in(node.name, namespace, list(node.output))
 
 
 def _reads(node: onnx.NodeProto) -> list[str]:

@@ -1,67 +1,99 @@
-"""What the checker reads from the two models before running anything: precision, WebGPU options, LongRoPE switch,
-inputs, the rotation tables (:mod:`.tables`), and the helpers that prepare their inputs (embeddings, reference
-logits)."""
+"""What the checker reads from the two models before running anything, read once through
+:func:`rope_passes.io.load_bundle` (onnx_ir, weights lazy; the genai_config as :class:`~rope_passes.config.
+GenaiConfig`): precision, WebGPU options, LongRoPE switch, inputs, what the model accepts (its vocabulary, context,
+genai loop: :mod:`rope_passes.analysis.genai_contract`), its rotation tables (:mod:`rope_passes.analysis.
+rotation_tables`), and the helpers that prepare their inputs (embeddings, reference logits). The raw genai_config
+dict travels only to a run's subprocess (:class:`.spec.RunSpec`)."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import functools
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from rope_passes.analysis.genai_contract import GenaiLoop, cache_rows, genai_loop, stated_vocab
 from rope_passes.analysis.longrope import LongRoPESwitch
+from rope_passes.analysis.rotation_tables import Evaluators, GraphTables, graph_tables
 from rope_passes.check.compare import precision_of
 from rope_passes.check.decode import embedding_table
-from rope_passes.config import GenaiConfig
+from rope_passes.config import GRAPH_CAPTURE_OPTION, GenaiConfig
 from rope_passes.errors import UsageError
-from rope_passes.io import load_model, resolve_model_path
+from rope_passes.io import load_bundle
 
 
 @dataclasses.dataclass
 class ModelInfo:
     path: Path
-    genai_config: dict | None
+    genai_config: GenaiConfig
     precision: str
     webgpu_options: dict[str, str]
     longrope: LongRoPESwitch | None
     takes_embeds: bool
     model: Any = dataclasses.field(default=None, repr=False)  # the onnx_ir model (weights read lazily)
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.genai_config, GenaiConfig):
+            self.genai_config = GenaiConfig(self.genai_config)
+
     @property
     def context_length(self) -> int | None:
         """genai_config's context length, bounded by the rows of the cos/sin cache the model's GroupQueryAttention
-        reads (:func:`.contract.cache_rows`: past them the model refuses the call); None when it states neither."""
-        from rope_passes.check.contract import cache_rows
-
-        stated = [n for n in (GenaiConfig(self.genai_config).context_length, cache_rows(self.model)) if n]
+        reads (:func:`rope_passes.analysis.genai_contract.cache_rows`: past them the model refuses the call); None
+        when it states neither."""
+        stated = [n for n in (self.genai_config.context_length, cache_rows(self.model)) if n]
         return min(stated) if stated else None
+
+    @functools.cached_property
+    def loop(self) -> GenaiLoop:
+        """How onnxruntime-genai calls this graph (:func:`rope_passes.analysis.genai_contract.genai_loop`), read
+        once."""
+        from rope_passes.runtime.evaluate import evaluate_subgraph
+
+        return genai_loop(self.model, self.genai_config, evaluate_subgraph)
+
+    @functools.cached_property
+    def vocab(self) -> list[int]:
+        """Every vocabulary size the model states (:func:`rope_passes.analysis.genai_contract.stated_vocab`)."""
+        return stated_vocab(self.model, self.genai_config, self.path)
+
+    @property
+    def capture_on(self) -> bool:
+        """Whether the model's genai_config.json turns WebGPU graph capture on (:attr:`GenaiConfig.graph_capture`:
+        onnxruntime-genai then creates its session with ``enableGraphCapture=1``, and a session that refuses capture
+        fails to load)."""
+        return self.genai_config.graph_capture is True
 
     def to_dict(self) -> dict[str, Any]:
         return {"path": str(self.path), "precision": self.precision, "webgpu_options": self.webgpu_options,
                 "longrope": self.longrope.to_dict() if self.longrope is not None else None}
 
 
-def capture_on(info: ModelInfo) -> bool:
-    """Whether the model's genai_config.json turns WebGPU graph capture on (onnxruntime-genai then creates its
-    session with ``enableGraphCapture=1``, and a session that refuses capture fails to load)."""
-    options = GenaiConfig(info.genai_config).provider_options("webgpu") if info.genai_config else {}
-    return str(options.get("enableGraphCapture", "0")).strip().lower() in ("1", "true")
+def rotation_tables_of(info: ModelInfo, ep: str) -> GraphTables:
+    """The rows each rotation of ``info``'s graph reads (:func:`rope_passes.analysis.rotation_tables.graph_tables`,
+    its constants by :func:`rope_passes.proofs.constants.table`, its cones on onnxruntime CPU); a graph the reader
+    trips on is reported, not a crash of the checker."""
+    from rope_passes.proofs.constants import table
+    from rope_passes.runtime.evaluate import evaluate_subgraph
+
+    try:
+        return graph_tables(info.model, info.genai_config, Evaluators(table, evaluate_subgraph), ep=ep)
+    except Exception as exc:  # noqa: BLE001
+        return GraphTables(unavailable=f"reading its rotations failed ({type(exc).__name__}: "
+                                       f"{' '.join(str(exc).split())[:200]})")
 
 
 def read_model(path: str | Path) -> ModelInfo:
-    import onnx
-
-    model_path, folder = resolve_model_path(path)
-    config = GenaiConfig.load(folder or model_path.parent)
+    bundle = load_bundle(path)  # one-line errors for a non-ONNX or truncated file, or missing/short external data
+    config = bundle.genai_config
     webgpu = config.provider_options("webgpu")
     # the checker decides capture itself: a plain run under enableGraphCapture=1 silently returns zeros
-    webgpu.pop("enableGraphCapture", None)
-    model = load_model(model_path)  # one-line errors for a non-ONNX or truncated file, or missing/short external data
-    proto = onnx.load(str(model_path), load_external_data=False)
-    return ModelInfo(model_path, config.data, precision_of(str(model_path)), webgpu,
-                     _longrope(proto, webgpu), any(i.name == "inputs_embeds" for i in proto.graph.input), model)
+    webgpu.pop(GRAPH_CAPTURE_OPTION, None)
+    model = bundle.model
+    return ModelInfo(bundle.model_path, config, precision_of(model), webgpu, _longrope(model, webgpu),
+                     any(i.name == "inputs_embeds" for i in model.graph.inputs), model)
 
 
 def load_reference(reference: str | Path | np.ndarray) -> np.ndarray:
@@ -80,24 +112,21 @@ def load_reference(reference: str | Path | np.ndarray) -> np.ndarray:
     return ref
 
 
-def _longrope(proto: Any, webgpu: Mapping[str, str]) -> LongRoPESwitch | None:
+def _longrope(model: Any, webgpu: dict[str, str]) -> LongRoPESwitch | None:
     """A LongRoPE cache and its switch point: ``If(Greater(total_len, C))`` picking cos/sin tables (read by the
     LongRoPE detector, :func:`rope_passes.analysis.longrope.find_longrope`), or a concatenated table whose offset is
     in ``multiRotaryCacheConcatOffset`` (the offset onnxruntime will apply, whatever the table)."""
-    import onnx_ir as ir
-
     from rope_passes.analysis.graph import MS_DOMAIN, flag, nodes_of
     from rope_passes.analysis.longrope import find_longrope, separate_qkv
 
     offset = int(webgpu.get("multiRotaryCacheConcatOffset", "0") or 0)
     if offset > 0:
         # GQAs rotating with a cache but fed separate Q/K/V: onnxruntime ignores the offset there
-        ignoring = [g.name or "GroupQueryAttention"
-                    for g in nodes_of(ir.serde.deserialize_model(proto), "GroupQueryAttention", MS_DOMAIN)
+        ignoring = [g.name or "GroupQueryAttention" for g in nodes_of(model, "GroupQueryAttention", MS_DOMAIN)
                     if flag(g, "do_rotary") and len(g.inputs) > 7 and g.inputs[7] is not None and separate_qkv(g)]
         return LongRoPESwitch("concat", offset, tuple(ignoring))
 
-    found = find_longrope(ir.serde.deserialize_model(proto))  # weights stay unread: only the threshold is
+    found = find_longrope(model)  # weights stay unread: only the threshold is
     if found is not None and found.kind == "if" and found.threshold is not None:
         return LongRoPESwitch("if", found.threshold)
     return None

@@ -19,15 +19,14 @@ from pathlib import Path
 
 import numpy as np
 
+from rope_passes.analysis.genai_contract import caller_positions
 from rope_passes.check.client_schedules import BOUNDARY_MAX, client_schedules, unreached
 from rope_passes.check.compare import TOLERANCES, Tolerance
-from rope_passes.check.contract import caller_positions, genai_loop, vocabulary
 from rope_passes.check.decode import TOKEN_HIGH
-from rope_passes.check.models import ModelInfo
+from rope_passes.check.models import ModelInfo, rotation_tables_of
 from rope_passes.check.schedules import GraphFacts, Schedule, default_schedules, fits, runs_on
 from rope_passes.check.sweep import default_positions, sweep_positions
 from rope_passes.check.table_diff import TableComparison, compare_tables
-from rope_passes.check.tables import GraphTables, graph_tables
 from rope_passes.errors import UsageError
 from rope_passes.runtime.adapter import AdapterInfo, max_webgpu_prefill
 
@@ -105,12 +104,12 @@ class Plan:
         return [s for s in self.schedules if runs_on(s, ep, facts)]
 
 
-def _graph_tables(info: ModelInfo, ep: str) -> GraphTables:
-    try:
-        return graph_tables(info.model, info.genai_config, ep=ep)
-    except Exception as exc:  # noqa: BLE001 - a graph the reader trips on is reported, not a crash of the checker
-        return GraphTables(unavailable=f"reading its rotations failed ({type(exc).__name__}: "
-                                       f"{' '.join(str(exc).split())[:200]})")
+def vocabulary(infos: Sequence[ModelInfo], embedding_table_rows: Sequence[int] = ()) -> int:
+    """Ids ``0..vocabulary-1`` are valid for every graph of ``infos`` (every vocabulary each states,
+    :attr:`.models.ModelInfo.vocab`) and every embedding table fed; none stated: the fixed-seed default table's rows
+    (:data:`.decode.TOKEN_HIGH`)."""
+    sizes = [n for i in infos for n in i.vocab] + list(embedding_table_rows)
+    return min(sizes) if sizes else TOKEN_HIGH
 
 
 def weight_bytes(*infos: ModelInfo) -> int:
@@ -130,7 +129,7 @@ def make_plan(orig: ModelInfo, rew: ModelInfo, opts: CheckOptions, adapter: Adap
     :func:`with_schedules`, once the embedding tables are known)."""
     ep, prefill, steps = opts.ep, opts.prefill, opts.steps
     notes: list[str] = []
-    orig_t, rew_t = (_graph_tables(orig, ep), _graph_tables(rew, ep)) if opts.tables or sweep else (None, None)
+    orig_t, rew_t = (rotation_tables_of(orig, ep), rotation_tables_of(rew, ep)) if opts.tables or sweep else (None, None)
     table_cmp = (compare_tables(orig_t, rew_t, orig.context_length)
                  if opts.tables and orig_t is not None and rew_t is not None else None)  # tables: both were read
     end = table_cmp.positions if table_cmp is not None and table_cmp.status == "compared" else (
@@ -240,20 +239,18 @@ def graph_facts(orig: ModelInfo, rew: ModelInfo, plan: Plan, embedding_rows: Seq
     rows = list(embedding_rows)
     if not rows and (orig.takes_embeds or rew.takes_embeds):
         rows = [TOKEN_HIGH]  # the fixed-seed default table's rows (.decode.default_embedding_table)
-    vocab = vocabulary((orig, rew), rows)  # the model's contract (.contract): no id past a table
-    pad = (orig.genai_config or {}).get("model", {}).get("pad_token_id", 0)
-    pad = pad[0] if isinstance(pad, list) and pad else pad
+    vocab = vocabulary((orig, rew), rows)  # the model's contract (analysis.genai_contract): no id past a table
     # the context: genai_config's, else the rows of the tables both graphs read (no call runs past either)
     table_end = plan.tables.positions if plan.tables is not None and plan.tables.status == "compared" else None
     context = [c for c in (orig.context_length, table_end) if c]
-    loops = [genai_loop(orig), genai_loop(rew)]
+    loops = [orig.loop, rew.loop]
     shared = [lp.max_length for lp in loops if lp.share_buffer and lp.max_length]
     end = context[0] if context else None
-    return GraphFacts(vocab=vocab, pad=int(pad) if isinstance(pad, int) else 0,
+    return GraphFacts(vocab=vocab, pad=orig.genai_config.pad_token_id,
                       switches=tuple(sorted(plan.switches)), windows=tuple(sorted(set(_windows(orig) + _windows(rew)))),
                       max_call=plan.max_call, context=end, no_right_padding=_no_right_padding(orig, rew),
                       max_length=min(shared) if shared else None, static_mask=any(lp.static_mask for lp in loops),
-                      takes_positions=caller_positions(orig) and caller_positions(rew),
+                      takes_positions=caller_positions(orig.model) and caller_positions(rew.model),
                       ends=tuple(sorted({c for c in context if end is None or c <= end})))
 
 

@@ -18,7 +18,6 @@ from collections.abc import Callable
 
 from rope_passes.check.backends import backend_for
 from rope_passes.check.client_schedules import for_graph
-from rope_passes.check.contract import genai_loop
 from rope_passes.check.models import ModelInfo
 from rope_passes.check.plan import CheckOptions, Plan
 from rope_passes.check.runner import LOAD_FAILED, RunResult, RunSpec, execute_run, run_isolated
@@ -31,10 +30,10 @@ from rope_passes.targets import WEBGPU_PLUGIN
 def run_spec(label: str, info: ModelInfo, ep: str, emb: str | None, plan: Plan, opts: CheckOptions,
              capture: bool = False) -> RunSpec:
     return RunSpec(label=label, model=str(info.path), ep=ep, prefill=plan.prefill, steps=plan.steps,
-                   genai_config=info.genai_config, webgpu_options=dict(info.webgpu_options) if ep == "webgpu" else {},
+                   genai_config=info.genai_config.data, webgpu_options=dict(info.webgpu_options) if ep == "webgpu" else {},
                    graph_capture=capture, max_length=plan.prefill + plan.steps, dims=dict(opts.dims or {}),
                    embedding=emb, sweep=[] if capture else list(plan.positions),
-                   schedules=[] if capture else [for_graph(s, genai_loop(info)).spec() for s in plan.for_ep(ep)],
+                   schedules=[] if capture else [for_graph(s, info.loop).spec() for s in plan.for_ep(ep)],
                    schedules_twice=plan.facts.vocab if plan.facts is not None and label.startswith("original@") else 0,
                    vocab=plan.facts.vocab if plan.facts is not None else None)
 

@@ -252,9 +252,9 @@ class GraphFacts:
     #: (``seqlens_k + 1 - S + s`` on WebGPU), which is how onnxruntime-genai pads; the CPU EP still runs it
     #: (:func:`runs_on`)
     no_right_padding: str | None = None
-    max_length: int | None = None  # onnxruntime-genai's shared KV buffers' length (.contract.GenaiLoop), or None
+    max_length: int | None = None  # onnxruntime-genai's shared KV buffers' length (analysis.genai_contract.GenaiLoop), or None
     static_mask: bool = False  # a graph takes the capture loop's max_length mask of ones then zeros
-    takes_positions: bool = False  # a graph rotates by the position_ids its caller sends (.contract)
+    takes_positions: bool = False  # a graph rotates by the position_ids its caller sends (analysis.genai_contract)
     ends: tuple[int, ...] = ()  # the context's end and a table's last row before it (no total past the context)
 
     def long_prompt(self) -> tuple[int, str]:

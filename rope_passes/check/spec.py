@@ -37,7 +37,7 @@ class RunSpec:
     sweep: list[int] = dataclasses.field(default_factory=list)  # positions of single steps after a random past
     schedules: list[dict] = dataclasses.field(default_factory=list)  # .schedules.Schedule.spec() of each, in order
     schedules_twice: int = 0  # a reference: .schedule_runs.run_reference (twice, rows alone); ids below this vocab
-    vocab: int | None = None  # the decode's and the sweep's ids below this (.contract.vocabulary)
+    vocab: int | None = None  # the decode's and the sweep's ids below this (.plan.vocabulary)
 
 
 @dataclasses.dataclass

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from rope_passes.check.tables import GraphTables, Regime, Site
+from rope_passes.analysis.rotation_tables import GraphTables, Regime, SiteRows
 
 #: significand bits and smallest normal exponent per table type
 _FLOATS = {"float16": (10, -14), "bfloat16": (7, -126), "float32": (23, -126), "float64": (52, -1022)}
@@ -145,7 +145,7 @@ def _compare_rows(site: str, a: Regime, b: Regime, n: int, lo: int, hi: int, dty
     return first, worst
 
 
-def _compare_site(a: Site, b: Site, end: int, ulps: float, memo: dict) -> tuple[TableDiff | None, float, int]:
+def _compare_site(a: SiteRows, b: SiteRows, end: int, ulps: float, memo: dict) -> tuple[TableDiff | None, float, int]:
     """The first difference of one site pair, the largest difference in ulp, positions compared."""
     if a.interleaved is not None and b.interleaved is not None and a.interleaved != b.interleaved:
         pairs = {True: "interleaved pairs", False: "rotate-half pairs"}

@@ -279,7 +279,7 @@ def _reference(ev: Evidence) -> str:
 def reference_failure(ev: Evidence) -> str | None:
     """The first run of the original that loaded but did not run what the checker fed it, in one line (None: every
     reference run ran): a call that raised (decode, a schedule, a sweep position), a crash, a timeout. The inputs are
-    the model's own contract (:mod:`.contract`), so such a run is a reference missing, never a comparison to skip."""
+    the model's own contract (:mod:`rope_passes.analysis.genai_contract`), so such a run is a reference missing, never a comparison to skip."""
     for r in ev.runs:
         if not r.label.startswith("original@") or (r.label.endswith(PLUGIN) and not ev.fallback_python):
             continue
@@ -299,10 +299,11 @@ def reference_failure(ev: Evidence) -> str | None:
 
 def _config_mismatch(ev: Evidence) -> str | None:
     """What the rewritten genai_config.json says of its graph that onnxruntime-genai would bind wrong, where the
-    original's describes its own graph (:func:`.contract.config_mismatches`)."""
-    from rope_passes.check.contract import config_mismatches
+    original's describes its own graph (:func:`rope_passes.analysis.genai_contract.config_mismatches`)."""
+    from rope_passes.analysis.genai_contract import config_mismatches
 
-    new = [m for m in config_mismatches(ev.rew) if m not in config_mismatches(ev.orig)]
+    old = config_mismatches(ev.orig.model, ev.orig.genai_config)
+    new = [m for m in config_mismatches(ev.rew.model, ev.rew.genai_config) if m not in old]
     return f"WARNING: the rewritten genai_config.json does not describe its graph: {new[0]}" if new else None
 
 

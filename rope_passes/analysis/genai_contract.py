@@ -1,9 +1,9 @@
 """What a model accepts, read from the model itself (issue 26): the inputs every run of a check draws from.
 
-* **vocabulary**: the rows of the embedding table (the ``Gather`` whose indices are ``input_ids``; its shape only,
-  no weight is read), genai_config's ``vocab_size``, the logits' last dimension, the ``config.json`` beside the model
-  (a transformers.js folder's, at its top); the smallest wins (an id valid for every one of them). A graph that
-  states none gets the fixed-seed default table's rows (:data:`.decode.TOKEN_HIGH`);
+* **vocabulary** (:func:`stated_vocab`): the rows of the embedding table (the ``Gather`` whose indices are
+  ``input_ids``; its shape only, no weight is read), genai_config's ``vocab_size``, the logits' last dimension, the
+  ``config.json`` beside the model (a transformers.js folder's, at its top); the smallest wins (an id valid for every
+  one of them);
 * **context**: genai_config's context length, else the rows of the cos/sin table the graph reads (the table
   comparison's end), and never past the rows of the cos/sin cache its GroupQueryAttention reads
   (:func:`cache_rows`: the op refuses a position past them): no call runs past it;
@@ -18,26 +18,30 @@
   optimum or transformers.js layout) rotates by the positions it is given, which run ahead of its cache when the
   caller keeps fewer rows than positions.
 
-Dtypes and ranks come from each input as the session declares it (:mod:`.decode`).
+Every genai_config.json fact is read through :class:`rope_passes.config.GenaiConfig`. The one fact that needs a graph
+evaluated (whether GroupQueryAttention's total length is the mask's sum) takes the evaluator as an argument: analysis
+opens no session (the checker passes :func:`rope_passes.runtime.evaluate.evaluate_subgraph`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from rope_passes.check.decode import TOKEN_HIGH
 from rope_passes.config import GenaiConfig
+from rope_passes.graph_walk import nodes as walk
 from rope_passes.io.layout import model_root
+
+#: runs a subgraph: ``evaluate(model, inputs, outputs, feeds) -> arrays`` (:func:`rope_passes.runtime.evaluate.
+#: evaluate_subgraph`)
+RunSubgraph = Callable[[Any, list, list, list], list]
 
 
 def _nodes(model: Any) -> Iterable[Any]:
-    import onnx_ir as ir
-
-    return ir.traversal.RecursiveGraphIterator(model.graph) if model is not None else ()
+    return walk(model.graph) if model is not None else ()
 
 
 def embedding_rows(model: Any) -> int | None:
@@ -75,18 +79,17 @@ def _gqa_nodes(model: Any) -> list[Any]:
     return [n for n in _nodes(model) if n.op_type == "GroupQueryAttention" and n.domain == "com.microsoft"]
 
 
-def config_mismatches(info: Any) -> list[str]:
+def config_mismatches(model: Any, cfg: GenaiConfig) -> list[str]:
     """Where a genai folder's ``genai_config.json`` does not describe its graph the way onnxruntime-genai reads it:
     the ``past_key_names``/``past_value_names`` (``present_*``) patterns must name, for each layer, graph inputs
     (outputs) that a GroupQueryAttention reads as past_key/past_value (writes as present_key/present_value), in that
     role; ``num_key_value_heads``/``num_attention_heads`` must be its ``kv_num_heads``/``num_heads``. Empty when the
     model has no config or no GroupQueryAttention (nothing to bind)."""
-    if not info.genai_config or info.model is None:
+    if not cfg or model is None:
         return []
-    gqas = _gqa_nodes(info.model)
+    gqas = _gqa_nodes(model)
     if not gqas:
         return []
-    cfg = GenaiConfig(info.genai_config)
     out: list[str] = []
     layers = cfg.decoder_int("num_hidden_layers") or len(gqas)
     slots = {"past_key_names": ("inputs", 3), "past_value_names": ("inputs", 4),
@@ -129,41 +132,29 @@ def _hf_vocab(path: Path) -> int | None:
     return None
 
 
-def stated_vocab(info: Any) -> list[int]:
-    """Every vocabulary size a model states (module docstring); empty when it states none."""
-    out = []
-    cfg = (info.genai_config or {}).get("model", {})
-    if isinstance(cfg.get("vocab_size"), int) and cfg["vocab_size"] > 0:
-        out.append(int(cfg["vocab_size"]))
-    rows = embedding_rows(info.model)
+def stated_vocab(model: Any, cfg: GenaiConfig, path: str | Path) -> list[int]:
+    """Every vocabulary size the model at ``path`` states (module docstring); empty when it states none."""
+    out = [cfg.vocab_size] if cfg.vocab_size is not None else []
+    rows = embedding_rows(model)
     if rows is not None:
         out.append(rows)
-    if info.model is not None:
-        for v in info.model.graph.outputs:
+    if model is not None:
+        for v in model.graph.outputs:
             shape = v.shape
             if v.name == "logits" and shape is not None and len(shape) and isinstance(shape[-1], int):
                 out.append(int(shape[-1]))
-    hf = _hf_vocab(Path(info.path))
+    hf = _hf_vocab(Path(path))
     if hf is not None:
         out.append(hf)
     return out
 
 
-def vocabulary(infos: Iterable[Any], embedding_table_rows: Iterable[int] = ()) -> int:
-    """Ids ``0..vocabulary-1`` are valid for every graph of ``infos`` (and every embedding table fed)."""
-    infos = list(infos)
-    sizes = [n for i in infos for n in stated_vocab(i)] + list(embedding_table_rows)
-    return min(sizes) if sizes else TOKEN_HIGH
-
-
-def total_is_mask_sum(model: Any, mask_name: str = "attention_mask") -> bool:
+def total_is_mask_sum(model: Any, evaluate: RunSubgraph, mask_name: str = "attention_mask") -> bool:
     """Whether GroupQueryAttention's total length (input 6) is the mask's largest row sum, evaluated on a mask of
     ones then zeros (``[[1, 1, 0]]``: the sum 2, the width 3) on onnxruntime's CPU: the builder's ``_graph`` models
     (``ReduceMax(ReduceSum(mask))``) take the capture loop's ``max_length`` mask in a plain run; a graph whose total is
     the mask's width (``Shape``, or ``total-seq-on-gpu``'s GPU form, right under capture only) does not."""
     import numpy as np
-
-    from rope_passes.runtime.evaluate import evaluate_subgraph
 
     mask = next((v for v in model.graph.inputs if v.name == mask_name), None) if model is not None else None
     gqa = next((n for n in _nodes(model) if n.op_type == "GroupQueryAttention" and len(n.inputs) > 6
@@ -171,7 +162,7 @@ def total_is_mask_sum(model: Any, mask_name: str = "attention_mask") -> bool:
     if mask is None or gqa is None or mask.dtype is None:
         return False
     try:
-        (total,) = evaluate_subgraph(model, [mask], [gqa.inputs[6]],
+        (total,) = evaluate(model, [mask], [gqa.inputs[6]],
                                      [np.array([[1, 1, 0]], mask.dtype.numpy())])
     except Exception:  # noqa: BLE001 - a total that reads more than the mask: not the capture loop's form
         return False
@@ -190,32 +181,28 @@ class GenaiLoop:
         return dataclasses.asdict(self)
 
 
-def genai_loop(info: Any) -> GenaiLoop:
-    """The genai loop of a model folder (no genai_config: the default, plain calls)."""
-    data = info.genai_config
-    if not data:
+def genai_loop(model: Any, cfg: GenaiConfig, evaluate: RunSubgraph) -> GenaiLoop:
+    """The genai loop of a model and its config (none: the default, plain calls); ``evaluate`` runs the mask-sum probe
+    (:func:`total_is_mask_sum`) for a shared-buffer config only."""
+    if not cfg:
         return GenaiLoop()
-    search = data.get("search") or {}
-    share = search.get("past_present_share_buffer") is True
-    max_length = search.get("max_length")
-    cfg = GenaiConfig(data)
-    if not (isinstance(max_length, int) and max_length > 0):
-        max_length = cfg.context_length
+    max_length = cfg.max_length or cfg.context_length
     context = cfg.context_length
-    if context is not None and isinstance(max_length, int):
+    if context is not None and max_length is not None:
         max_length = min(max_length, context)
+    share = cfg.share_buffer and max_length is not None
     mask = cfg.decoder_inputs.get("attention_mask", "attention_mask")
-    return GenaiLoop(share_buffer=share and isinstance(max_length, int), max_length=max_length,
-                     static_mask=share and isinstance(max_length, int) and total_is_mask_sum(info.model, mask))
+    return GenaiLoop(share_buffer=share, max_length=max_length,
+                     static_mask=share and total_is_mask_sum(model, evaluate, mask))
 
 
-def caller_positions(info: Any) -> bool:
+def caller_positions(model: Any) -> bool:
     """Whether the graph rotates by the ``position_ids`` its caller sends (an exporter layout: a ``position_ids``
     input and no GroupQueryAttention, whose fused rotation on WebGPU derives positions from the cache)."""
-    if info.model is None or not any(v.name == "position_ids" for v in info.model.graph.inputs):
+    if model is None or not any(v.name == "position_ids" for v in model.graph.inputs):
         return False
-    return not any(n.op_type == "GroupQueryAttention" for n in _nodes(info.model))
+    return not any(n.op_type == "GroupQueryAttention" for n in _nodes(model))
 
 
-__all__ = ["GenaiLoop", "caller_positions", "embedding_rows", "genai_loop", "stated_vocab", "total_is_mask_sum",
-           "vocabulary"]
+__all__ = ["RunSubgraph", "GenaiLoop", "cache_rows", "caller_positions", "config_mismatches", "embedding_rows",
+           "genai_loop", "stated_vocab", "total_is_mask_sum"]

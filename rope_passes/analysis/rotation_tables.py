@@ -1,4 +1,5 @@
-"""The cos/sin rows every position reads, taken from a graph: the rotation-level view :mod:`.table_diff` compares.
+"""The cos/sin rows every position reads, taken from a graph: the rotation-level view ``check`` compares
+(:mod:`rope_passes.check.table_diff`).
 
 A *site* is one rotation: the q or the k input of one attention node. What it reads is a function of the token's
 position ``p`` and of the total sequence length ``T`` (LongRoPE switches tables on ``T``): per *regime* (a range of
@@ -19,12 +20,19 @@ positions (contiguous; the three mRoPE axes equal), which is what a decoder is f
   evaluated for positions ``0..max-1`` (once per regime of a LongRoPE ``Where`` switch), one row per position.
 
 A graph none of these reads gives :class:`GraphTables` with ``unavailable`` set (the comparison is then skipped).
+
+A site's layer is :func:`rope_passes.analysis.layers.layer_of` (its name, else its position among the attention
+nodes); the position input is :func:`rope_passes.analysis.positions.position_input` under genai_config's name. What
+evaluates (a constant cone, a subgraph on onnxruntime CPU) is handed in as :class:`Evaluators`: analysis opens no
+session (``check`` passes :func:`rope_passes.proofs.constants.table` and
+:func:`rope_passes.runtime.evaluate.evaluate_subgraph`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import onnx_ir as ir
@@ -40,9 +48,10 @@ from rope_passes.analysis.graph import (
     table_like,
     through,
 )
+from rope_passes.analysis.layers import layer_of
 from rope_passes.analysis.longrope import find_longrope, if_switch
 from rope_passes.analysis.ops import ROTARY_OPS, present
-from rope_passes.analysis.positions import position_source
+from rope_passes.analysis.positions import position_input, position_source
 from rope_passes.config import GenaiConfig
 from rope_passes.report import MatchFailure
 
@@ -72,11 +81,12 @@ class Regime:
 
 
 @dataclasses.dataclass
-class Site:
-    """One rotation (the q or k input of one attention node) and the rows it reads."""
+class SiteRows:
+    """The rows one rotation reads: the q or k input of one attention node (the rotation sites of
+    :mod:`rope_passes.analysis.rotation_sites`, seen from the attention node), or one table of the position cone."""
 
     key: str  # "layer 0 q", or "position table 0" for the position cone
-    node: str  # the node that rotates
+    source: ir.Node | ir.Value  # the node that rotates (the cone: the value evaluated)
     form: str
     regimes: list[Regime]
     interleaved: bool | None = None  # pairing (None: unknown, the position cone)
@@ -98,7 +108,7 @@ class Site:
 class GraphTables:
     """Every rotation site of one graph, or why none could be read."""
 
-    sites: list[Site] = dataclasses.field(default_factory=list)
+    sites: list[SiteRows] = dataclasses.field(default_factory=list)
     unavailable: str = ""
     semantics: list[str] = dataclasses.field(default_factory=list)  # how rows were resolved, one line each
     kind: str = "rotations"  # "rotations" (attention sites) or "position cone"
@@ -113,27 +123,33 @@ class GraphTables:
         return min((s.covers for s in self.sites), default=None)
 
 
-Evaluate = Callable[[ir.Model, list, list, list], list]
+RunSubgraph = Callable[[ir.Model, list, list, list], list]
+#: a table input's value, or None when it is not a constant
+ReadTable = Callable[[Any], "np.ndarray | None"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Evaluators:
+    """What reads values for the tables: ``table(value)`` a table input's value, stored or computed from constants
+    (``Mul(cos, 1.01)``, ``Add(cos, delta)``), or None (:func:`rope_passes.proofs.constants.table`, so such a table is
+    compared as a stored one); ``subgraph(model, inputs, outputs, feeds)`` runs a cone
+    (:func:`rope_passes.runtime.evaluate.evaluate_subgraph`)."""
+
+    table: ReadTable
+    subgraph: RunSubgraph
 
 
 def _dtype_name(array: np.ndarray) -> str:
     return str(array.dtype)
 
 
-def _const(value: ir.Value | None) -> np.ndarray | None:
-    """A table input's value, stored or computed from constants (``Mul(cos, 1.01)``, ``Add(cos, delta)``): the one
-    evaluator's (:func:`rope_passes.proofs.constants.table`), so such a table is compared as a stored one."""
-    from rope_passes.proofs.constants import table
-
-    return table(value)
-
-
 # ------------------------------------------------------------------------------------------------ GroupQueryAttention
 
 
-def _gqa_regimes(model: ir.Model, node: ir.Node, offset: int | None, ep: str, notes: list[str]) -> list[Regime]:
+def _gqa_regimes(model: ir.Model, node: ir.Node, offset: int | None, ep: str, notes: list[str],
+                 ev: Evaluators) -> list[Regime]:
     cos_v, sin_v = node.inputs[7], node.inputs[8]
-    cos, sin = _const(cos_v), _const(sin_v)
+    cos, sin = ev.table(cos_v), ev.table(sin_v)
     where = (f"{cos_v.name!r} (GroupQueryAttention input 7)", f"{sin_v.name!r} (GroupQueryAttention input 8)")
     if cos is not None and sin is not None:
         packed = not present(node.inputs[1]) and not present(node.inputs[2])
@@ -162,7 +178,7 @@ def _gqa_regimes(model: ir.Model, node: ir.Node, offset: int | None, ep: str, no
         picked, names = [], []
         for v in (cos_v, sin_v):
             index = next((i for i, o in enumerate(producer.outputs) if o is through(v, ("Identity",))), len(outs))
-            picked.append(_const(outs[index]) if index < len(outs) else None)
+            picked.append(ev.table(outs[index]) if index < len(outs) else None)
             names.append(f"{outs[index].name!r} ({branch} branch of If {producer.name!r})" if index < len(outs)
                          else "?")
         if picked[0] is None or picked[1] is None:
@@ -207,7 +223,7 @@ def _is_token_index(value: ir.Value | None) -> bool:
 
 
 def _per_token(model: ir.Model, rot: ir.Node, max_positions: int | None,
-               evaluate: Evaluate) -> tuple[np.ndarray, np.ndarray]:
+               evaluate: RunSubgraph) -> tuple[np.ndarray, np.ndarray]:
     """``RotaryEmbedding(x, token_index, cos[tokens], sin[tokens])``: the per-token tables for positions
     ``0..n-1`` on all three axes, evaluated (``n``: the rows of the tables they gather from, else
     ``max_positions``)."""
@@ -226,13 +242,13 @@ def _per_token(model: ir.Model, rot: ir.Node, max_positions: int | None,
     return cos.astype(np.float32), sin.astype(np.float32)
 
 
-def _rotary_regimes(model: ir.Model, rot: ir.Node, max_positions: int | None, evaluate: Evaluate,
+def _rotary_regimes(model: ir.Model, rot: ir.Node, max_positions: int | None, ev: Evaluators,
                     memo: dict) -> tuple[list[Regime], str]:
     cos_v, sin_v = rot.inputs[2], rot.inputs[3]
     key = (id(cos_v), id(sin_v), rot.op_type)
     if key in memo:
         return memo[key]
-    cos, sin = _const(cos_v), _const(sin_v)
+    cos, sin = ev.table(cos_v), ev.table(sin_v)
     where = (f"{cos_v.name!r} ({rot.op_type} input 2)", f"{sin_v.name!r} ({rot.op_type} input 3)")
     if rot.op_type == "MRotaryEmbedding":
         if cos is None or sin is None:
@@ -250,7 +266,7 @@ def _rotary_regimes(model: ir.Model, rot: ir.Node, max_positions: int | None, ev
             raise MatchFailure.absent(f"{rot.name!r}: reads its constant caches at computed positions")
         out = ([Regime(1, None, cos, sin, 0, *where)], "RotaryEmbedding (row = position)")
     else:
-        cos, sin = _per_token(model, rot, max_positions, evaluate)
+        cos, sin = _per_token(model, rot, max_positions, ev.subgraph)
         dtype = cos_v.dtype.numpy() if cos_v.dtype is not None else np.float32
         span = f"evaluated for positions 0..{cos.shape[0] - 1}"
         out = ([Regime(1, None, cos.astype(dtype), sin.astype(dtype), 0,
@@ -262,39 +278,34 @@ def _rotary_regimes(model: ir.Model, rot: ir.Node, max_positions: int | None, ev
 
 
 def _rotation_sites(model: ir.Model, config: GenaiConfig, ep: str, max_positions: int | None,
-                    evaluate: Evaluate, notes: list[str]) -> list[Site]:
+                    ev: Evaluators, notes: list[str]) -> list[SiteRows]:
     gqas = [n for n in iter_nodes(model) if n.op_type == "GroupQueryAttention" and n.domain == MS_DOMAIN]
     if not gqas:
         raise MatchFailure.absent("no GroupQueryAttention")
-    sites: list[Site] = []
+    sites: list[SiteRows] = []
     memo: dict = {}
-    for layer, node in enumerate(gqas):
+    for index, node in enumerate(gqas):
+        layer = layer_of(node, index)
         if flag(node, "do_rotary"):
-            regimes = _gqa_regimes(model, node, config.concat_offset, ep, notes)
+            regimes = _gqa_regimes(model, node, config.concat_offset, ep, notes, ev)
             interleaved = flag(node, "rotary_interleaved")
             dtype = _dtype_name(regimes[0].cos)
             for which in ("q", "k"):
-                sites.append(Site(f"layer {layer} {which}", node.name or "", "GroupQueryAttention do_rotary=1",
-                                  regimes, interleaved, dtype))
+                sites.append(SiteRows(f"layer {layer} {which}", node, "GroupQueryAttention do_rotary=1",
+                                      regimes, interleaved, dtype))
             continue
         for which, index in (("q", 0), ("k", 1)):
             value = node.inputs[index] if index < len(node.inputs) else None
             rot = _rotary_above(value) if present(value) else None
             if rot is None:
                 raise MatchFailure.absent(f"{node.name!r} input {index} ({which}) is not rotated by a rotary op")
-            regimes, form = _rotary_regimes(model, rot, max_positions, evaluate, memo)
-            sites.append(Site(f"layer {layer} {which}", rot.name or "", form, regimes,
-                              flag(rot, "interleaved"), _dtype_name(regimes[0].cos)))
+            regimes, form = _rotary_regimes(model, rot, max_positions, ev, memo)
+            sites.append(SiteRows(f"layer {layer} {which}", rot, form, regimes,
+                                  flag(rot, "interleaved"), _dtype_name(regimes[0].cos)))
     return sites
 
 
 # ------------------------------------------------------------------------------------------------ the position cone
-
-
-def _position_input(model: ir.Model, config: GenaiConfig) -> ir.Value | None:
-    name = config.decoder_inputs.get("position_ids", "position_ids")
-    return next((v for v in model.graph.inputs if v.name == name and v.dtype in (ir.DataType.INT64,
-                                                                                  ir.DataType.INT32)), None)
 
 
 def _cone_frontier(model: ir.Model, pos: ir.Value) -> tuple[list[ir.Value], int | None]:
@@ -334,9 +345,9 @@ def _per_position(array: np.ndarray, n: int, name: str) -> np.ndarray:
     return np.moveaxis(array, axes[0], 0).reshape(n, -1)
 
 
-def _cone_sites(model: ir.Model, config: GenaiConfig, limit: int | None, evaluate: Evaluate,
-                notes: list[str]) -> tuple[list[Site], int | None]:
-    pos = _position_input(model, config)
+def _cone_sites(model: ir.Model, config: GenaiConfig, limit: int | None, evaluate: RunSubgraph,
+                notes: list[str]) -> tuple[list[SiteRows], int | None]:
+    pos = position_input(model, config.decoder_inputs.get("position_ids", "position_ids"))
     if pos is None:
         raise MatchFailure.absent("no rotation op and no position_ids input to evaluate a position cone from")
     frontier, rows = _cone_frontier(model, pos)
@@ -364,7 +375,7 @@ def _cone_sites(model: ir.Model, config: GenaiConfig, limit: int | None, evaluat
         keep = [i for i, v in enumerate(values) if np.asarray(v).dtype.kind == "f"]  # untyped values: now known
         frontier, values = [frontier[i] for i in keep], [values[i] for i in keep]
         per_span.append([_per_position(np.asarray(v), n, f.name) for v, f in zip(values, frontier, strict=True)])
-    sites: list[Site] = []
+    sites: list[SiteRows] = []
     seen: list[bytes] = []
     for i, value in enumerate(frontier):
         digest = b"".join(span[i].tobytes() for span in per_span)
@@ -374,35 +385,34 @@ def _cone_sites(model: ir.Model, config: GenaiConfig, limit: int | None, evaluat
         at = f"{value.name!r} evaluated from {pos.name!r}"
         regimes = [Regime(first, last, span[i], span[i], 0, at, at)
                    for (first, last), span in zip(spans, per_span, strict=True)]
-        sites.append(Site(f"position table {len(sites)}", value.name or "", "position cone", regimes, None,
+        sites.append(SiteRows(f"position table {len(sites)}", value, "position cone", regimes, None,
                           _dtype_name(per_span[0][i])))
     return sites, covers if covers is not None else end
 
 
-def graph_tables(model: ir.Model, genai_config: GenaiConfig | dict | None = None, *, ep: str = "webgpu",
-                 max_positions: int | None = None, evaluate: Evaluate | None = None) -> GraphTables:
+def graph_tables(model: ir.Model, config: GenaiConfig, evaluators: Evaluators, *, ep: str = "webgpu",
+                 max_positions: int | None = None) -> GraphTables:
     """The rows each rotation of ``model`` reads per position (see the module docstring).
 
     ``ep`` decides the concatenated-cache semantics (the offset exists on WebGPU only); ``max_positions`` is how
     many positions to evaluate computed tables for (default: genai_config's context_length, else the rows of the
-    tables the graph gathers from, else 256); ``evaluate`` runs a subgraph (default: onnxruntime CPU,
-    :func:`rope_passes.runtime.evaluate.evaluate_subgraph`).
+    tables the graph gathers from, else 256); ``evaluators`` read constant tables and run subgraphs.
     """
-    if evaluate is None:
-        from rope_passes.runtime.evaluate import evaluate_subgraph as evaluate
-    config = genai_config if isinstance(genai_config, GenaiConfig) else GenaiConfig(genai_config)
     limit = max_positions or config.context_length
     out = GraphTables()
     try:
-        out.sites = _rotation_sites(model, config, ep, limit, evaluate, out.semantics)
+        out.sites = _rotation_sites(model, config, ep, limit, evaluators, out.semantics)
         return out
     except MatchFailure as exc:
         why = exc.reason
     out.semantics.clear()
     try:
-        out.sites, _ = _cone_sites(model, config, limit, evaluate, out.semantics)
+        out.sites, _ = _cone_sites(model, config, limit, evaluators.subgraph, out.semantics)
         out.kind = "position cone"
         out.semantics.insert(0, f"rotation sites not read ({why}): compared the position cone")
     except MatchFailure as exc:
         out.unavailable = f"{why}; {exc.reason}"
     return out
+
+
+__all__ = ["Evaluators", "GraphTables", "Regime", "SiteRows", "graph_tables"]
