@@ -27,7 +27,7 @@ sys.path.insert(0, "bench")
 import gpu_evidence, realsize
 src, dst = Path(sys.argv[1]), Path(sys.argv[2])
 rels = {realsize.MODELS[m].source for plan in gpu_evidence.PLANS.values() for m in plan.models}
-rels |= {f"hf/{Path(r).parent.name}" for r in rels} | {gpu_evidence.REAL_TOKENS}
+rels |= {f"hf/{Path(r).parent.name}" for r in rels} | set(gpu_evidence.REAL_TOKENS)
 for rel in sorted(rels):
     shutil.copytree(src / rel, dst / rel, dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.npy"))
     print("corpus:", rel)

@@ -7,8 +7,9 @@ weights, on whatever WebGPU adapter there is, lavapipe in CI):
 1. **genai loop**: onnxruntime-genai's own generate loop (bench/genai_loop.py) on the original as users have it
    (``enableGraphCapture=0``: it cannot be captured) and on ``optimize --preset webgpu-graph``'s output as written
    (``enableGraphCapture=1``), each prompt length of the plan: prefill tokens/s (the prompt in one call) and decode
-   tokens/s (median step after the capture step), and whether both gave the same greedy tokens. One tiny corpus model
-   with real weights runs through the same loop (zero weights give degenerate tokens).
+   tokens/s (median step after the capture step), and whether both gave the same greedy tokens. The tiny corpus llama and
+   Phi-3 (real weights; zero weights give degenerate tokens) run through the same loop, Phi-3 crossing its LongRoPE
+   switch (32 rows in its tiny build) while decoding.
 2. **rewrite cost**: the decode step with capture OFF on both sides, for the original, each preset prefix that
    changed the graph (optimize with the first k passes) and the full output: what our rewrites add or save as
    graph work, capture aside.
@@ -49,7 +50,10 @@ COST_HEADER = "| model | graph | decode ms/token, capture off | vs original |"
 FLOOR_HEADER = ("| model | weights read per step (MB) | copy GB/s | floor ms | rewritten + capture decode ms | "
                 "floor / decode |")
 CSV_FIELDS = ["model", "weights", "context", "side", "prefill_tok_s", "decode_tok_s", "decode_ms", "same_tokens"]
-REAL_TOKENS = "current/llama/webgpu_fp16"  # the tiny corpus model with real tokens
+#: tiny corpus models with real weights (real tokens), and the (prompt, new) they run with: None is the plan's
+#: prompts up to the model's 256 rows; Phi-3's tiny build switches to its long factors at 32, crossed while decoding
+REAL_TOKENS = {"current/llama/webgpu_fp16": None, "current/phi3_mini_128k/webgpu_fp16_graph": (8, 32)}
+REAL_CONTEXT = 256
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,9 +164,10 @@ def decode_stats(run: dict[str, Any]) -> dict[str, float]:
     return {"prefill_tok_s": run["prompt"] / run["prefill_s"], "decode_ms": ms, "decode_tok_s": 1e3 / ms}
 
 
-def loop(folder: Path, mode: str, plan: Plan, contexts: tuple[int, ...] | None = None) -> dict[str, Any]:
+def loop(folder: Path, mode: str, plan: Plan, contexts: tuple[int, ...] | None = None,
+         new: int | None = None) -> dict[str, Any]:
     try:
-        return genai_loop.run_child(folder, mode, list(contexts or plan.contexts), plan.new, warm=True,
+        return genai_loop.run_child(folder, mode, list(contexts or plan.contexts), new or plan.new, warm=True,
                                     timeout=120 if plan.tiny else 300)
     except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
         return {"error": (str(exc).strip().splitlines() or ["?"])[-1][:300]}
@@ -201,7 +206,7 @@ def build_models(plan: Plan, work: Path) -> dict[str, dict[str, Any]]:
 def genai_rows(name: str, weights: str, original: dict, rewritten: dict) -> list[dict[str, Any]]:
     rows = []
     for i, ctx in enumerate(r["prompt"] for r in rewritten.get("runs", [])):
-        row: dict[str, Any] = {"model": name, "weights": weights, "context": ctx,
+        row: dict[str, Any] = {"model": name, "weights": weights, "context": ctx, "new": rewritten["runs"][i]["new"],
                                "rewritten": decode_stats(rewritten["runs"][i])}
         if "runs" in original:
             row["original"] = decode_stats(original["runs"][i])
@@ -362,17 +367,23 @@ def main(argv: list[str] | None = None) -> int:
     def over() -> bool:
         return time.perf_counter() - start > args.budget
 
-    real = realsize.CORPUS / REAL_TOKENS
-    jobs = [(name, info["weights"], info["source"], info["output"]) for name, info in built.items()]
-    if real.is_dir():
+    jobs: list[tuple[str, str, Path, Path, tuple[int, ...] | None, int | None]] = [
+        (name, info["weights"], info["source"], info["output"], None, None) for name, info in built.items()]
+    for i, (rel, calls) in enumerate(REAL_TOKENS.items()):
+        real = realsize.CORPUS / rel
+        if not real.is_dir():
+            result["skipped"].append(f"real tokens: no {real}")
+            continue
         import rope_passes
-        rope_passes.optimize(real, work / "real-tokens.opt", preset="webgpu-graph")
-        jobs.append((f"tiny corpus {REAL_TOKENS} (real weights)", "fp16", real, work / "real-tokens.opt"))
-    for name, weights, src, dst in jobs:
+        rope_passes.optimize(real, work / f"real-tokens-{i}.opt", preset="webgpu-graph")
+        prompts, new = ((calls[0],), calls[1]) if calls else (
+            tuple(c for c in plan.contexts if c + plan.new <= REAL_CONTEXT) or (REAL_CONTEXT // 2,), None)
+        jobs.append((f"tiny corpus {rel} (real weights)", "fp16", real, work / f"real-tokens-{i}.opt", prompts, new))
+    for name, weights, src, dst, prompts, new in jobs:
         if over():
             result["skipped"].append(f"genai loop {name}")
             continue
-        original, rewritten = loop(src, "webgpu0", plan), loop(dst, "config", plan)
+        original, rewritten = loop(src, "webgpu0", plan, prompts, new), loop(dst, "config", plan, prompts, new)
         result["genai"] += genai_rows(name, weights, original, rewritten)
         say(f"genai loop {name}: {time.perf_counter() - start:.0f} s", flush=True)
     for name in plan.per_pass:

@@ -36,7 +36,10 @@ def test_gpu_script_runs_at_tiny_size_and_writes_its_tables(tmp_path):
     loops = [r for r in result["genai"] if r.get("context")]
     assert {(r["model"], r["context"]) for r in loops} >= {(m, c) for m in plan.models for c in plan.contexts}
     assert all(r["same_tokens"] is True and r["rewritten"]["decode_tok_s"] > 0 for r in loops), loops
-    assert any("real weights" in r["model"] for r in loops)
+    real = [r for r in loops if "real weights" in r["model"]]
+    assert {r["model"].split()[2] for r in real} == set(ev.REAL_TOKENS)  # "tiny corpus <rel> (real weights)"
+    phi3 = [r for r in real if "phi3" in r["model"]]  # its tiny build switches to the long factors at 32
+    assert phi3 and all(r["context"] < 32 < r["context"] + r["new"] for r in phi3), phi3
     assert [r["graph"] for r in result["cost"]][0] == "original" and len(result["cost"]) >= 3
     assert {r["model"] for r in result["floor"]} == set(plan.models)
     assert all(r["weight_bytes"] > 0 and r["floor_ms"] > 0 for r in result["floor"])
