@@ -34,7 +34,10 @@ condition's cone may read only the total sequence length the GroupQueryAttention
 ``total_sequence_length`` input, through Cast/Identity) and small constants, through elementwise ops; it is evaluated
 exactly for every total 1..rows and must be ``total > o`` for one ``o``, which becomes the offset. So
 ``Greater(total + 8, 32)`` is rewritten with offset 24 and ``GreaterOrEqual(total, 32)`` with 31, while a condition on
-the call length (``Shape(input_ids)``) or on anything but the total is refused.
+the call length (``Shape(input_ids)``) or on anything but the total is refused. WebGPU switches each row on its own
+``seqlens_k + 1``, not on ``total_sequence_length``: the two must be one number for every row of ones, so the total
+must be proved the attention mask's width and ``seqlens_k`` its row sums - 1, by value
+(:func:`rope_passes.proofs.concat_offset.switch_reads_row_lengths`); a total of width + 1 or row sums - 2 is refused.
 
 **The offset is proved for the whole session.** ``multiRotaryCacheConcatOffset`` is one value per session, and
 onnxruntime's WebGPU EP applies it to every GroupQueryAttention with do_rotary=1 and packed QKV
@@ -50,7 +53,7 @@ be packed (one of key/value missing, not rank 3, mixed dtypes, head sizes that d
 tables of matching width/dtype (a table computed from anything the call gives is refused naming the node that reads
 it); a then-branch that is not the longer table; a small table with fewer than ``o`` rows;
 a condition that reads anything but the total length, is not elementwise, or is not ``total > o`` (``Greater(x, y)``
-with a non-constant ``y`` is refused as such); an ``If`` output that is also a graph output (callers read the chosen
+with a non-constant ``y`` is refused as such); a total or ``seqlens_k`` not proved the mask's width and row sums - 1; an ``If`` output that is also a graph output (callers read the chosen
 table); a session consumer the offset would make wrong (above).
 """
 
@@ -64,8 +67,15 @@ from rope_passes.analysis.longrope import LongRoPE, if_switch, separate_qkv, swi
 from rope_passes.passes._concat_offset import OFFSET_KEY, OFFSET_METADATA, WEBGPU_ONLY_KEY, pack_qkv, record_offset
 from rope_passes.passes._rewrite import opset_of, remove_dead
 from rope_passes.passes.base import RopePass
-from rope_passes.proofs.concat_offset import consumer_name, hidden_attention, offset_consumers, packable
+from rope_passes.proofs.concat_offset import (
+    consumer_name,
+    hidden_attention,
+    offset_consumers,
+    packable,
+    switch_reads_row_lengths,
+)
 from rope_passes.proofs.constants import table as constant_table
+from rope_passes.proofs.mask_lengths import MASK_INPUT
 from rope_passes.report import MatchFailure, PassReport
 
 __all__ = ["OFFSET_KEY", "OFFSET_METADATA", "WEBGPU_ONLY_KEY", "LongRoPEConcatPass"]
@@ -167,6 +177,8 @@ class LongRoPEConcatPass(RopePass):
             switch = if_switch(model, node)
             try:
                 offset, tables = self._match(model, switch, gqas)
+                switch_reads_row_lengths(model, gqas, {self.genai_config.decoder_inputs.get("attention_mask",
+                                                                                           MASK_INPUT)})
             except MatchFailure as failure:
                 report.record(failure)
                 refused.append(node)

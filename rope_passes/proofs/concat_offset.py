@@ -31,7 +31,41 @@ from rope_passes.analysis.graph import MS_DOMAIN, attr, flag, nodes_of
 from rope_passes.analysis.longrope import ConcatCache, separate_qkv
 from rope_passes.config import CONCAT_OFFSET_OPTION
 from rope_passes.proofs.constants import table as table_value
+from rope_passes.proofs.mask_lengths import MaskLengths
 from rope_passes.report import MatchFailure, where
+
+# ------------------------------------------------------------------------------------------------------------
+# The length the offset switches on
+# ------------------------------------------------------------------------------------------------------------
+
+
+def switch_reads_row_lengths(model: ir.Model, gqas: list[ir.Node], mask_names: frozenset[str] | set[str]) -> None:
+    """Refuse unless, for every unpadded row, the total an ``If`` switch reads is the length WebGPU's offset switches on.
+
+    The ``If`` switches on the ``total_sequence_length`` its GroupQueryAttention nodes read (what
+    :func:`rope_passes.analysis.longrope.switch_offset` proves the condition a function of). onnxruntime's WebGPU
+    kernels switch each row on its own ``seqlens_k[b] + 1`` (``split_packed_qkv_with_rotary_embedding.wgsl``:
+    ``total_seqlen = seqlens[b] + 1``). The two are one number for every row of ones exactly when the total is the
+    attention mask's width and ``seqlens_k`` its row sums - 1, both proved by value
+    (:class:`rope_passes.proofs.mask_lengths.MaskLengths`). A total of width + 1, or row sums - 2, switches the
+    ``If`` one token away from the offset: refused, naming the GroupQueryAttention input that is not proved.
+    """
+    lengths = MaskLengths(model, mask_names)
+    for gqa in gqas:
+        total = gqa.inputs[6] if len(gqa.inputs) > 6 else None
+        seqlens = gqa.inputs[5] if len(gqa.inputs) > 5 else None
+        why = "the If switches on total_sequence_length, onnxruntime's WebGPU offset on each row's seqlens_k + 1"
+        if total is None or seqlens is None:
+            raise MatchFailure.refuse(f"{why}; {consumer_name(gqa)} lacks one of them", gqa)
+        try:
+            width, rows = lengths.total(total), lengths.seqlens(seqlens)
+        except MatchFailure as failure:
+            raise MatchFailure.refuse(f"{why}, and they are not proved equal: {failure.reason}",
+                                      failure.source if failure.source is not None else gqa) from None
+        if width.mask is not rows.mask:
+            raise MatchFailure.refuse(f"{why}, and {consumer_name(gqa)} reads them from two masks "
+                                      f"({width.mask.name!r}, {rows.mask.name!r})", gqa)
+
 
 # ------------------------------------------------------------------------------------------------------------
 # Packing separate Q/K/V (the offset acts on packed QKV only)

@@ -82,6 +82,23 @@ def call_length_or_total(work: Work) -> list[str]:
     return [if_node.name]
 
 
+def both_read_total_plus1(work: Work) -> list[str]:
+    """The If and every GroupQueryAttention read ``width + 1`` as the total: the condition is ``total > 32`` of the
+    total GQA reads, but WebGPU's offset switches each row on ``seqlens_k + 1`` = the width, one token later."""
+    if_node, greater = _switch(work)
+    splice(work.graph, greater.inputs[0], lambda c, v: c.op("Add", v, c.scalar(1)), "total")
+    return [if_node.name]
+
+
+def seqlens_minus2(work: Work) -> list[str]:
+    """Every GroupQueryAttention reads ``seqlens_k`` = row sums - 2: WebGPU's offset switches on ``seqlens_k + 1`` =
+    width - 1, one token after the If (which switches on the width)."""
+    if_node, _ = _switch(work)
+    seqlens = gqas(work)[0].inputs[5]
+    splice(work.graph, seqlens, lambda c, v: c.op("Sub", v, c.scalar(1, np.int32)), "seqlens")
+    return [if_node.name]
+
+
 def threshold_is(k: int):
     def edit(work: Work) -> list[str]:
         if_node, greater = _switch(work)
@@ -267,6 +284,12 @@ def mutants() -> list[Mutant]:
               "Less(total, 32): the long table for short contexts; no offset expresses it"),
             m(base, short, "identity-total", EQUIVALENT, on_total(lambda c, v: c.op("Identity", v)),
               "Greater(Identity(total), 32)", cls="harmless"),
+            m(base, short, "total-plus1-everywhere", REFUSE, both_read_total_plus1,
+              "the If and GQA both read width + 1: the If switches at width > 31, WebGPU per row at seqlens_k + 1 "
+              "= width > 32 (red team 32's phi3 control)"),
+            m(base, short, "seqlens-minus2", REFUSE, seqlens_minus2,
+              "GQA's seqlens_k is row sums - 2: WebGPU switches at seqlens_k + 1 = width - 1 > 32, the If at "
+              "width > 32"),
         ]
         if not full:
             continue

@@ -5,7 +5,10 @@
   ``tests/test_mutants.py`` checks it against the NumPy mRoPE oracle.
 * :class:`Runner`: a CPU session, optionally emulating WebGPU's ``multiRotaryCacheConcatOffset`` (GroupQueryAttention
   with packed QKV reads cos/sin row ``(total > offset ? offset : 0) + position``, docs/webgpu-on-cpu.md trap 6) by
-  running a second session whose GQA caches start at row ``offset``.
+  running a second session whose GQA caches start at row ``offset``. ``total`` is each row's own ``seqlens_k + 1``,
+  as the kernel computes it (onnxruntime ``split_packed_qkv_with_rotary_embedding.wgsl.template``: ``total_seqlen =
+  seqlens[b] + 1``), read from the graph's own ``seqlens_k`` value, not the mask's width: a graph whose seqlens_k is
+  not the row sums - 1 is judged as WebGPU runs it.
 * :func:`call_feeds` / :func:`compare`: one call per (past length, call length, batch), random past KV, the same
   feeds for both models (a rewrite may drop an input), every common output compared.
 """
@@ -156,13 +159,24 @@ def _packed_gqa_caches(model: ir.Model) -> list[ir.Node]:
             and (len(n.inputs) < 2 or n.inputs[1] is None or not n.inputs[1].name)]
 
 
+#: the graph output the emulation adds: the seqlens_k the first packed-QKV GroupQueryAttention reads
+_SEQLENS = "oracle/emulated_offset/seqlens_k"
+
+
 class Runner:
-    """A model on onnxruntime CPU; ``offset`` > 0 emulates WebGPU's concatenated-cache offset (packed-QKV GQA only)."""
+    """A model on onnxruntime CPU; ``offset`` > 0 emulates WebGPU's concatenated-cache offset (packed-QKV GQA only),
+    row by row on ``seqlens_k[b] + 1``."""
 
     def __init__(self, model: Path | ir.Model, offset: int = 0):
         self.offset = offset
         base = model if isinstance(model, ir.Model) else load_in_memory(model)
         gqas = _packed_gqa_caches(base)
+        if offset and gqas:  # the kernel's per-row total, read off the graph (an Identity: a graph output of its own)
+            seqlens = gqas[0].inputs[5]
+            exposed = ir.node("Identity", [seqlens], outputs=[ir.Value(name=_SEQLENS)])
+            base.graph.append(exposed)
+            exposed.outputs[0].dtype, exposed.outputs[0].shape = seqlens.dtype, seqlens.shape
+            base.graph.outputs.append(exposed.outputs[0])
         self.session = session(to_bytes(base))
         self.shifted = None
         if offset and gqas:
@@ -181,13 +195,25 @@ class Runner:
     def input_names(self) -> list[str]:
         return [i.name for i in self.session.get_inputs()]
 
-    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        sess = self.session
-        if self.shifted is not None and feeds["attention_mask"].shape[1] > self.offset:
-            sess = self.shifted
+    @staticmethod
+    def _run(sess: ort.InferenceSession, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         names = [o.name for o in sess.get_outputs()]
         mine = {i.name for i in sess.get_inputs()}
         return dict(zip(names, sess.run(names, {k: v for k, v in feeds.items() if k in mine})))
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        out = self._run(self.session, feeds)
+        if self.shifted is None:
+            return out
+        late = out.pop(_SEQLENS).reshape(-1).astype(np.int64) + 1 > self.offset  # per row, as the kernel decides
+        if not late.any():
+            return out
+        shifted = self._run(self.shifted, feeds)
+        shifted.pop(_SEQLENS)
+        if late.all():
+            return shifted
+        return {name: np.where(late.reshape((-1,) + (1,) * (value.ndim - 1)), shifted[name], value)
+                if value.ndim and value.shape[0] == late.size else value for name, value in out.items()}
 
 
 # ------------------------------------------------------------------------------------------------------------
