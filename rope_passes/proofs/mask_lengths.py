@@ -8,96 +8,57 @@ cone abstractly, one node at a time, in the form that node's own opset gives it 
 ``num_outputs``, ``Slice``, ``Pad``, ``Cast``/``Identity`` chains, ``Add(x, -1)`` for ``Sub(x, 1)``, model-local
 functions with their own opset import, evaluated in place for the analysis). Every value of the cone is one of
 
-* :class:`MaskRows`: the elements of a rank-2 integer graph input, moved (its axes: ``"b"`` the batch, ``"t"`` the
-  columns, ``1`` unit axes), with ``extra`` added to every row's sum by ``Pad`` columns;
-* :class:`RowSums`: ``sum(row) + offset`` per row (axes ``"b"`` and unit axes);
+* :class:`~rope_passes.proofs.mask_values.MaskRows`: the elements of a rank-2 integer graph input, moved (its axes:
+  ``"b"`` the batch, ``"t"`` the columns, ``1`` unit axes), with ``extra`` added to every row's sum by ``Pad``
+  columns;
+* :class:`~rope_passes.proofs.mask_values.RowSums`: ``sum(row) + offset`` per row (axes ``"b"`` and unit axes);
 * :class:`~rope_passes.proofs.known.Known`: shape arithmetic and constants, run by the one evaluator
   (:func:`rope_passes.proofs.known.known_op`; constants by :mod:`rope_passes.proofs.constants`), the mask's
   dimensions as the symbols ``Dim(0)`` (batch) and ``Dim(1)`` (width);
-* :class:`Broken`: a node the proof cannot follow, with the reason naming it (kept, not raised: only a broken value
-  that reaches the GQA input matters).
+* :class:`~rope_passes.proofs.mask_values.Broken`: a node the proof cannot follow, with the reason naming it (kept,
+  not raised: only a broken value that reaches the GQA input matters).
 
 Exact for every mask: each step keeps the value it claims (an integer ``Cast`` to int32/int64 keeps a 0/1 mask and
 every row sum below 2^31; a ``Cast`` to another type, a ``Slice`` or a ``Pad`` along the batch, a sum over another axis,
-``Squeeze`` without axes, arithmetic other than adding a constant to the sums is :class:`Broken`).
+``Squeeze`` without axes, arithmetic other than adding a constant to the sums is ``Broken``, naming the node). A value
+of a model-local function's body is proved for one call (:meth:`MaskLengths.scope`), the function at its own opset.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Collection
-from typing import Union
 
 import numpy as np
 import onnx_ir as ir
 
 import rope_passes.graph_walk as graph_walk
-from rope_passes.analysis.graph import attr
+from rope_passes.analysis.graph import ancestors, attr
 from rope_passes.proofs.constants import Constants
 from rope_passes.proofs.known import OPAQUE, SMALL, UNKNOWN_VARYING, Dim, Known, const, known_op, known_values
+from rope_passes.proofs.mask_values import (
+    INT_TYPES,
+    MASK_INPUT,
+    Broken,
+    MaskRows,
+    RowSums,
+    Val,
+    broken,
+    mask_like,
+    mask_problem,
+    opset_in,
+    show,
+)
 from rope_passes.report import MatchFailure
-
-#: the attention mask's graph input name where no genai_config names it
-MASK_INPUT = "attention_mask"
-_INT = (ir.DataType.INT64, ir.DataType.INT32)
-_MAX_DEPTH = 16  # nested model-local function calls evaluated
-
-
-@dataclasses.dataclass(frozen=True)
-class MaskRows:
-    source: ir.Value  # the rank-2 integer graph input whose elements these are
-    axes: tuple  # "b" | "t" | 1 per axis
-    width: object  # extent of the "t" axis: Dim(1) (the input's own) or OPAQUE (padded)
-    extra: int = 0  # added to each row's sum by Pad columns
-
-
-@dataclasses.dataclass(frozen=True)
-class RowSums:
-    source: ir.Value
-    axes: tuple  # "b" | 1 per axis
-    offset: int  # the value is sum(row) + offset
-
-
-@dataclasses.dataclass(frozen=True)
-class Broken:
-    reason: str
-    node: ir.Node | None = None
-
-
-Val = Union[MaskRows, RowSums, Known, Broken]  # noqa: UP007
-
-
-def mask_problem(mask: ir.Value, names: Collection[str]) -> str | None:
-    """Why ``mask`` is not the attention mask: a rank-2 integer graph input named as genai_config's
-    ``attention_mask`` input (``names``). A rank-2 integer input alone proves nothing: ``input_ids`` has that look."""
-    if not mask.is_graph_input():
-        return f"{mask.name!r} is not a graph input (the attention mask is expected as one)"
-    if mask.name not in names:
-        return (f"{mask.name!r} is not the attention mask (the graph input {' / '.join(map(repr, sorted(names)))}, "
-                "genai_config's decoder input attention_mask)")
-    if mask.dtype not in _INT:
-        return f"mask {mask.name!r} has dtype {mask.dtype}, expected int64/int32"
-    if mask.shape is not None and len(mask.shape) != 2:
-        return f"mask {mask.name!r} has rank {len(mask.shape)}, expected [batch, total_sequence_length]"
-    return None
-
-
-def _opset(imports, default: int) -> int:
-    return int(imports.get("", imports.get("ai.onnx", default)))
-
-
-def _mask_like(v: ir.Value) -> bool:
-    return v.is_graph_input() and v.dtype in _INT and v.shape is not None and len(v.shape) == 2
-
-
-def _broken(node: ir.Node, why: str) -> Broken:
-    return Broken(f"{node.op_type} {node.name!r} {why}", node)
 
 
 @dataclasses.dataclass
 class Proved:
     mask: ir.Value
     nodes: list[ir.Node]  # the main graph's nodes of the cone (removed by the pass where nothing else reads them)
+
+
+_MAX_DEPTH = 16  # nested model-local function calls evaluated
 
 
 class MaskLengths:
@@ -108,7 +69,7 @@ class MaskLengths:
         self.names = frozenset(mask_names)
         self.constants = Constants()
         self.functions = {(f.domain, f.name, getattr(f, "overload", "")): f for f in model.functions.values()}
-        self.opset = _opset(model.opset_imports, 18)
+        self.opset = opset_in(model.opset_imports, 18)
 
     # -- the two facts ------------------------------------------------------------------------------------------
     def scope(self, call: ir.Node, function: ir.Function) -> _Walk:
@@ -118,7 +79,7 @@ class MaskLengths:
         outer = _Walk(self, self.opset, {})
         seeds = {id(p): outer.value(a) if a is not None else Broken("an absent function input")
                  for p, a in zip(function.inputs, call.inputs, strict=False)}
-        inner = _Walk(self, _opset(function.opset_imports, self.opset), seeds, 1)
+        inner = _Walk(self, opset_in(function.opset_imports, self.opset), seeds, 1)
         inner.adopt(outer)
         return inner
 
@@ -135,7 +96,7 @@ class MaskLengths:
         if isinstance(val, Known):
             values = known_values(val)
             if values is not None and values.size == 1 and values.reshape(-1)[0] == Dim(1) and walk.mask is not None:
-                return Proved(walk.mask, walk.nodes(value))
+                return Proved(walk.mask, ancestors([value]))
         why = self._why(walk, val, "total_sequence_length", "the mask's width (Shape(mask)[1])", value)
         if walk.read_shape:
             raise MatchFailure.refuse(why, value.name or "total_sequence_length")
@@ -149,9 +110,10 @@ class MaskLengths:
         if isinstance(val, RowSums) and val.axes[:1] == ("b",) and all(a == 1 for a in val.axes[1:]):
             problem = mask_problem(val.source, self.names)
             if problem is None and val.offset == -1:
-                return Proved(val.source, walk.nodes(value))
+                return Proved(val.source, ancestors([value]))
+            padded = "".join(f"; {n.op_type} {n.name!r} adds columns to each row" for n in walk.widened)
             why = problem or (f"seqlens_k is the row sums of {val.source.name!r} {val.offset:+d}, not the row sums - 1 "
-                              f"(last changed by {walk.blame_name(value)})")
+                              f"(last changed by {walk.blame_name(value)}{padded})")
             raise MatchFailure.refuse(why, value.name or "seqlens_k")
         why = self._why(walk, val, "seqlens_k", "the mask's row sums - 1 ([batch])", value)
         if walk.read_values:
@@ -168,23 +130,9 @@ class MaskLengths:
         by = f"{node.op_type} {node.name!r}" if node is not None else repr(value.name)
         moved = (f" (shaped so by {walk.blame_name(value, 'axes')}; GroupQueryAttention reads the batch on axis 0, "
                  "every other axis 1)") if isinstance(val, RowSums) and what == "seqlens_k" else ""
-        return f"{what} is not {expected}: {by} computes {_show(val, walk.mask)}{moved}"
-
-
-def _show(val: Val, mask: ir.Value | None) -> str:
-    name = repr(mask.name) if mask is not None else "the mask"
-    if isinstance(val, MaskRows):
-        return f"elements of {name}"
-    if isinstance(val, RowSums):
-        return f"row sums of {name} {val.offset:+d} shaped {val.axes}"
-    if isinstance(val, Known):
-        values = known_values(val)
-        if values is not None and values.size <= 8:
-            words = [f"dimension {x.axis} of {name}" if isinstance(x, Dim) else "a number set per call"
-                     if x is OPAQUE else str(x) for x in values.reshape(-1).tolist()]
-            return f"[{', '.join(words)}]"
-        return "a value not read from the mask's width"
-    return str(val)
+        widened = (f" ({walk.widened[0].op_type} {walk.widened[0].name!r} gives the mask another width)"
+                   if walk.widened and what == "total_sequence_length" else "")
+        return f"{what} is not {expected}: {by} computes {show(val, walk.mask)}{moved}{widened}"
 
 
 class _Walk:
@@ -199,19 +147,9 @@ class _Walk:
         self.touched: list[ir.Value] = []  # rank-2 integer graph inputs whose shape or values the cone reads
         self.read_values = False  # the cone reads such an input's values
         self.read_shape = False  # the cone reads such an input's shape (Shape / Size)
+        self.widened: list[ir.Node] = []  # Pad nodes that add columns to a view of the mask
         self.mask: ir.Value | None = None  # the attention mask, where the cone reads its shape
         self.blame: dict[tuple[int, str], ir.Node] = {}  # (id(RowSums), what) -> the node that last moved it
-
-    def nodes(self, value: ir.Value) -> list[ir.Node]:
-        seen: dict[int, ir.Node] = {}
-        stack = [value]
-        while stack:
-            node = stack.pop().producer()
-            if node is None or id(node) in seen:
-                continue
-            seen[id(node)] = node
-            stack.extend(v for v in node.inputs if v is not None)
-        return list(seen.values())
 
     def blame_name(self, value: ir.Value, what: str = "offset") -> str:
         node = self.blame.get((id(value), what))
@@ -237,12 +175,13 @@ class _Walk:
                 before = self.vals.get(id(src)) if src is not None else None
                 for what in ("offset", "axes"):
                     same = isinstance(before, RowSums) and getattr(before, what) == getattr(a, what)
-                    self.blame[(id(o), what)] = self.blame.get((id(src), what), node) if same else node
+                    inner = self.blame.get((id(o), what))  # a function call: the body's node (set by _call)
+                    self.blame[(id(o), what)] = inner or (self.blame.get((id(src), what), node) if same else node)
         return outs
 
     def _leaf(self, v: ir.Value) -> Val:
         if v.is_graph_input():
-            if _mask_like(v):
+            if mask_like(v):
                 if v not in self.touched:
                     self.touched.append(v)
                 if mask_problem(v, self.owner.names) is None:
@@ -261,13 +200,13 @@ class _Walk:
         if key in self.owner.functions:
             return self._call(node, self.owner.functions[key])
         ins = [None if v is None else self.vals[id(v)] for v in node.inputs]
-        broken = next((a for a in ins if isinstance(a, Broken)), None)
-        if broken is not None:
-            return [broken] * n
+        failed = next((a for a in ins if isinstance(a, Broken)), None)
+        if failed is not None:
+            return [failed] * n
         if node.domain not in ("", "ai.onnx"):
-            return [_broken(node, "is a custom op: the proof does not follow it")] * n
+            return [broken(node, "is a custom op: the proof does not follow it")] * n
         if any(a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS) for a in node.attributes.values()):
-            return [_broken(node, "is control flow: the proof does not follow it")] * n
+            return [broken(node, "is control flow: the proof does not follow it")] * n
         if node.op_type == "Constant":
             array = self.owner.constants(node.outputs[0])
             return [Known.of(array) if array is not None and array.size <= SMALL else UNKNOWN_VARYING]
@@ -277,29 +216,33 @@ class _Walk:
         self.read_values = self.read_values or node.op_type not in ("Shape", "Size")
         self.read_shape = self.read_shape or node.op_type in ("Shape", "Size")
         if len({id(r.source) for r in rows}) > 1:
-            return [_broken(node, "mixes two graph inputs' values")] * n
+            return [broken(node, "mixes two graph inputs' values")] * n
         if node.op_type in ("Add", "Mul") and len(ins) == 2 and not isinstance(ins[0], (MaskRows, RowSums)):
             ins = ins[::-1]  # commutative: the rows first
         x = ins[0]
         if not isinstance(x, (MaskRows, RowSums)):
-            return [_broken(node, "reads the mask's values through an index, shape or second operand")] * n
+            return [broken(node, "reads the mask's values through an index, shape or second operand")] * n
         try:
             return self._rows_op(node, x, ins)
         except _Unknown as e:
-            return [_broken(node, str(e))] * n
+            return [broken(node, str(e))] * n
 
     def _call(self, node: ir.Node, function: ir.Function) -> list[Val]:
         """A model-local function, evaluated in place at its own opset (its inputs bound to the call's values)."""
         if function.attributes:
-            return [_broken(node, "calls a model-local function with attributes: not evaluated")] * len(node.outputs)
+            return [broken(node, "calls a model-local function with attributes: not evaluated")] * len(node.outputs)
         if self.depth >= _MAX_DEPTH:
-            return [_broken(node, f"calls functions {_MAX_DEPTH} deep (recursion?): not evaluated")] * len(node.outputs)
-        opset = _opset(function.opset_imports, self.opset)
+            return [broken(node, f"calls functions {_MAX_DEPTH} deep (recursion?): not evaluated")] * len(node.outputs)
+        opset = opset_in(function.opset_imports, self.opset)
         seeds = {id(p): self.vals[id(a)] if a is not None else Broken("an absent function input")
                  for p, a in zip(function.inputs, node.inputs, strict=False)}
         inner = _Walk(self.owner, opset, seeds, self.depth + 1)
         outs = [inner.value(o) for o in function.outputs]
         self.adopt(inner)
+        for out, body in zip(node.outputs, function.outputs, strict=False):  # refusals name the body's nodes
+            for what in ("offset", "axes"):
+                if (id(body), what) in inner.blame:
+                    self.blame[(id(out), what)] = inner.blame[(id(body), what)]
         return outs
 
     def adopt(self, other: _Walk) -> None:
@@ -310,6 +253,7 @@ class _Walk:
         self.read_values = self.read_values or other.read_values
         self.read_shape = self.read_shape or other.read_shape
         self.mask = self.mask or other.mask
+        self.widened.extend(n for n in other.widened if n not in self.widened)
 
     def fresh(self) -> _Walk:
         """A new walk of the same scope (its seeds and what its arguments' walk found), for one more proof."""
@@ -320,7 +264,8 @@ class _Walk:
     def _rows_op(self, node: ir.Node, x: MaskRows | RowSums, ins: list[Val | None]) -> list[Val]:
         op = node.op_type
         if op == "Shape":
-            dims = [Dim(0) if a == "b" and mask_problem(x.source, self.owner.names) is None else OPAQUE if a in ("b", "t") else a for a in x.axes]
+            own = mask_problem(x.source, self.owner.names) is None
+            dims = [Dim(0) if a == "b" and own else OPAQUE if a in ("b", "t") else a for a in x.axes]
             if isinstance(x, MaskRows):
                 dims = [x.width if a == "t" else d for a, d in zip(x.axes, dims, strict=True)]
             start, end = attr(node, "start", 0), attr(node, "end", None)
@@ -330,7 +275,7 @@ class _Walk:
         if op == "Identity":
             return [x]
         if op == "Cast":
-            if ir.DataType(attr(node, "to")) not in _INT:
+            if ir.DataType(attr(node, "to")) not in INT_TYPES:
                 raise _Unknown(f"casts the mask's values to {ir.DataType(attr(node, 'to')).name}: values it cannot "
                                "hold exactly (or rounds) change the sums")
             return [x]
@@ -451,6 +396,8 @@ class _Walk:
                 if x.axes[a % rank] != "t":
                     raise _Unknown("pads along the batch: rows the caller did not send")
                 added += before + after
+        if added:
+            self.widened.append(node)
         return MaskRows(x.source, x.axes, x.width if not added else OPAQUE, x.extra + added * value)
 
     def _slice(self, node: ir.Node, x: MaskRows, ins: list[Val | None]) -> Val:
@@ -469,4 +416,4 @@ class _Unknown(Exception):
     """A step the proof does not follow (the message says why; the node is added by the caller)."""
 
 
-__all__ = ["MASK_INPUT", "Broken", "MaskLengths", "MaskRows", "Proved", "RowSums", "mask_problem"]
+__all__ = ["MASK_INPUT", "MaskLengths", "Proved", "mask_problem"]
