@@ -158,7 +158,18 @@ def test_client_schedules_come_from_the_graph_facts():
     assert any(n > 8 for n in turns[1:]) and turns[0] < 8  # user messages past the prefill cap, after a past
     # nothing in the graph: only what every caller does (batched prompts, chat turns)
     assert {s.name for s in client_schedules(GraphFacts(vocab=300))} == {"batch-rows", "second-turn",
-                                                                        "left-padded-4", "right-padded-4"}
+                                                                        "left-padded-4", "right-padded-4",
+                                                                        "batch-5", "batch-6", "batch-7"}
+    # every batch size 1..8; decode steps after a right-padded prompt; the capture loop to total 64
+    assert {1, 2, 3, 4, 5, 6, 7, 8} <= {s.batch for s in client_schedules(facts)} | {1, 2, 3}
+    assert by["right-padded-4"].then == (1, 1)
+    assert sum(capture.call_sizes) == 64 and set(capture.call_sizes[1:]) == {1}
+    # calls of k tokens end at every total near each threshold: 24..40 at the switch 32, 248..256 at the end
+    for t, ends in ((32, range(24, 41)), (256, range(248, 257))):
+        for k in (2, 3, 4):
+            got = {int(e) for name, s in by.items() if name.startswith(f"near-{t}-calls-{k}+")
+                   for e in np.cumsum(s.call_sizes)[1:]}
+            assert set(ends) <= got <= set(range(ends[0], 257)), (t, k, sorted(got))
 
 
 @pytest.mark.corpus

@@ -12,9 +12,10 @@ real client sends, and calls at every threshold the graph has.
   graph runs a schedule in the layout its own config and graph take (:func:`for_graph`), and only what a caller reads
   is compared (the real tokens, ``present.*`` trimmed to the tokens so far);
 * **batched prompts and chat turns** (every model): ``batch-rows``, a batch of :data:`BATCH_ROWS` equal prompts;
+  ``batch-5`` .. ``batch-7`` (every batch size 1..8 is sent at least once);
   ``left-padded-4`` / ``right-padded-4``, four rows of four different lengths padded as onnxruntime-genai (left) and
-  transformers.js (right) pad, then decode steps (right-padded: for graphs that take their caller's positions, the
-  transformers.js layouts; a GroupQueryAttention graph's client pads left, so there the prompt alone);
+  transformers.js (right) pad (by 2, 4, 6 and by 1, 2, 3: every padding 1..6 in a batch of four), then decode steps (after a right-padded prompt the mask keeps its zeros in the middle:
+  both clients append a 1 per step);
   ``second-turn``, user messages of :data:`SECOND_TURNS` tokens after a past, a decode step between them;
 * **positions ahead of the cache** (a graph that rotates by the ``position_ids`` its caller sends: exporter, optimum,
   transformers.js layouts): a prompt and calls after it whose positions start :data:`AHEAD` past the cache's length;
@@ -22,7 +23,9 @@ real client sends, and calls at every threshold the graph has.
   (totals above ``t`` read otherwise) gets single steps at totals ``t-1, t, t+1`` and multi-token calls that straddle
   it (past ``t-2`` + 4 tokens, past ``t-4`` + 8 tokens) and a left-padded batch of a row below and a row above it
   (lengths 2 and ``t+2``: the batch's total decides, not a row's); the context's end and a table's last row ``t`` get single
-  steps at totals ``t-8..t`` and a call of the last 8 positions. A threshold past :data:`BOUNDARY_MAX` tokens is left
+  steps at totals ``t-8..t`` and a call of the last 8 positions; and calls of :data:`CALL_SIZES` tokens after a past
+  end at every total from ``t -`` :data:`NEAR` to ``t +`` :data:`NEAR` (the context's end: to ``t``)
+  (``near-<t>-calls-<k>+<r>``: a prompt, then calls of ``k``, one schedule per start residue ``r``). A threshold past :data:`BOUNDARY_MAX` tokens is left
   to the sweep's single steps after a random past (a note says so).
 """
 
@@ -44,6 +47,14 @@ EARLIER_MORE = 4
 #: the user messages of ``second-turn``: multi-token calls after a past, past the software adapter's prefill cap (a
 #: CPU EP schedule there) and well beyond it
 SECOND_TURNS = (12, 30)
+#: ``genai-capture-steps`` decodes to this total (the capture loop's static mask at every total below it, as
+#: ``long-decode`` reaches every position below it with a growing mask; the sweep's single steps go on to the context)
+CAPTURE_TOTAL = 64
+#: batch sizes no other schedule has (with them every batch of 1..BATCH_ROWS rows is sent at least once)
+OTHER_BATCHES = (5, 6, 7)
+#: the multi-token calls that end at every total near each threshold (:func:`boundary_schedules`), and how near
+CALL_SIZES = (2, 3, 4)
+NEAR = 8
 #: the largest threshold the boundary schedules reach by a prompt (longer: the sweep stands in)
 BOUNDARY_MAX = 1024
 #: the most rows a genai schedule's shared buffers get (a real model's max_length of 131072 would be GBs per call at
@@ -65,8 +76,10 @@ def client_schedules(facts: GraphFacts, seed: int = 1) -> list[Schedule]:
             out.append(Schedule("genai-second-conversation", (n,), (_draw(rng, v, n + 3),), then=(1, 1, 1), pad=pad,
                                 kv=SHARED, max_length=length, earlier=n + 3 + EARLIER_MORE))
         if facts.static_mask:
-            out.append(Schedule("genai-capture-steps", (n,), (_draw(rng, v, n + 4),), then=(1, 1, 1, 1), pad=pad,
-                                kv=STATIC, max_length=length))
+            # the capture loop's replays: single steps to total CAPTURE_TOTAL (where the buffers hold it), each compared
+            steps = max(4, min(length, CAPTURE_TOTAL) - n)
+            out.append(Schedule("genai-capture-steps", (n,), (_draw(rng, v, n + steps),), then=(1,) * steps,
+                                pad=pad, kv=STATIC, max_length=length))
             if length >= n + 4 + EARLIER_MORE:
                 out.append(Schedule("genai-capture-second-conversation", (n,), (_draw(rng, v, n + 4),),
                                     then=(1, 1, 1, 1), pad=pad, kv=STATIC, max_length=length,
@@ -76,12 +89,20 @@ def client_schedules(facts: GraphFacts, seed: int = 1) -> list[Schedule]:
     # a server's batched prompts: BATCH_ROWS equal rows, no padding (a batch of at least 3, 4, ... rows)
     out.append(Schedule("batch-rows", (n,) * BATCH_ROWS, tuple(_draw(rng, v, n + 2) for _ in range(BATCH_ROWS)),
                         then=(1, 1), pad=pad))
+    # every batch size 1..BATCH_ROWS at least once: the sizes no other schedule has, short equal prompts and a step
+    for size in OTHER_BATCHES:
+        out.append(Schedule(f"batch-{size}", (3,) * size, tuple(_draw(rng, v, 4) for _ in range(size)), then=(1,),
+                            pad=pad))
     # four rows of four lengths, padded as genai (left) and transformers.js (right) pad, then decode steps
     w = min(7, facts.max_call or 7)
     rows = (w, max(1, w - 4), max(1, w - 2), 1)
     out.append(Schedule("left-padded-4", rows, tuple(_draw(rng, v, k + 3) for k in rows), LEFT, then=(1, 1, 1),
                         pad=pad))
-    then = (1, 1) if facts.takes_positions else ()
+    # decode steps after the right-padded prompt (the mask keeps the padding's zeros in the middle): transformers.js
+    # sends them, and so does onnxruntime-genai, which appends a 1 to whatever mask the prompt had
+    then = (1, 1)
+    # padded by 1, 2, 3 where the left-padded rows are padded by 2, 4, 6: every padding 1..6 in a batch of four rows
+    rows = (w, max(1, w - 3), max(1, w - 1), max(1, w - 2))
     out.append(Schedule("right-padded-4", rows, tuple(_draw(rng, v, k + sum(then)) for k in rows), RIGHT, then=then,
                         pad=pad))
     # a chat's later turns: user messages of SECOND_TURNS tokens after a past (onnxruntime-genai's append_tokens)
@@ -122,6 +143,16 @@ def boundary_schedules(facts: GraphFacts, rng: np.random.RandomState | None = No
         k = min(8, t - 1)
         add(f"end-{t}-steps", t - k, (1,) * k)  # totals t-k .. t
         add(f"end-{t}-straddle", t - k, (k,))  # the last k positions in one call
+    # calls of k tokens (a chunked prefill's chunks, speculative decoding's k-token steps) ending at every total
+    # from t - NEAR to t + NEAR (the context's end: to t) of every threshold: one schedule per k and start residue
+    near = [(k, t, t + (0 if k_ == "end" else NEAR)) for k_, t in
+            [*crossings, *(("end", t) for t in facts.ends)] if t <= BOUNDARY_MAX for k in CALL_SIZES]
+    for k, t, hi in sorted(set(near)):
+        lo = t - NEAR
+        for r in range(k):
+            ends = range(lo + r, hi + 1, k)
+            if len(ends):
+                add(f"near-{t}-calls-{k}+{r}", ends[0] - k, (k,) * len(ends))
     return out
 
 
@@ -144,4 +175,4 @@ def for_graph(schedule: Schedule, loop: GenaiLoop) -> Schedule:
                                earlier=schedule.earlier if kv != PLAIN else 0)
 
 
-__all__ = ["AHEAD", "BATCH_ROWS", "EARLIER_MORE", "BOUNDARY_MAX", "SECOND_TURNS", "SHARED_MAX", "boundary_schedules", "client_schedules", "for_graph", "unreached"]
+__all__ = ["AHEAD", "BATCH_ROWS", "CALL_SIZES", "CAPTURE_TOTAL", "NEAR", "OTHER_BATCHES", "EARLIER_MORE", "BOUNDARY_MAX", "SECOND_TURNS", "SHARED_MAX", "boundary_schedules", "client_schedules", "for_graph", "unreached"]

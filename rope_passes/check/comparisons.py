@@ -21,7 +21,7 @@ import numpy as np
 from rope_passes.check.compare import TOLERANCES, Comparison, OutputDiff, compare_steps, cpu_tolerance
 from rope_passes.check.plan import Plan
 from rope_passes.check.runner import RunResult
-from rope_passes.check.schedule_runs import AGAIN, ROW, compare_calls, padded_rows_kept
+from rope_passes.check.schedule_runs import AGAIN, ROW, compare_calls, compare_padded_rows, padded_rows_kept
 from rope_passes.check.schedules import Schedule
 from rope_passes.check.sweep import compare_sweep
 from rope_passes.check.verdict import PLUGIN, Evidence
@@ -143,6 +143,11 @@ def schedule_comparisons(ev: Evidence, plan: Plan) -> list[Comparison]:
             if rows is not None and not rows.all():
                 rows_out.append(f"{s.name} row(s) {', '.join(str(b) for b in np.flatnonzero(~rows))}")
             n = compare_calls(s, got, want, c, only, ref.schedules.get(s.name + AGAIN), rows)
+            if rows is not None and not rows.all() and not ref.label.endswith(PLUGIN) and only is None:
+                # left out of the comparison above, still read by the caller: as the original computes them in the
+                # same batch on the same runtime, or as it computes each row alone
+                compare_padded_rows(s, got, want, {b: ref.schedules.get(f"{s.name}{ROW}{b}", [])
+                                                   for b in range(s.batch)}, rows, c, decode_only=ep == "cpu")
             if n:
                 undefined[s.name] = n
             if s.name in rew.schedule_errors and len(got) < len(want):
@@ -153,7 +158,10 @@ def schedule_comparisons(ev: Evidence, plan: Plan) -> list[Comparison]:
         if rows_out:
             who = f"{ref.label} and {rew.label} (another runtime)" if ref.label.endswith(PLUGIN) else ref.label
             notes.append(f"{who} do(es) not compute {'; '.join(rows_out)} as it computes each alone (padding it "
-                         "does not honour, e.g. GroupQueryAttention after a left-padded prompt on CPU): left out")
+                         "does not honour, e.g. GroupQueryAttention after a left-padded prompt on CPU): compared "
+                         "with the original's same batch or each row alone" + (
+                             ", the decode steps only (the prompt reads uninitialised memory there)" if ep == "cpu"
+                             else "") if not who.endswith("(another runtime)") and only is None else ": left out")
         if undefined:
             notes.append(f"{ref.label} computes different values on a second run of the same calls at "
                          f"{sum(undefined.values())} element(s) of {', '.join(undefined)} (not a function of the "

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from rope_passes.analysis.genai_contract import caller_positions
-from rope_passes.check.client_schedules import BOUNDARY_MAX, client_schedules, unreached
+from rope_passes.check.client_schedules import BOUNDARY_MAX, CAPTURE_TOTAL, client_schedules, unreached
 from rope_passes.check.compare import TOLERANCES, Tolerance
 from rope_passes.check.decode import TOKEN_HIGH
 from rope_passes.check.models import ModelInfo, rotation_tables_of
@@ -158,6 +158,11 @@ def make_plan(orig: ModelInfo, rew: ModelInfo, opts: CheckOptions, adapter: Adap
                          f"{switch + PAST_SWITCH - prefill} steps (more than {MAX_CROSSING_STEPS}); positions "
                          f"{', '.join(map(str, sides))} are single steps after a random past instead (the step at "
                          f"each side of the switch, the same past for both graphs)")
+    if opts.graph_capture and end and prefill + steps < min(CAPTURE_TOTAL, end):
+        # the captured decode replays one graph at every total: reach CAPTURE_TOTAL, each step against it uncaptured
+        steps = min(CAPTURE_TOTAL, end) - prefill
+        notes.append(f"graph capture: decoding {prefill + steps} tokens in all, so the captured replays run at every "
+                     f"total up to {prefill + steps} (the capture loop's mask, ones then zeros), each step compared")
     limit = max_webgpu_prefill(adapter) if adapter else None
     if adapter is not None and limit is not None and prefill > limit:  # a limit comes from an adapter
         notes.append(f"software WebGPU adapter ({adapter.summary}): WebGPU GroupQueryAttention prefill is wrong for "

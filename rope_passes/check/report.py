@@ -41,7 +41,7 @@ class EquivalenceReport:
     tables: TableComparison | None = None  # the rotation-level comparison (None: not asked for)
     sweep_positions: list[int] = dataclasses.field(default_factory=list)
     reference: str = ""  # what the rewritten graph was compared with, in one line
-    reason: str = ""  # could not run: why, in one line
+    reason: str = ""  # could not run, or not equivalent with no failing comparison: why, in one line
     runtime: str = ""  # the WebGPU runtime the runs used (rope_passes.targets name: "onnxruntime-webgpu", ...)
     schedules: list[Schedule] = dataclasses.field(default_factory=list)  # what the runs fed besides the decode
     exploration: Any = None  # .explore.Exploration with --budget

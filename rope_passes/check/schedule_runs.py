@@ -4,7 +4,8 @@
   (:func:`run_twice`, :data:`AGAIN`) and each row of a padded batch alone (:func:`row_alone`, :data:`ROW`);
 * :func:`padded_rows_kept`: the rows of a padded batch the reference computes as it computes each alone;
 * :func:`compare_calls`: one :class:`~rope_passes.check.compare.OutputDiff` per output per call, on the real tokens
-  and the real cache positions; :func:`differs`: the first difference of one schedule (``check --budget``).
+  and the real cache positions; :func:`compare_padded_rows`: the rows of a padded batch it left out, against the
+  reference's same batch or that row alone; :func:`differs`: the first difference of one schedule (``check --budget``).
 """
 
 from __future__ import annotations
@@ -245,6 +246,41 @@ def compare_calls(schedule: Schedule, actual: Sequence[dict[str, np.ndarray]],
     return undefined
 
 
+def compare_padded_rows(schedule: Schedule, actual: Sequence[dict[str, np.ndarray]],
+                        reference: Sequence[dict[str, np.ndarray]], alone: dict[int, Sequence[dict[str, np.ndarray]]],
+                        rows: np.ndarray, comparison: Comparison, decode_only: bool = False) -> None:
+    """The rows of a padded batch :func:`padded_rows_kept` left out of :func:`compare_calls` (the reference does not
+    compute them as it computes each alone) are still what a caller reads: per call, each such row's real tokens of
+    every ``[B, S, ...]`` output against the reference's same row of the same batch, and against the reference's run
+    of that row alone; one :class:`OutputDiff` per row and output, the nearer of the two (a rewrite must compute the
+    row as the original does in that batch, or as a caller means it). ``decode_only``: the calls after the prompt only
+    (the CPU EP's GroupQueryAttention reads uninitialised memory in a left-padded prompt, not a function of the
+    inputs, measured 0.1 apart between two sessions of one graph; its decode steps are deterministic)."""
+    for b in np.flatnonzero(~rows):
+        solo = alone.get(int(b), [])
+        for call in schedule.calls():
+            i = call.index
+            if i >= len(actual) or i >= len(reference) or (decode_only and call.past == 0):
+                continue
+            real = call.real[b, call.past:]
+            for name, ref in reference[i].items():
+                got = actual[i].get(name)
+                if name.startswith(PRESENT_PREFIX) or got is None or got.shape != ref.shape or ref.ndim < 2 \
+                        or ref.shape[1] != call.tokens:
+                    continue
+                d = diff_arrays(got[b][real], ref[b][real], comparison.tolerance, i, name)
+                own = solo[i].get(name) if i < len(solo) else None
+                if not d.ok and own is not None and own.shape[1] == int(real.sum()):
+                    d2 = diff_arrays(got[b][real], own[0], comparison.tolerance, i, name)
+                    if d2.ok or d2.max_abs < d.max_abs:
+                        d = d2
+                if not d.ok:
+                    d.reason = (f"row {b} of the padded batch: neither as the reference computes it in this batch "
+                                "nor as it computes that row alone")
+                d.schedule = schedule.name
+                comparison.diffs.append(d)
+
+
 def differs(schedule: Schedule, runs: Sequence[tuple[Any, DecoderSpec, Any, DecoderSpec]], tolerance: Any,
             vocab: int) -> OutputDiff | None:
     """The first output that differs on ``schedule`` between the two sessions of one of ``runs`` ((actual session,
@@ -271,5 +307,5 @@ def differs(schedule: Schedule, runs: Sequence[tuple[Any, DecoderSpec, Any, Deco
     return None
 
 
-__all__ = ["AGAIN", "ROW", "compare_calls", "differs", "earlier_conversation", "padded_rows_kept", "row_alone", "run_reference", "run_schedule",
+__all__ = ["AGAIN", "ROW", "compare_calls", "compare_padded_rows", "differs", "earlier_conversation", "padded_rows_kept", "row_alone", "run_reference", "run_schedule",
            "run_twice", "scrubbed"]

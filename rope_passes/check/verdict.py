@@ -304,11 +304,13 @@ def _config_mismatch(ev: Evidence) -> str | None:
 
     old = config_mismatches(ev.orig.model, ev.orig.genai_config)
     new = [m for m in config_mismatches(ev.rew.model, ev.rew.genai_config) if m not in old]
-    return f"WARNING: the rewritten genai_config.json does not describe its graph: {new[0]}" if new else None
+    return f"the rewritten genai_config.json does not describe its graph: {new[0]}" if new else None
 
 
 def decide(ev: Evidence, comparisons: list[Comparison]) -> tuple[str, str, str]:
-    """(verdict, reason when it could not run, the reference in one line); adds the run notes to ``ev.notes``."""
+    """(verdict, its reason in one line (could not run, or not equivalent where no comparison failed: the config,
+    a run the original makes and the rewritten graph does not), the reference in one line); adds the run notes to
+    ``ev.notes``."""
     _run_notes(ev)
     by, ep, rew_label = ev.by, ev.ep, ev.rewritten_label
     rew = by[rew_label]
@@ -322,8 +324,8 @@ def decide(ev: Evidence, comparisons: list[Comparison]) -> tuple[str, str, str]:
     elif (wrong := _config_mismatch(ev)) is not None:
         # onnxruntime-genai binds the KV cache and sizes its buffers from genai_config.json: a config that no longer
         # describes the graph breaks every real call, however the graph computes
-        verdict = NOT_EQUIVALENT
-        ev.notes.append(wrong)
+        verdict, reason = NOT_EQUIVALENT, wrong
+        ev.notes.append(f"WARNING: {wrong}")
     elif rew.status == NOT_RUN or (capture is not None and capture.status == NOT_RUN):
         # the checker could not drive a run it needed (exit 2): nothing about the graph was learnt there
         run = rew if rew.status == NOT_RUN else capture
@@ -335,17 +337,18 @@ def decide(ev: Evidence, comparisons: list[Comparison]) -> tuple[str, str, str]:
         verdict, reason = COULD_NOT_RUN, failed
     elif not rew.ok and any(by[lab].ok for lab in ("original@webgpu", "original@cpu") if lab in by
                             and lab.endswith(ep)):
-        verdict = NOT_EQUIVALENT
-        ev.notes.append(f"the original runs on {ep} but the rewritten graph does not")
+        verdict, reason = NOT_EQUIVALENT, f"the original runs on {ep} but the rewritten graph does not"
+        ev.notes.append(reason)
     elif ev.capture_required and rew.ok and by["rewritten@webgpu+capture"].status == "load-failed":
         # the output's config turns capture on (the original's did not): onnxruntime-genai cannot create its session
-        verdict = NOT_EQUIVALENT
-        ev.notes.append("the rewritten genai_config.json sets enableGraphCapture=1 but onnxruntime refuses graph "
-                        f"capture for the rewritten graph: {_short(by['rewritten@webgpu+capture'].reason)}")
+        verdict, reason = NOT_EQUIVALENT, ("the rewritten genai_config.json sets enableGraphCapture=1 but onnxruntime "
+                                           "refuses graph capture for the rewritten graph: "
+                                           f"{_short(by['rewritten@webgpu+capture'].reason)}")
+        ev.notes.append(reason)
     elif ev.graph_capture and rew.ok and by["rewritten@webgpu+capture"].status not in ("ok", "load-failed"):
         # only when the plain run ran: a capture run that fails as the plain one does says nothing about capture
-        verdict = NOT_EQUIVALENT
-        ev.notes.append("the rewritten graph's session accepts graph capture but does not run under it")
+        verdict, reason = NOT_EQUIVALENT, "the rewritten graph's session accepts graph capture but does not run under it"
+        ev.notes.append(reason)
     elif not rew.ok and not any(c.kind == "decode" and c.actual == rew_label for c in counted):
         # the rewritten graph did not run on the EP asked for: CPU comparisons alone do not make it equivalent there
         verdict = COULD_NOT_RUN

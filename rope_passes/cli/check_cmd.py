@@ -315,7 +315,7 @@ def render_end(report, console: Console) -> None:
     for line in report.first_differences()[1 if first is not None else 0:]:
         console.print(f"first failure: {escape(line)}")
     if report.reason:
-        console.print(f"could not run: {escape(report.reason)}")
+        console.print(f"{'not equivalent' if report.exit_code == 1 else 'could not run'}: {escape(report.reason)}")
     if report.fix:
         console.print(f"fix: {escape(report.fix)}")
     console.print(f"{escape(report.runtime)}: [{colour}]{report.verdict}[/{colour}] (exit {report.exit_code}) in "
