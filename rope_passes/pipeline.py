@@ -21,7 +21,7 @@ from rope_passes.io import ModelBundle
 from rope_passes.passes import PassContext, RopePassResult
 from rope_passes.plan import RunPlan
 from rope_passes.report import PipelineReport
-from rope_passes.targets import RuntimeTarget
+from rope_passes.runtimes.probed import ProbedRuntime
 
 if TYPE_CHECKING:
     from rope_passes.analysis.placement import Placement
@@ -73,7 +73,7 @@ def run_pipeline(bundle: ModelBundle, plan: RunPlan,
     return report
 
 
-def capture_config(bundle: ModelBundle, runtime: RuntimeTarget, verdict: Placement | None = None) -> dict[str, Any]:
+def capture_config(bundle: ModelBundle, runtime: ProbedRuntime, verdict: Placement | None = None) -> dict[str, Any]:
     """``webgpu-graph``'s last step: the output's graph-capture verdict (the one home,
     :func:`rope_passes.analysis.placement.capture_verdict`) and ``genai_config.json`` made to agree with it.
 

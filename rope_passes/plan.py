@@ -1,7 +1,7 @@
 """The run, resolved once at the edge: a frozen :class:`RunPlan` built by :func:`make_plan`, handed down unchanged.
 
 A run is a *preset* (an ordered pass list, :data:`PRESETS`) or an explicit pass list, for one WebGPU *runtime*
-(:class:`rope_passes.targets.RuntimeTarget`), with each pass's typed options and the Hugging Face config the user
+(:class:`rope_passes.runtimes.probed.ProbedRuntime`), with each pass's typed options and the Hugging Face config the user
 named (``--hf-config``). The command line validates its arguments by building the plan (one usage error, before any
 model is read); :func:`rope_passes.api.optimize`, :func:`rope_passes.pipeline.run_pipeline` and
 :func:`rope_passes.lint.fix_bundle` take the plan and never decide a runtime, a preset or an option again::
@@ -12,7 +12,7 @@ model is read); :func:`rope_passes.api.optimize`, :func:`rope_passes.pipeline.ru
     plan.options       # {'fold-text-mrope': FoldTextMRoPEOptions(text_only=True, max_positions=None)}
 
 Order matters and is written down here, not left to rule discovery: each preset is a list, run first to last,
-and ``tests/test_pipeline.py`` pins it. Presets are per runtime: a *downlevel* pass (:data:`rope_passes.targets.DOWNLEVEL`)
+and ``tests/test_pipeline.py`` pins it. Presets are per runtime: a *downlevel* pass (:data:`rope_passes.runtimes.probed.DOWNLEVEL`)
 only makes a graph loadable on a runtime that lacks something, so the preset for a runtime that has it leaves the
 pass out, and the report says why (:func:`presets_for`). :data:`PRESETS` lists every pass a preset may run.
 """
@@ -24,7 +24,9 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from rope_passes.errors import UsageError
-from rope_passes.targets import RUNTIMES, RuntimeTarget, resolve_target
+from rope_passes.runtimes.choose import resolve
+from rope_passes.runtimes.installed import RUNTIMES
+from rope_passes.runtimes.probed import ProbedRuntime
 
 if TYPE_CHECKING:
     from rope_passes.passes import PassContext, RopePass
@@ -66,7 +68,7 @@ class RunPlan:
     #: the preset the passes come from (None: an explicit pass list)
     preset: str | None
     #: the WebGPU runtime the output is for
-    runtime: RuntimeTarget
+    runtime: ProbedRuntime
     #: the passes, in order
     passes: tuple[str, ...]
     #: pass name -> its validated options (an instance of the pass's ``options_type``), for every pass of the run
@@ -93,7 +95,7 @@ class RunPlan:
 
 
 def make_plan(preset: str | None = None, passes: Sequence[str] | None = None, *,
-              options: Mapping[str, Any] | None = None, runtime: RuntimeTarget | str | None = None,
+              options: Mapping[str, Any] | None = None, runtime: ProbedRuntime | str | None = None,
               hf_config: str | None = None) -> RunPlan:
     """The one place a run is resolved: ``preset`` (default :data:`DEFAULT_PRESET`) or ``passes`` (run exactly as
     named), for ``runtime`` (a name; None: the one installed here), with ``options`` (option name -> value, each
@@ -106,7 +108,7 @@ def make_plan(preset: str | None = None, passes: Sequence[str] | None = None, *,
     """
     from rope_passes.passes import ALL_PASSES
 
-    target = resolve_target(runtime)
+    target = resolve(runtime)
     if passes is not None:
         names = [p.strip() for p in passes]
         if not names or "" in names:
@@ -140,7 +142,7 @@ def make_plan(preset: str | None = None, passes: Sequence[str] | None = None, *,
 
 
 def lint_plan(*, fix: bool = False, options: Mapping[str, Any] | None = None,
-              runtime: RuntimeTarget | str | None = None, hf_config: str | None = None,
+              runtime: ProbedRuntime | str | None = None, hf_config: str | None = None,
               preset: str | None = None) -> RunPlan:
     """The plan of ``rope-passes lint``: the runtime it lints for and the config its RP4xx rules read; with ``fix``,
     every pass in :func:`pass_order` (or ``preset``'s, for that runtime) with its ``options``, of which
@@ -150,19 +152,19 @@ def lint_plan(*, fix: bool = False, options: Mapping[str, Any] | None = None,
         return make_plan(preset, options=options, runtime=runtime, hf_config=hf_config)
     if fix:
         return make_plan(passes=pass_order(), options=options, runtime=runtime, hf_config=hf_config)
-    return RunPlan(None, resolve_target(runtime), (), {}, {}, None if hf_config is None else str(hf_config),
+    return RunPlan(None, resolve(runtime), (), {}, {}, None if hf_config is None else str(hf_config),
                    runtime is not None)
 
 
-def presets_for(runtime: RuntimeTarget | str | None = None) -> dict[str, list[str]]:
+def presets_for(runtime: ProbedRuntime | str | None = None) -> dict[str, list[str]]:
     """The presets for one runtime: :data:`PRESETS` without the passes it leaves out (``rope-passes passes``)."""
-    target = resolve_target(runtime)
+    target = resolve(runtime)
     return {preset: [n for n in names if target.skip_reason(n) is None] for preset, names in PRESETS.items()}
 
 
-def skipped_for(preset: str, runtime: RuntimeTarget | str | None = None) -> dict[str, str]:
+def skipped_for(preset: str, runtime: ProbedRuntime | str | None = None) -> dict[str, str]:
     """The passes of ``preset`` that ``runtime`` leaves out, with why (``rope-passes passes``)."""
-    target = resolve_target(runtime)
+    target = resolve(runtime)
     return {n: why for n in PRESETS.get(preset, ()) if (why := target.skip_reason(n)) is not None}
 
 

@@ -6,7 +6,7 @@ Two homes, one per kind of fact, nothing in both:
 
 * **which kernels exist** — :class:`KernelTable`, built from one runtime's probed table
   (``rope_passes/runtime_tables/<runtime>.json``, written by ``tools/probe_runtime.py``; the runtime's
-  :class:`rope_passes.targets.RuntimeTarget` holds it as ``target.kernels``). One probe node per (op, type binding),
+  :class:`rope_passes.runtimes.probed.ProbedRuntime` holds it as ``target.kernels``). One probe node per (op, type binding),
   a WebGPU session with capture off and one with ``enableGraphCapture=1``, onnxruntime's own placement lines;
 * **memory types** — ``webgpu_kernels.json`` next to this module: inputs a WebGPU kernel reads from CPU memory
   (``InputMemoryType(OrtMemTypeCPU, i)``), outputs it writes there (``Shape``), which the runtime probe does not

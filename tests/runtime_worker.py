@@ -3,7 +3,7 @@
     <python of the runtime> tests/runtime_worker.py JOB.json OUT_DIR
 
 (``.venv/bin/python`` for onnxruntime-webgpu 1.27, ``.venv-plugin/bin/python`` for onnxruntime 1.31 + the WebGPU
-plugin EP; this repository on ``PYTHONPATH``: :func:`rope_passes.runtime.interpreters.child_env`). It needs numpy,
+plugin EP; this repository on ``PYTHONPATH``: :func:`rope_passes.runtimes.installed.child_env`). It needs numpy,
 onnx and onnxruntime only, so it runs in the plugin venv, which has no rope-passes installed.
 
 JOB.json: ``{"model": path, "genai_config": {...} | null, "webgpu_options": {key: value}, "embedding": .npy | null,
@@ -33,7 +33,7 @@ def run_worker(runtime: str, model: Path, work: Path, *, total: int = 8, ep: str
                embedding: str | None = None) -> tuple[dict, np.ndarray | None, np.ndarray | None]:
     """The session side on ``runtime``'s interpreter (tests/runtime_worker.py): result.json, prefill and last rows."""
     from rope_passes.config import GenaiConfig
-    from rope_passes.runtime.interpreters import child_env, python_for
+    from rope_passes.runtimes.installed import child_env, python_for
 
     python = python_for(runtime)
     assert python is not None, (f"no interpreter for {runtime}: run scripts/setup.sh --with-plugin-runtime "

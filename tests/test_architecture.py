@@ -125,7 +125,7 @@ def test_analysis_imports_no_onnxruntime_and_no_runtime_layer():
         if not (name == "rope_passes.analysis" or name.startswith("rope_passes.analysis.")):
             continue
         for imported, line in _imports(name, path):
-            if imported.split(".")[0] == "onnxruntime" or imported.startswith("rope_passes.runtime"):
+            if imported.split(".")[0] == "onnxruntime" or _in(imported, "rope_passes.runtime"):  # not .runtimes
                 offenders.append(f"{path.relative_to(PACKAGE.parent)}:{line} imports {imported}")
     assert not offenders, "analysis must stay pure (no sessions):\n" + "\n".join(sorted(set(offenders)))
 
@@ -225,11 +225,13 @@ def test_cycle_finder_finds_a_cycle():
 #: or the preset again; rope_passes.plan (make_plan, lint_plan) does, once
 RUN_PATH = ("rope_passes.api", "rope_passes.pipeline", "rope_passes.lint", "rope_passes.passes",
             "rope_passes.cli.optimize_cmd", "rope_passes.cli.lint_cmd", "rope_passes.hf_config")
-RESOLVERS = {"resolve_target", "default_runtime", "get_target", "detect_installed", "PRESETS", "presets_for",
-             "skipped_for", "DEFAULT_PRESET", "ContextVar"}
+RESOLVERS = {"default_runtime", "probed_runtime", "detect_installed", "PRESETS", "presets_for", "skipped_for",
+             "DEFAULT_PRESET", "ContextVar"}
+#: the module of the one resolve (its names are generic: ``resolve`` is also Path.resolve): importing it is a use
+CHOOSE = "rope_passes.runtimes.choose"
 #: the one default below the plan: a PassContext built by hand (a user's own onnx_ir PassManager, no plan) is for the
 #: runtime installed here; our runs always give the plan's
-EDGES = {("rope_passes.passes.base", "resolve_target")}
+EDGES = {("rope_passes.passes.base", f"{CHOOSE}.resolve")}
 
 
 def _names_used(path: Path) -> list[tuple[str, int]]:
@@ -239,6 +241,8 @@ def _names_used(path: Path) -> list[tuple[str, int]]:
             out.append((node.id, node.lineno))
         elif isinstance(node, ast.Attribute) and node.attr in RESOLVERS:
             out.append((node.attr, node.lineno))
+        elif isinstance(node, ast.ImportFrom) and node.module == CHOOSE:
+            out.extend((f"{CHOOSE}.{alias.name}", node.lineno) for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             out.extend((alias.name, node.lineno) for alias in node.names if alias.name in RESOLVERS)
     return out

@@ -19,8 +19,8 @@ from rope_passes.check.report import COULD_NOT_RUN, EQUIVALENT, NOT_EQUIVALENT
 from rope_passes.check.runtimes import fallback_interpreter, interpreter, runtimes_for, worst
 from rope_passes.cli import main
 from rope_passes.io import load_bundle, save_bundle
-from rope_passes.runtime.interpreters import python_for
-from rope_passes.targets import RUNTIMES, WEBGPU_127, WEBGPU_PLUGIN, default_runtime
+from rope_passes.runtimes.descriptors import WEBGPU_127, WEBGPU_PLUGIN
+from rope_passes.runtimes.installed import RUNTIMES, default_runtime, python_for
 
 MODEL = "current/llama/webgpu_fp16_graph"
 #: a short check: 2 decode steps, 4 sweep positions

@@ -22,7 +22,8 @@ from rope_passes.passes import PassContext, RopePass
 from rope_passes.passes._rewrite import NodeTape, opset_of
 from rope_passes.proofs.validity import schema_errors
 from rope_passes.report import PassReport
-from rope_passes.targets import WEBGPU_127, get_target
+from rope_passes.runtimes.descriptors import WEBGPU_127
+from rope_passes.runtimes.probed import probed_runtime
 
 
 @pytest.fixture
@@ -78,7 +79,7 @@ def test_validity_contract_in_a_plain_pass_manager(tiny, tmp_path, opset, valid)
     loads the result either way."""
     folder = _at_opset(tiny, opset)
     model = load_bundle(folder).model
-    manager = ir.passes.PassManager([_ReduceSumAsInput(PassContext(runtime=get_target(WEBGPU_127)))])
+    manager = ir.passes.PassManager([_ReduceSumAsInput(PassContext(runtime=probed_runtime(WEBGPU_127)))])
     result = manager(model)
     names = [n.name for n in model.graph]
     assert ("test/ReduceSum" in names) is valid
@@ -100,7 +101,7 @@ def _ort_loads(model: ir.Model, folder) -> None:
 def test_a_load_failure_is_rolled_back_with_onnxruntime_s_reason(tiny):
     model = load_bundle(tiny).model
     before = ir.serde.serialize_model(model).SerializeToString()
-    pass_ = _WrongType(PassContext(runtime=get_target(WEBGPU_127)))
+    pass_ = _WrongType(PassContext(runtime=probed_runtime(WEBGPU_127)))
     ir.passes.PassManager([pass_])(model)
     assert pass_.report.status.startswith("refused"), pass_.report.status
     assert "load" in pass_.report.status and "onnxruntime (CPU) no longer loads the model" in pass_.report.status
@@ -112,7 +113,7 @@ def test_placement_contract_in_a_plain_pass_manager(tiny):
     from test_pipeline_work import _AddsACpuNode
 
     bundle = load_bundle(tiny)
-    pass_ = _AddsACpuNode(PassContext(bundle.genai_config, runtime=get_target(WEBGPU_127)))
+    pass_ = _AddsACpuNode(PassContext(bundle.genai_config, runtime=probed_runtime(WEBGPU_127)))
     config = json.dumps(bundle.genai_config.data)
     ir.passes.PassManager([pass_])(bundle.model)
     assert "placement worse" in pass_.report.status

@@ -29,7 +29,7 @@ MAIN_DOCS = ["README.md", "docs/architecture.md", "docs/runtimes.md", "docs/grap
 #: folders a quoted relative path may be relative to
 PATH_ROOTS = (REPO, PACKAGE)
 #: variables the docs use for objects of a rope_passes class (``report.record(failure)`` in "Adding a pass")
-VARIABLES = {"report": ("PassReport", "PipelineReport", "EquivalenceReport"), "target": ("RuntimeTarget",),
+VARIABLES = {"report": ("PassReport", "PipelineReport", "EquivalenceReport"), "target": ("ProbedRuntime",),
              "static": ("Placement",), "probe": ("Placement",)}
 #: quoted on purpose as names that do not exist (the template of a new pass)
 PLACEHOLDERS = ("my_pass", "my-pass", "MyPass")
@@ -266,7 +266,7 @@ def _preset_rows(path: Path) -> dict[str, list[str]]:
 def test_preset_tables_are_the_presets():
     """docs/passes/README.md and docs/runtimes.md list the presets per runtime: they are `plan.presets_for`."""
     from rope_passes.plan import presets_for
-    from rope_passes.targets import WEBGPU_127, WEBGPU_PLUGIN
+    from rope_passes.runtimes.descriptors import WEBGPU_127, WEBGPU_PLUGIN
 
     def arrows(names: list[str]) -> str:
         return " → ".join(names)

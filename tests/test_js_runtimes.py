@@ -2,7 +2,7 @@
 path"): ``check --runtime onnxruntime-node`` (onnxruntime-node's own WebGPU EP) and ``check --runtime web`` on a float16
 graph, which runs onnxruntime-web's bundle on Dawn for Node (the ``webgpu`` npm package, lavapipe here: it has
 ``shader-f16``) when Chromium's adapter lacks it. Both are backends of the checker's one run loop, named by their
-runtime descriptors (rope_passes/runtimes.py).
+runtime descriptors (rope_passes/runtimes/descriptors.py).
 
 The corpus tests pick one small model each: the browser's kernels on lavapipe take about a minute for the first
 prompt step of an fp16 graph (shader compilation), and each further schedule seconds, so these run the decode and two

@@ -30,7 +30,8 @@ from rope_passes.pipeline import run_pipeline
 from rope_passes.plan import lint_plan, make_plan
 from rope_passes.report import PassReport
 from rope_passes.runtime.placement_probe import probe_placement
-from rope_passes.targets import RUNTIMES, WEBGPU_127
+from rope_passes.runtimes.descriptors import WEBGPU_127
+from rope_passes.runtimes.installed import RUNTIMES
 
 CAPTURE_BLOCKERS = {"RP202", "RP205"}
 

@@ -97,10 +97,11 @@ def test_a_plan_is_resolved_once_and_frozen():
     import dataclasses
 
     from rope_passes.passes.fold_text_mrope import FoldTextMRoPEOptions
-    from rope_passes.targets import WEBGPU_PLUGIN, get_target
+    from rope_passes.runtimes.descriptors import WEBGPU_PLUGIN
+    from rope_passes.runtimes.probed import probed_runtime
 
     plan = make_plan("webgpu-graph", options={"text_only": True}, runtime=WEBGPU_PLUGIN)
-    assert plan.runtime is get_target(WEBGPU_PLUGIN) and plan.runtime_given and plan.preset == "webgpu-graph"
+    assert plan.runtime is probed_runtime(WEBGPU_PLUGIN) and plan.runtime_given and plan.preset == "webgpu-graph"
     assert plan.passes == ("fold-text-mrope", "longrope-concat", "annotate-cache-offset", "total-seq-on-gpu",
                            "narrow-int64", "cleanup")
     assert set(plan.skipped) == {"unfuse-gqa-qk-norm", "lower-mrope"}

@@ -23,7 +23,8 @@ from rope_passes.passes import ALL_PASSES, PassContext, RopePass
 from rope_passes.pipeline import run_pipeline
 from rope_passes.plan import make_plan
 from rope_passes.report import PassReport
-from rope_passes.targets import WEBGPU_127, get_target
+from rope_passes.runtimes.descriptors import WEBGPU_127
+from rope_passes.runtimes.probed import probed_runtime
 
 
 class _AddsACpuNode(RopePass):
@@ -123,7 +124,7 @@ def test_two_roll_backs_in_a_row(tiny, monkeypatch):
 def test_take_verdict_once_and_only_for_its_model(tiny):
     model = load_bundle(tiny).model
     verdict = capture_verdict(model, WEBGPU_127)
-    ctx = PassContext(runtime=get_target(WEBGPU_127))
+    ctx = PassContext(runtime=probed_runtime(WEBGPU_127))
     ctx.verdict = (model, WEBGPU_127, verdict)
     assert ctx.take_verdict(load_bundle(tiny).model, WEBGPU_127) is None  # another model object
     ctx.verdict = (model, WEBGPU_127, verdict)

@@ -19,7 +19,9 @@ from conftest import FIXTURES, GENAI, UNLOADABLE, genai_models
 
 from rope_passes.analysis.placement import Memcpy, Placement, predict_placement
 from rope_passes.runtime.placement_probe import parse_probe_log, probe_placement
-from rope_passes.targets import RUNTIMES, WEBGPU_127, WEBGPU_PLUGIN, get_target
+from rope_passes.runtimes.descriptors import WEBGPU_127, WEBGPU_PLUGIN
+from rope_passes.runtimes.installed import RUNTIMES
+from rope_passes.runtimes.probed import probed_runtime
 
 MODELS = genai_models()
 #: builder 0.18 families and options beyond the shared corpus (tests/fixtures/README.md)
@@ -144,7 +146,7 @@ def test_plugin_facts(probes):
 
 def test_kernel_table_facts():
     """A few entries of the probed registries that decide corpus placement (opset 22, as the builder writes)."""
-    k127, plugin = get_target(WEBGPU_127).kernels, get_target(WEBGPU_PLUGIN).kernels
+    k127, plugin = probed_runtime(WEBGPU_127).kernels, probed_runtime(WEBGPU_PLUGIN).kernels
     assert k127.modes("", "Gather", "INT64", 22) == frozenset()  # no int64 Gather even with capture
     assert plugin.modes("", "Gather", "INT64", 22) == frozenset({"on"})  # the plugin has one under capture
     assert k127.modes("", "Cast", "INT64->INT32", 22) == frozenset({"on"})  # int64 Cast only with capture

@@ -26,15 +26,16 @@ from rope_passes.io import load_bundle
 from rope_passes.passes import ALL_PASSES, PassContext, RopePass
 from rope_passes.plan import make_plan
 from rope_passes.report import Outcome
-from rope_passes.targets import WEBGPU_127, get_target
+from rope_passes.runtimes.descriptors import WEBGPU_127
+from rope_passes.runtimes.probed import probed_runtime
 
 NAMES = sorted(ALL_PASSES)
 
 
 def _context(bundle=None) -> PassContext:
     if bundle is None:
-        return PassContext(runtime=get_target(WEBGPU_127))
-    return PassContext(bundle.genai_config, model_path=bundle.model_path, runtime=get_target(WEBGPU_127))
+        return PassContext(runtime=probed_runtime(WEBGPU_127))
+    return PassContext(bundle.genai_config, model_path=bundle.model_path, runtime=probed_runtime(WEBGPU_127))
 
 
 def _state(model: ir.Model) -> bytes:

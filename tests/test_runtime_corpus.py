@@ -38,7 +38,8 @@ from rope_passes.check.decode import embedding_table
 from rope_passes.config import GenaiConfig
 from rope_passes.report import PipelineReport
 from rope_passes.runtime.placement_probe import probe_placement
-from rope_passes.targets import RUNTIMES, WEBGPU_127, WEBGPU_PLUGIN
+from rope_passes.runtimes.descriptors import WEBGPU_127, WEBGPU_PLUGIN
+from rope_passes.runtimes.installed import RUNTIMES
 
 pytestmark = [pytest.mark.corpus, pytest.mark.webgpu]
 
@@ -168,7 +169,7 @@ CAPTURED = ["current/llama/webgpu_fp16_graph", "current/phi3_mini_128k/webgpu_fp
 @pytest.mark.parametrize("runtime", RUNTIMES)
 def test_captured_decode_replays_the_plain_one(outcomes, runtime, rel):
     from rope_passes.check.runner import RunSpec, run_isolated
-    from rope_passes.runtime.interpreters import child_env, python_for
+    from rope_passes.runtimes.installed import child_env, python_for
 
     o = outcomes[(runtime, rel)]
     config = GenaiConfig.load(o.output)

@@ -96,10 +96,10 @@ def test_spelled_out_choices_agree_with_their_sources():
     from rope_passes.lint.core import Severity
     from rope_passes.lint.formats import FORMATS
     from rope_passes.plan import PRESETS
-    from rope_passes.targets import RUNTIMES
+    from rope_passes.runtimes.installed import RUNTIMES
 
     assert tuple(RUNTIMES) == cli.RUNTIMES
-    from rope_passes.targets import WEB
+    from rope_passes.runtimes.descriptors import WEB
 
     assert WEB in cli.TABLE_RUNTIMES
     assert tuple(CHOICES) == check_cmd.RUNTIME_CHOICES

@@ -15,17 +15,10 @@ from rope_passes.errors import UsageError
 from rope_passes.io import load_bundle
 from rope_passes.lint import lint_bundle
 from rope_passes.plan import PRESETS, lint_plan, make_plan, presets_for, runtime_presets, skipped_for
-from rope_passes.runtime.interpreters import child_env, python_for
-from rope_passes.targets import (
-    DOWNLEVEL,
-    RUNTIMES,
-    WEBGPU_127,
-    WEBGPU_PLUGIN,
-    default_runtime,
-    detect_installed,
-    get_target,
-    resolve_target,
-)
+from rope_passes.runtimes.choose import resolve
+from rope_passes.runtimes.descriptors import WEBGPU_127, WEBGPU_PLUGIN
+from rope_passes.runtimes.installed import RUNTIMES, child_env, default_runtime, detect_installed, python_for
+from rope_passes.runtimes.probed import DOWNLEVEL, probed_runtime
 
 QWEN3_FUSED = "current/qwen3/webgpu_fp16"
 QWEN25_VL = ["current/qwen25_vl/cpu_fp32", "current/qwen25_vl/webgpu_fp16", "current/qwen25_vl/webgpu_int4_graph"]
@@ -37,7 +30,7 @@ LOAD_RULES = {"RP001", "RP002", "RP003", "RP101"}
 
 
 def test_both_tables_load_with_their_probed_facts():
-    old, plugin = get_target(WEBGPU_127), get_target(WEBGPU_PLUGIN)
+    old, plugin = probed_runtime(WEBGPU_127), probed_runtime(WEBGPU_PLUGIN)
     assert (old.onnxruntime_version, old.plugin_version) == ("1.27.0", None)
     assert (plugin.onnxruntime_version, plugin.plugin_version) == ("1.31.1", "0.4.0")
     assert old.max_ir_version == plugin.max_ir_version == 13
@@ -57,11 +50,11 @@ def test_both_tables_load_with_their_probed_facts():
 
 def test_unknown_runtime_is_a_usage_error():
     with pytest.raises(UsageError, match="unknown runtime 'onnxruntime-cuda'"):
-        get_target("onnxruntime-cuda")
+        probed_runtime("onnxruntime-cuda")
 
 
 def test_downlevel_passes_are_needed_where_the_probe_says():
-    old, plugin = get_target(WEBGPU_127), get_target(WEBGPU_PLUGIN)
+    old, plugin = probed_runtime(WEBGPU_127), probed_runtime(WEBGPU_PLUGIN)
     assert set(DOWNLEVEL) == {"lower-mrope", "unfuse-gqa-qk-norm"}
     assert "7..14 inputs only" in old.needs("unfuse-gqa-qk-norm")
     assert "MRotaryEmbedding is not registered" in old.needs("lower-mrope")
@@ -76,7 +69,7 @@ def test_downlevel_passes_are_needed_where_the_probe_says():
 def test_detect_installed_reads_package_metadata(monkeypatch):
     installed = detect_installed()
     assert installed is not None and installed.runtime == WEBGPU_127  # this venv: onnxruntime-webgpu
-    assert default_runtime() == WEBGPU_127 and resolve_target(None).name == WEBGPU_127
+    assert default_runtime() == WEBGPU_127 and resolve(None).name == WEBGPU_127
 
     def fake(versions):
         def version(dist):
@@ -143,12 +136,12 @@ def test_passes_command_shows_presets_per_runtime(capsys):
 @pytest.mark.corpus
 def test_load_problems_per_runtime(genai_corpus):
     model = load_bundle(GENAI / QWEN3_FUSED).model
-    problems = get_target(WEBGPU_127).load_problems(model)
+    problems = probed_runtime(WEBGPU_127).load_problems(model)
     assert {p.kind for p in problems} == {"gqa-inputs"} and len(problems) == 2
     assert "input size 16 not in range [min=7, max=14]" in problems[0].message
-    assert get_target(WEBGPU_PLUGIN).load_problems(model) == []
-    assert get_target(WEBGPU_127).downlevel_for(model) == {"unfuse-gqa-qk-norm": problems[0].message}
-    assert get_target(WEBGPU_PLUGIN).downlevel_for(model) == {}
+    assert probed_runtime(WEBGPU_PLUGIN).load_problems(model) == []
+    assert probed_runtime(WEBGPU_127).downlevel_for(model) == {"unfuse-gqa-qk-norm": problems[0].message}
+    assert probed_runtime(WEBGPU_PLUGIN).downlevel_for(model) == {}
     assert not predict_placement(model, runtime=WEBGPU_127).loads and predict_placement(model, runtime=WEBGPU_PLUGIN).loads
 
 
@@ -247,11 +240,11 @@ def test_an_attribute_the_schema_lacks_does_not_load(runtime):
     import onnx_ir as ir
 
     model = ir.from_proto(onnx.load_from_string(_gqa_with("rotary_embedding_dim")))
-    [problem] = get_target(runtime).load_problems(model)
+    [problem] = probed_runtime(runtime).load_problems(model)
     assert problem.kind == "unknown-attribute" and problem.target == "gqa"
     assert problem.message.endswith("Unrecognized attribute: rotary_embedding_dim for operator GroupQueryAttention")
     assert predict_placement(model, runtime=runtime).verdict().startswith("does not load")
-    assert get_target(runtime).load_problems(ir.from_proto(onnx.load_from_string(_gqa_with("local_window_size")))) == []
+    assert probed_runtime(runtime).load_problems(ir.from_proto(onnx.load_from_string(_gqa_with("local_window_size")))) == []
 
 
 @pytest.mark.webgpu
@@ -273,9 +266,11 @@ def test_offset_passes_skipped_where_the_runtime_does_not_read_the_offset():
     """onnxruntime-web 1.30's probe shows multiRotaryCacheConcatOffset has no effect (runtime_tables/onnxruntime-web.json):
     a preset for it leaves out the passes whose rewrite needs the offset read; the Python runtimes read it."""
     from rope_passes.plan import presets_for, skipped_for
-    from rope_passes.targets import OPTION_PASSES, RUNTIMES, WEB, get_target
+    from rope_passes.runtimes.descriptors import WEB
+    from rope_passes.runtimes.installed import RUNTIMES
+    from rope_passes.runtimes.probed import OPTION_PASSES, probed_runtime
 
-    web = get_target(WEB)
+    web = probed_runtime(WEB)
     assert not web.reads_option("multiRotaryCacheConcatOffset")
     assert set(OPTION_PASSES) == {"longrope-concat", "annotate-cache-offset"}
     for target in ("webgpu", "webgpu-graph"):
@@ -284,7 +279,7 @@ def test_offset_passes_skipped_where_the_runtime_does_not_read_the_offset():
         assert all("does not read multiRotaryCacheConcatOffset" in skipped[n] for n in OPTION_PASSES if n in skipped)
         assert "annotate-cache-offset" in skipped
     for name in RUNTIMES:
-        assert get_target(name).reads_option("multiRotaryCacheConcatOffset")
+        assert probed_runtime(name).reads_option("multiRotaryCacheConcatOffset")
         assert "longrope-concat" in presets_for(name)["webgpu-graph"]
 
 
@@ -292,7 +287,9 @@ def test_a_pass_measured_not_exact_on_a_runtime_is_left_out_for_it():
     """fold-text-mrope is not exact on onnxruntime-web 1.30 (measured, tests/test_web_runtime.py): its presets leave
     it out with the reason; the Python runtimes keep it."""
     from rope_passes.plan import presets_for, skipped_for
-    from rope_passes.targets import INEXACT_PASSES, RUNTIMES, WEB
+    from rope_passes.runtimes.descriptors import WEB
+    from rope_passes.runtimes.installed import RUNTIMES
+    from rope_passes.runtimes.probed import INEXACT_PASSES
 
     assert set(INEXACT_PASSES) == {WEB} and set(INEXACT_PASSES[WEB]) == {"fold-text-mrope"}
     assert "fold-text-mrope" not in presets_for(WEB)["webgpu-graph"]
@@ -309,7 +306,7 @@ def test_an_option_of_a_pass_the_runtime_leaves_out_is_no_error(tmp_path):
     from rope_passes.io import load_bundle
     from rope_passes.pipeline import run_pipeline
     from rope_passes.plan import make_plan
-    from rope_passes.targets import WEB
+    from rope_passes.runtimes.descriptors import WEB
 
     src = build_tiny_decoder(tmp_path / "demo")
     report = run_pipeline(load_bundle(src), make_plan(preset="webgpu-graph", options={"text_only": True}, runtime=WEB))

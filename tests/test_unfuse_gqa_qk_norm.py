@@ -116,7 +116,7 @@ def test_preset_unfuses_for_127_only(tmp_path):
     from runtime_worker import run_worker
 
     from rope_passes.api import optimize
-    from rope_passes.targets import WEBGPU_127, WEBGPU_PLUGIN
+    from rope_passes.runtimes.descriptors import WEBGPU_127, WEBGPU_PLUGIN
 
     ref = np.load(GENAI / "hf/qwen3/ref_S8.npy")
     old = optimize(str(GENAI / FUSED), str(tmp_path / "old"), runtime=WEBGPU_127)

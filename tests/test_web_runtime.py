@@ -176,7 +176,7 @@ def test_fold_is_left_out_for_the_browser_where_it_is_not_exact(browser, tmp_pat
     """onnxruntime-web 1.30's GroupQueryAttention with do_rotary=1 rotates a left-padded row's tokens at other
     positions than the explicit mRoPE rotation it replaces: the fold made for onnxruntime-webgpu differs in the
     browser on a left-padded batch; ``optimize --runtime onnxruntime-web`` leaves it out
-    (:data:`rope_passes.targets.INEXACT_PASSES`), and that output is equivalent there."""
+    (:data:`rope_passes.runtimes.probed.INEXACT_PASSES`), and that output is equivalent there."""
     from rope_passes.check.schedules import LEFT, Schedule
 
     src = GENAI / "legacy/qwen35/cpu_fp32_text"

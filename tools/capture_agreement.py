@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     from rope_passes.analysis.placement import capture_verdict
     from rope_passes.demo import build_tiny_decoder
     from rope_passes.runtime.placement_probe import probe_placement
-    from rope_passes.targets import WEBGPU_127
+    from rope_passes.runtimes.descriptors import WEBGPU_127
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--runtime", default=WEBGPU_127)

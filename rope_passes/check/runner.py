@@ -9,8 +9,8 @@ segfault on some graphs (and under graph capture); in a subprocess a crash is a 
 The worker prints ``STEP k`` after each call (``SWEEP k`` after each sweep position) so the parent can drive a
 progress bar, writes every output of every step to ``step<k>.npz`` (of every swept position to ``sweep<p>.npz``) and
 the outcome to ``result.json``. Under another interpreter (``python=``: the other WebGPU runtime's, from
-:func:`rope_passes.runtime.interpreters.python_for`) the worker runs with this repository on its ``PYTHONPATH``
-(:func:`rope_passes.runtime.interpreters.child_env`). Every session, on either runtime, comes from
+:func:`rope_passes.runtimes.installed.python_for`) the worker runs with this repository on its ``PYTHONPATH``
+(:func:`rope_passes.runtimes.installed.child_env`). Every session, on either runtime, comes from
 :func:`rope_passes.runtime.sessions.create_session` (the plugin EP registered once per process, no silent CPU
 fallback).
 """
@@ -156,10 +156,10 @@ def run_isolated(
     """Run ``spec`` in a subprocess; a segfault or a hang is a result (``crashed`` / ``timed-out``).
 
     ``python``: the interpreter to run it with (another onnxruntime installation), in the environment
-    :func:`rope_passes.runtime.interpreters.child_env` gives ``runtime`` (this package on its ``PYTHONPATH``; numpy,
+    :func:`rope_passes.runtimes.installed.child_env` gives ``runtime`` (this package on its ``PYTHONPATH``; numpy,
     onnx and onnx_ir must be importable there). ``env_extra``: variables set for the subprocess.
     """
-    from rope_passes.runtime.interpreters import child_env
+    from rope_passes.runtimes.installed import child_env
 
     start = time.perf_counter()
     env = child_env(runtime) if python else dict(os.environ)

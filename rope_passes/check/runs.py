@@ -24,7 +24,7 @@ from rope_passes.check.runner import LOAD_FAILED, RunResult, RunSpec, execute_ru
 from rope_passes.check.verdict import PLUGIN
 from rope_passes.runtime.adapter import AdapterInfo
 from rope_passes.runtime.sessions import ALLOW_SOFTWARE_ADAPTER
-from rope_passes.targets import WEBGPU_PLUGIN
+from rope_passes.runtimes.descriptors import WEBGPU_PLUGIN
 
 
 def run_spec(label: str, info: ModelInfo, ep: str, emb: str | None, plan: Plan, opts: CheckOptions,

@@ -4,7 +4,7 @@
 * ``onnxruntime-webgpu`` (onnxruntime-webgpu 1.27) or ``onnxruntime-ep-webgpu`` (onnxruntime + the WebGPU plugin
   EP): every run of the check (original and rewritten, CPU and WebGPU) on that runtime. The one installed here runs
   in this interpreter (in-process or in a subprocess of it, as before); the other in subprocesses of its own
-  interpreter (:func:`rope_passes.runtime.interpreters.python_for`: ``$ROPE_PASSES_PLUGIN_PYTHON`` or
+  interpreter (:func:`rope_passes.runtimes.installed.python_for`: ``$ROPE_PASSES_PLUGIN_PYTHON`` or
   ``.venv-plugin`` from ``scripts/setup-plugin-runtime.sh``; ``$ROPE_PASSES_WEBGPU_PYTHON`` or ``.venv``);
 * ``all``: one check per runtime, one verdict each (:func:`rope_passes.check.core.check_runtimes`); the exit code is the worst of them
   (:func:`worst`: not equivalent, then could not run, then equivalent);
@@ -52,7 +52,7 @@ def runtime_of(name: str) -> Runtime:
 def resolve(runtime: str | None) -> str:
     """The runtime's name (``None``: the one installed here); a usage error for an unknown one."""
     if runtime is None:
-        from rope_passes.targets import default_runtime
+        from rope_passes.runtimes.installed import default_runtime
 
         return default_runtime()
     return runtime_of(runtime).name
@@ -76,7 +76,7 @@ def interpreter(runtime: str) -> str | None:
         if why is not None:
             raise UsageError(f"{backend_module(desc).WHAT} is not set up here: {why}")
         return None
-    from rope_passes.runtime.interpreters import python_for  # imports onnxruntime: not at CLI start
+    from rope_passes.runtimes.installed import python_for  # imports onnxruntime: not at CLI start
 
     python = python_for(desc.name)
     if python is None:
@@ -89,7 +89,7 @@ def interpreter(runtime: str) -> str | None:
 def fallback_interpreter(runtime: str) -> str | None:
     """The interpreter of the runtime an original that does not load on ``runtime`` runs on (its descriptor's
     ``fallback``: the plugin EP's, for onnxruntime-webgpu and the browser); None when there is none."""
-    from rope_passes.runtime.interpreters import python_for
+    from rope_passes.runtimes.installed import python_for
 
     fallback = runtime_of(runtime).fallback
     return None if fallback is None else python_for(fallback)

@@ -5,7 +5,7 @@ Counted: the rewritten run vs the original on the same EP, vs the original on CP
 LongRoPE original only up to its offset on CPU), the same two for the sweep positions, the captured run vs the
 plain one, the reference logits, and the rotation tables. When the original does not load on onnxruntime-webgpu
 1.27 but on the second WebGPU runtime (onnxruntime + the ``onnxruntime-ep-webgpu`` plugin EP, run in its own
-interpreter: :mod:`rope_passes.runtime.interpreters`), its runs there (``original@webgpu:plugin``,
+interpreter: :mod:`rope_passes.runtimes.installed`), its runs there (``original@webgpu:plugin``,
 ``original@cpu:plugin``) are the references.
 """
 
@@ -205,10 +205,11 @@ def _capture_note(ev: Evidence) -> None:
     if run is None or ev.rew.model is None or not (run.runtime or "").startswith("onnxruntime "):
         return
     from rope_passes.analysis.placement import capture_verdict
-    from rope_passes.targets import RUNTIMES, get_target
+    from rope_passes.runtimes.installed import RUNTIMES
+    from rope_passes.runtimes.probed import probed_runtime
 
     name = next((r for r in RUNTIMES if r != RUNTIMES[0] and r in run.runtime), RUNTIMES[0])
-    static = capture_verdict(ev.rew.model, get_target(name))
+    static = capture_verdict(ev.rew.model, probed_runtime(name))
     ev.notes.append(f"static capture verdict ({name}): {static.verdict()}")
     refused = run.status == "load-failed"  # onnxruntime would not create the capture session
     if run.status != NOT_RUN and static.state in ("ready", "blocked") and (static.state == "ready") == refused:

@@ -42,12 +42,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def runtime_verdicts(model, runtimes: list[str]) -> list[dict[str, Any]]:
     """Per runtime: loads / capture-ready / blocked by what (static prediction, capture on)."""
     from rope_passes.analysis.placement import capture_verdict
-    from rope_passes.targets import detect_installed, get_target
+    from rope_passes.runtimes.installed import detect_installed
+    from rope_passes.runtimes.probed import probed_runtime
 
     here = detect_installed()
     out = []
     for name in runtimes:
-        target = get_target(name)
+        target = probed_runtime(name)
         placement = capture_verdict(model, target)  # the one home of the capture verdict (lint, optimize read it)
         installed = here is not None and here.runtime == name
         out.append({"runtime": name, "label": target.label, "installed": installed,

@@ -21,7 +21,8 @@ def run(args: argparse.Namespace) -> int:
 
     from rope_passes.passes import ALL_PASSES
     from rope_passes.plan import runtime_presets, skipped_for
-    from rope_passes.targets import default_runtime, get_target
+    from rope_passes.runtimes.installed import default_runtime
+    from rope_passes.runtimes.probed import probed_runtime
 
     console = output_console()
     table = Table(title="passes", title_justify="left")
@@ -35,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     installed = default_runtime()
     for runtime, presets in runtime_presets().items():
         mark = " (installed: the default)" if runtime == installed else ""
-        console.print(f"--runtime {runtime}{mark}: {get_target(runtime).label}", highlight=False)
+        console.print(f"--runtime {runtime}{mark}: {probed_runtime(runtime).label}", highlight=False)
         for preset, names in presets.items():
             console.print(f"  --preset {preset}: " + " → ".join(names), highlight=False, soft_wrap=True)
             for name, why in skipped_for(preset, runtime).items():

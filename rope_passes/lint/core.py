@@ -17,7 +17,7 @@ import onnx_ir as ir
 
 from rope_passes.config import GenaiConfig
 from rope_passes.report import Where, where
-from rope_passes.targets import LoadProblem, RuntimeTarget
+from rope_passes.runtimes.probed import LoadProblem, ProbedRuntime
 
 T = TypeVar("T")
 
@@ -61,7 +61,7 @@ class LintContext:
     census: RopeCensus | None
     path: str
     #: the WebGPU runtime the model is linted for (the plan's, :attr:`rope_passes.plan.RunPlan.runtime`)
-    runtime: RuntimeTarget
+    runtime: ProbedRuntime
     #: the Hugging Face config.json the user named (``--hf-config``; None: the one beside the model)
     hf_config: str | None = None
     #: evidence several rules share, computed once per context (:meth:`memo`)

@@ -18,7 +18,7 @@ from rope_passes.analysis.graph import MS_DOMAIN, flag, nodes_of
 from rope_passes.analysis.longrope import ConcatCache, concat_cache
 from rope_passes.lint.core import LintContext, Severity, rule
 from rope_passes.report import MatchFailure, Where, where
-from rope_passes.targets import LoadProblem
+from rope_passes.runtimes.probed import LoadProblem
 
 if TYPE_CHECKING:
     from rope_passes.analysis.placement import Placement

@@ -46,7 +46,8 @@ from rope_passes.passes._snapshot import Snapshot
 from rope_passes.proofs.validity import Baseline, validity_errors
 from rope_passes.report import MatchFailure, PassReport
 from rope_passes.runtime.loads import cpu_load_error
-from rope_passes.targets import RuntimeTarget, resolve_target
+from rope_passes.runtimes.choose import resolve
+from rope_passes.runtimes.probed import ProbedRuntime
 
 
 @dataclasses.dataclass
@@ -58,7 +59,7 @@ class PassContext:
     model_path: Path | None = None
     #: the WebGPU runtime the output is for (:mod:`rope_passes.targets`; by default the one installed here: a run
     #: of our pipeline gives its plan's, :attr:`rope_passes.plan.RunPlan.runtime`)
-    runtime: RuntimeTarget = dataclasses.field(default_factory=resolve_target)
+    runtime: ProbedRuntime = dataclasses.field(default_factory=resolve)
     #: (model, runtime name, its capture verdict): set by the pipeline just before a pass runs, from the verdict it
     #: already computed for that graph state; read it with :meth:`take_verdict`
     verdict: tuple[ir.Model, str, Any] | None = dataclasses.field(default=None, repr=False, compare=False)
@@ -222,7 +223,7 @@ class RopePass(ir.passes.InPlacePass):
         inits_before = set(model.graph.initializers)
         snapshot = self.context.take_snapshot(model) or Snapshot(model)
         config_before = copy.deepcopy(self.context.genai_config.data)
-        runtime = resolve_target(self.context.runtime)
+        runtime = resolve(self.context.runtime)
         verdict = self.context.peek_verdict(model, runtime.name)
         baseline = Baseline.of(model, lambda: cpu_load_error(snapshot.proto))
         start = time.perf_counter()

@@ -61,8 +61,7 @@ def probe_placement(model_path: str | os.PathLike, *, graph_capture: bool = True
                     runtime: str | None = None) -> Placement:
     """The runtime truth: a WebGPU session in a subprocess with verbose logging (see the module docstring), on
     ``runtime``'s interpreter (default: the runtime installed here)."""
-    from rope_passes.runtime.interpreters import child_env, python_for
-    from rope_passes.targets import default_runtime
+    from rope_passes.runtimes.installed import child_env, default_runtime, python_for
 
     python = python_for(runtime)
     if python is None:

@@ -59,7 +59,7 @@ class PluginRunner:
     fused q/k-norm GroupQueryAttention), in a child process (one per runner)."""
 
     def __init__(self, model: Path, ep: str = "cpu"):
-        from rope_passes.runtime.interpreters import child_env, python_for
+        from rope_passes.runtimes.installed import child_env, python_for
 
         python = python_for(RUNTIME)
         assert python is not None, "no .venv-plugin: scripts/setup.sh --with-plugin-runtime (CI installs it)"

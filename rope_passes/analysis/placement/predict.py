@@ -19,7 +19,8 @@ from rope_passes.analysis.placement.ort_rewrites import (
     shape_bypass,
 )
 from rope_passes.analysis.placement.result import Memcpy, Placement
-from rope_passes.targets import RuntimeTarget, resolve_target
+from rope_passes.runtimes.choose import resolve
+from rope_passes.runtimes.probed import ProbedRuntime
 from rope_passes.webgpu_kernels import (
     CPU_INPUTS,
     CPU_INPUTS_WITHOUT_CAPTURE,
@@ -77,11 +78,11 @@ def _cpu_output(value: ir.Value) -> bool:
     return any(node.outputs[i] is value for i in indices if i < len(node.outputs))
 
 
-def check_loadable(model: ir.Model, runtime: RuntimeTarget | str | None = None) -> str | None:
+def check_loadable(model: ir.Model, runtime: ProbedRuntime | str | None = None) -> str | None:
     """The reason the target runtime would refuse to load ``model`` (None: it loads): an op it does not register,
-    GroupQueryAttention input counts outside its range (:meth:`~rope_passes.targets.RuntimeTarget.load_problems`;
+    GroupQueryAttention input counts outside its range (:meth:`~rope_passes.runtimes.probed.ProbedRuntime.load_problems`;
     the IR version is not checked: rope-passes saves with the highest one both runtimes load)."""
-    problems = resolve_target(runtime).load_problems(model, ir_version=False)
+    problems = resolve(runtime).load_problems(model, ir_version=False)
     return problems[0].message if problems else None
 
 
@@ -93,10 +94,10 @@ def _opset(model: ir.Model) -> int | None:
 
 
 def predict_placement(model: ir.Model | str | os.PathLike, *, graph_capture: bool = True,
-                      runtime: RuntimeTarget | str | None = None) -> Placement:
+                      runtime: ProbedRuntime | str | None = None) -> Placement:
     """Static prediction of the runtime's placement for ``model`` (see the module docstring); ``runtime``: a
-    :class:`~rope_passes.targets.RuntimeTarget` or runtime name, default the runtime installed here."""
-    runtime = resolve_target(runtime)
+    :class:`~rope_passes.runtimes.probed.ProbedRuntime` or runtime name, default the runtime installed here."""
+    runtime = resolve(runtime)
     if not isinstance(model, ir.Model):
         name = str(model)
         from rope_passes.io.load import load_model  # lazy external data; reads what `--weights link` leaves
@@ -144,7 +145,7 @@ def predict_placement(model: ir.Model | str | os.PathLike, *, graph_capture: boo
     return result
 
 
-def capture_verdict(model: ir.Model | str | os.PathLike, runtime: RuntimeTarget | str | None = None) -> Placement:
+def capture_verdict(model: ir.Model | str | os.PathLike, runtime: ProbedRuntime | str | None = None) -> Placement:
     """**The one answer** to "does WebGPU graph capture work for this model on this runtime": ``optimize``'s summary
     and its ``enableGraphCapture`` config write, ``inspect``, ``lint`` (RP205, RP220-RP222) and the pipeline's
     placement guard all read it. The static prediction with capture on (:func:`predict_placement`), whose

@@ -1,11 +1,11 @@
-"""The runtimes rope-passes targets and checks on: one :class:`Runtime` descriptor each, the one place a runtime's
-names, aliases, interpreter and check backend are written.
+"""The runtimes rope-passes optimizes for and checks on: one :class:`Runtime` descriptor each, the one place a
+runtime's names, aliases, interpreter and check backend are written.
 
 Light on purpose (no onnx_ir, no onnxruntime): the CLI's parsers build their ``--runtime`` choices from it, so
 ``--help`` imports nothing heavy. Who reads it:
 
-* :mod:`rope_passes.targets` (what a runtime loads, runs and reads, from ``runtime_tables/<name>.json``: a runtime
-  with :attr:`Runtime.table` has one) and :mod:`rope_passes.runtime.interpreters` (:attr:`Runtime.python`);
+* :mod:`.probed` (what a runtime loads, runs and reads, from ``runtime_tables/<name>.json``: a runtime with
+  :attr:`Runtime.table` has one) and :mod:`.installed` (:attr:`Runtime.python`, :attr:`Runtime.distributions`);
 * :mod:`rope_passes.cli` (``--runtime`` choices of optimize, lint, inspect and check);
 * :mod:`rope_passes.check.runtimes` (names and aliases resolved, interpreters looked up, ``--runtime all``) and
   :mod:`rope_passes.check.backends` (:attr:`Runtime.backend`: the module that runs the checker's runs on it).
@@ -40,7 +40,7 @@ class Runtime:
     summary: str
     #: other names ``check --runtime`` accepts for it
     aliases: tuple[str, ...] = ()
-    #: the Python distributions that make it up (:func:`rope_passes.targets.detect_installed` looks for them); empty
+    #: the Python distributions that make it up (:func:`.installed.detect_installed` looks for them); empty
     #: for a runtime that is no Python installation
     distributions: tuple[str, ...] = ()
     #: its interpreter, for a Python runtime (None: its WebGPU runs are driven from this process, its CPU runs are
