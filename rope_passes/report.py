@@ -31,11 +31,12 @@ class Named(Protocol):
     def name(self) -> str | None: ...
 
 
-#: where a finding is: an IR node or value (named once, by :func:`where`), a name already spelled, or None (the model)
-Where = Named | str | None
+#: where a finding is: an IR node or value (named once, by :func:`place_of`), a name already spelled, or None (the
+#: model)
+Place = Named | str | None
 
 
-def where(target: Where) -> str:
+def place_of(target: Place) -> str:
     """The one spelling of a finding's place: a node's name, else its op type; a value's name, else ``"<value>"``;
     ``"<model>"`` for None; a string as it is."""
     if target is None:
@@ -43,6 +44,10 @@ def where(target: Where) -> str:
     if isinstance(target, str):
         return target
     return target.name or getattr(target, "op_type", None) or "<value>"
+
+
+#: the old names (before issue 33), for code written against them
+Where, where = Place, place_of
 
 
 class MatchFailure(Exception):
@@ -56,24 +61,30 @@ class MatchFailure(Exception):
       exact does not hold: *refused*, with the node or value that broke the proof as ``target``.
 
     In the spirit of onnxscript's ``MatchResult.fail(reason, value)``: ``target`` may be the IR node or value itself
-    (kept as :attr:`source`; its name is spelled once, by :func:`where`); ``details`` travel into the report.
+    (kept as :attr:`source`; its name is spelled once, by :func:`place_of`, as :attr:`place`); ``details`` travel
+    into the report.
     """
 
-    def __init__(self, outcome: Outcome, reason: str, target: Where = "<model>", **details: Any) -> None:
+    def __init__(self, outcome: Outcome, reason: str, target: Place = "<model>", **details: Any) -> None:
         super().__init__(reason)
         self.outcome = outcome
         self.reason = reason
         #: the node or value that broke the proof (None where the failure names a place by its name only)
         self.source = None if target is None or isinstance(target, str) else target
-        self.target = where(target)
+        self.place = place_of(target)
         self.details = details
 
+    @property
+    def target(self) -> str:
+        """The old name of :attr:`place`."""
+        return self.place
+
     @classmethod
-    def absent(cls, reason: str, target: Where = "<model>", **details: Any) -> MatchFailure:
+    def absent(cls, reason: str, target: Place = "<model>", **details: Any) -> MatchFailure:
         return cls(Outcome.NOT_MATCHED, reason, target, **details)
 
     @classmethod
-    def refuse(cls, reason: str, target: Where = "<model>", **details: Any) -> MatchFailure:
+    def refuse(cls, reason: str, target: Place = "<model>", **details: Any) -> MatchFailure:
         return cls(Outcome.REFUSED, reason, target, **details)
 
     @property
@@ -86,12 +97,17 @@ class Finding:
     """One match attempt of a pass at one place of the graph."""
 
     outcome: Outcome
-    target: str  # node name, value name or "<model>"
+    place: str  # node name, value name or "<model>" (:func:`place_of`)
     reason: str  # why (for refusals / non-matches) or what was done (for rewrites)
     details: dict[str, Any] = dataclasses.field(default_factory=dict)
 
+    @property
+    def target(self) -> str:
+        """The old name of :attr:`place`."""
+        return self.place
+
     def to_dict(self) -> dict[str, Any]:
-        return {"outcome": str(self.outcome), "target": self.target, "reason": self.reason, "details": self.details}
+        return {"outcome": str(self.outcome), "place": self.place, "reason": self.reason, "details": self.details}
 
 
 @dataclasses.dataclass
@@ -109,26 +125,26 @@ class PassReport:
     duration_s: float = 0.0
 
     # -- recording -------------------------------------------------------------------------------------------
-    def rewritten(self, target: Where, what: str, **details: Any) -> None:
-        self.findings.append(Finding(Outcome.REWRITTEN, where(target), what, details))
+    def rewritten(self, target: Place, what: str, **details: Any) -> None:
+        self.findings.append(Finding(Outcome.REWRITTEN, place_of(target), what, details))
 
-    def repaired(self, target: Where, what: str, **details: Any) -> None:
+    def repaired(self, target: Place, what: str, **details: Any) -> None:
         """The output computes something else than the input, on request: ``what`` says "repaired: the input
         computed X, the output computes Y, because <config> says Z"."""
-        self.findings.append(Finding(Outcome.REPAIRED, where(target), what, details))
+        self.findings.append(Finding(Outcome.REPAIRED, place_of(target), what, details))
 
-    def refused(self, target: Where, reason: str, **details: Any) -> None:
-        self.findings.append(Finding(Outcome.REFUSED, where(target), reason, details))
+    def refused(self, target: Place, reason: str, **details: Any) -> None:
+        self.findings.append(Finding(Outcome.REFUSED, place_of(target), reason, details))
 
-    def not_matched(self, target: Where, reason: str, **details: Any) -> None:
-        self.findings.append(Finding(Outcome.NOT_MATCHED, where(target), reason, details))
+    def not_matched(self, target: Place, reason: str, **details: Any) -> None:
+        self.findings.append(Finding(Outcome.NOT_MATCHED, place_of(target), reason, details))
 
-    def note(self, target: Where, text: str, **details: Any) -> None:
-        self.findings.append(Finding(Outcome.NOTE, where(target), text, details))
+    def note(self, target: Place, text: str, **details: Any) -> None:
+        self.findings.append(Finding(Outcome.NOTE, place_of(target), text, details))
 
-    def record(self, failure: MatchFailure, target: Where = None) -> None:
+    def record(self, failure: MatchFailure, target: Place = None) -> None:
         """Record a :class:`MatchFailure` as refused / not matched (``target`` overrides the failure's own)."""
-        place = where(target) if target else failure.target
+        place = place_of(target) if target else failure.place
         self.findings.append(Finding(failure.outcome, place, failure.reason, dict(failure.details)))
 
     # -- reading ---------------------------------------------------------------------------------------------

@@ -136,7 +136,7 @@ def judge(case: Case, tmp: Path) -> Verdict:
     variant, out, report = build(case, tmp)
     statuses = {p.pass_name: p.status for p in report.passes}
     (mine,) = [p for p in report.passes if p.pass_name == case.pass_name]
-    findings = "; ".join(f"{f.outcome}: {f.target}: {f.reason}" for f in mine.findings
+    findings = "; ".join(f"{f.outcome}: {f.place}: {f.reason}" for f in mine.findings
                          if f.outcome is not Outcome.NOTE)[:600]
     if case.same:
         plain = plain_rewrites(case.base, tmp)

@@ -87,7 +87,7 @@ def test_validity_contract_in_a_plain_pass_manager(tiny, tmp_path, opset, valid)
     if not valid:
         assert report.status.startswith("refused: refused for this model: its rewrite would not be a valid model")
         assert "ReduceSum" in report.status and "input size 2" in report.status, report.status
-        assert report.findings[0].target == "test/ReduceSum"
+        assert report.findings[0].place == "test/ReduceSum"
         assert not result.modified
     _ort_loads(model, tmp_path)
 

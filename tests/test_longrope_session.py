@@ -119,7 +119,7 @@ def test_an_offset_right_for_one_layer_and_wrong_for_another_is_rp209(tmp_path):
     report = optimize(str(path), str(tmp_path / "out"), preset="webgpu-graph")
     annotate = _pass(report, "annotate-cache-offset")
     (refused,) = [f for f in annotate.findings if f.outcome is Outcome.REFUSED]
-    assert refused.target == "/model/layers.1/attn/GroupQueryAttention"
+    assert refused.place == "/model/layers.1/attn/GroupQueryAttention"
     assert _offset(tmp_path / "out") == "32" and not annotate.genai_config_changes
 
 
@@ -145,7 +145,7 @@ def test_longrope_concat_refuses_naming_the_layer_the_offset_breaks(name, reads,
     longrope = _pass(report, "longrope-concat")
     assert longrope.count(Outcome.REWRITTEN) == 0, longrope.status
     session = [f for f in longrope.findings if f.outcome is Outcome.REFUSED and "not rewritten" in f.reason]
-    assert session and all(f.target == "/model/layers.1/attn/GroupQueryAttention" for f in session), session
+    assert session and all(f.place == "/model/layers.1/attn/GroupQueryAttention" for f in session), session
     assert any(reads in f.reason for f in session), [f.reason for f in session]
     out = ir.load(tmp_path / "out" / "model.onnx")
     assert "/model/rope_caches_subgraph/If" in {n.name for n in nodes_of(out, "If")}

@@ -81,7 +81,7 @@ def _graph_names(path: Path) -> set[str]:
 
 
 def _names_a_node(finding, names: set[str]) -> bool:
-    if finding.target in names:
+    if finding.place in names:
         return True
     return any(f"'{n}'" in finding.reason or f'"{n}"' in finding.reason for n in names)
 
@@ -101,7 +101,7 @@ def _config_offset(config: dict | None) -> int:
 
 
 def _rewritten_here(mutant: Mutant, report, places: tuple[str, ...]) -> list:
-    found = [f for f in report.findings if f.outcome is Outcome.REWRITTEN and f.target in places]
+    found = [f for f in report.findings if f.outcome is Outcome.REWRITTEN and f.place in places]
     if mutant.pass_name == "narrow-int64" and mutant.expect == EQUIVALENT:  # placement is the whole graph's: a node
         # narrowed anywhere is judged (nodes earlier passes made too); a refuse mutant names the nodes to be left
         found = [f for f in report.findings if f.outcome is Outcome.REWRITTEN]
@@ -220,7 +220,7 @@ def evaluate(mutant: Mutant, tmp: Path) -> Result:
     out_folder = out if folder_input else None
     out_model = out / built.model_file.name if folder_input else out
     (pass_report,) = [p for p in report.passes if p.pass_name == mutant.pass_name]
-    findings = [f"{f.outcome}: {f.target}: {f.reason}" for f in pass_report.findings
+    findings = [f"{f.outcome}: {f.place}: {f.reason}" for f in pass_report.findings
                 if f.outcome is not Outcome.NOTE][:6]
     if _rewritten_here(mutant, pass_report, built.places):
         try:
@@ -241,7 +241,7 @@ def evaluate(mutant: Mutant, tmp: Path) -> Result:
     if not named:
         return Result("refused-without-node", "no refused/not-matched finding names a node of the graph", findings)
     first = named[0]
-    return Result("refused", f"{first.outcome}: {first.target}: {first.reason}", findings)
+    return Result("refused", f"{first.outcome}: {first.place}: {first.reason}", findings)
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -198,4 +198,4 @@ def test_switch_offset_refusals_name_the_node(condition, target, reason):
         return
     with pytest.raises(MatchFailure) as caught:
         _offset(*condition)
-    assert caught.value.refused and caught.value.target == target and reason in caught.value.reason, caught.value
+    assert caught.value.refused and caught.value.place == target and reason in caught.value.reason, caught.value

@@ -150,12 +150,12 @@ def test_a_failure_carries_the_ir_object_and_its_place_is_spelled_once():
     gqa = ir.node("GroupQueryAttention", [], domain="com.microsoft")  # unnamed
     switch = ir.node("If", [], name="/model/rotary_emb/If")
     failure = MatchFailure.refuse("no offset", gqa)
-    assert failure.source is gqa and failure.target == "GroupQueryAttention"
+    assert failure.source is gqa and failure.place == "GroupQueryAttention"
     assert MatchFailure.absent("by name", "x").source is None
     report = PassReport("p")
     report.record(failure)
     report.record(MatchFailure.refuse("elsewhere"), switch)
     report.not_matched(ir.Value(name=""), "a value")
     report.note(None, "the model")
-    assert [f.target for f in report.findings] == ["GroupQueryAttention", "/model/rotary_emb/If", "<value>", "<model>"]
+    assert [f.place for f in report.findings] == ["GroupQueryAttention", "/model/rotary_emb/If", "<value>", "<model>"]
     assert where("/already/spelled") == "/already/spelled"

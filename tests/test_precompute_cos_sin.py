@@ -595,7 +595,7 @@ def test_a_range_whose_length_is_not_the_call_is_refused():
     """)
     with pytest.raises(MatchFailure) as refused:
         range_source(product)
-    assert refused.value.refused and refused.value.target == "range_r"
+    assert refused.value.refused and refused.value.place == "range_r"
     assert "Shape(past_key)[2] .. Shape(attention_mask)[1] + Shape(past_key)[2] - 1" in refused.value.reason
 
 
@@ -618,5 +618,5 @@ def test_a_range_computed_through_a_wrapping_int32_is_refused_where_it_wraps():
     assert (source.past, source.length) == ("Shape(past_key)[2]", "Shape(input_ids)[1]")
     assert source.overflow(40) is None
     wraps = source.overflow(256)
-    assert wraps is not None and wraps.refused and wraps.target == "range_r"
+    assert wraps is not None and wraps.refused and wraps.place == "range_r"
     assert "Add 'add_up'" in wraps.reason and "outside int32" in wraps.reason

@@ -241,7 +241,7 @@ def test_an_attribute_the_schema_lacks_does_not_load(runtime):
 
     model = ir.from_proto(onnx.load_from_string(_gqa_with("rotary_embedding_dim")))
     [problem] = probed_runtime(runtime).load_problems(model)
-    assert problem.kind == "unknown-attribute" and problem.target == "gqa"
+    assert problem.kind == "unknown-attribute" and problem.place == "gqa"
     assert problem.message.endswith("Unrecognized attribute: rotary_embedding_dim for operator GroupQueryAttention")
     assert predict_placement(model, runtime=runtime).verdict().startswith("does not load")
     assert probed_runtime(runtime).load_problems(ir.from_proto(onnx.load_from_string(_gqa_with("local_window_size")))) == []

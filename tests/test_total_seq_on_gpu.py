@@ -244,7 +244,7 @@ def test_refuses_constants_the_caller_can_override(genai_corpus):
     sub.replace_input_with(1, one)
     _, report = _rewrite(model)
     assert report.count(Outcome.REFUSED) == 1 and report.count(Outcome.REWRITTEN) == 0, report.status
-    assert report.findings[0].target == "/model/layers.0/attn/GroupQueryAttention"
+    assert report.findings[0].place == "/model/layers.0/attn/GroupQueryAttention"
     assert "Sub" in report.findings[0].reason, report.findings[0].reason
 
 
@@ -523,7 +523,7 @@ def test_bf16_attention_is_said_once_and_not_rewritten(tmp_path):
     report = run_pipeline(bundle, make_plan(passes=["total-seq-on-gpu", "narrow-int64"]))
     for p in report.passes:
         notes = [f for f in p.findings if f.outcome is Outcome.NOTE]
-        assert len(notes) == 1 and notes[0].reason == BF16_GQA_NOTE and notes[0].target == "gqa", p.findings
+        assert len(notes) == 1 and notes[0].reason == BF16_GQA_NOTE and notes[0].place == "gqa", p.findings
         assert not p.modified and p.status.startswith("not matched: GroupQueryAttention is bfloat16"), p.status
     assert [n.op_type for n in bundle.model.graph] == before
     found = [d for d in lint_bundle(bundle) if d.code == "RP207"]

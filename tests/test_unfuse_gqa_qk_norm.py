@@ -101,7 +101,7 @@ def test_refusals_leave_the_gqa_fused(breakage, reason):
     before = len(gqa.inputs)
     result = _unfuse(bundle)
     refused = [f for f in result.report.findings if f.outcome is Outcome.REFUSED]
-    assert len(refused) == 1 and reason in refused[0].reason and refused[0].target == gqa.name
+    assert len(refused) == 1 and reason in refused[0].reason and refused[0].place == gqa.name
     assert len(gqa.inputs) == before and "qk_norm_epsilon" in gqa.attributes
 
 

@@ -212,7 +212,7 @@ def explain(report: PipelineReport, console: Console, indent: str = "") -> None:
         console.print(f"{indent}{p.pass_name}: {p.status}", highlight=False, soft_wrap=True)
         for f in p.findings:
             details = ", ".join(f"{k}={_short(v)}" for k, v in f.details.items())
-            console.print(f"{indent}  {f.outcome} {f.target}: {f.reason}" + (f" [{details}]" if details else ""),
+            console.print(f"{indent}  {f.outcome} {f.place}: {f.reason}" + (f" [{details}]" if details else ""),
                           highlight=False, soft_wrap=True)
 
 
@@ -240,7 +240,7 @@ def render(report: PipelineReport, console: Console, plan: RunPlan) -> None:
         grouped: dict[tuple[str, str], list[str]] = {}
         for f in p.findings:
             if str(f.outcome) in ("refused", "note"):
-                grouped.setdefault((str(f.outcome), f.reason), []).append(f.target)
+                grouped.setdefault((str(f.outcome), f.reason), []).append(f.place)
         for (outcome, reason), targets in grouped.items():
             where = targets[0] if len(targets) == 1 else f"{len(targets)} places ({targets[0]}, ...)"
             console.print(escape(f"  {p.pass_name}: {outcome} at {where}: {reason}"), highlight=False)

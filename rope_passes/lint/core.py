@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import onnx_ir as ir
 
 from rope_passes.config import GenaiConfig
-from rope_passes.report import Where, where
+from rope_passes.report import Place, place_of
 from rope_passes.runtimes.probed import LoadProblem, ProbedRuntime
 
 T = TypeVar("T")
@@ -88,8 +88,8 @@ class Rule:
     summary: str
     explanation: str
     fix: str | None
-    #: yields (target, message): the target a node or value (named once, by rope_passes.report.where) or a name
-    check: Callable[[LintContext], Iterable[tuple[Where, str]]]
+    #: yields (target, message): the target a node or value (named once, by rope_passes.report.place_of) or a name
+    check: Callable[[LintContext], Iterable[tuple[Place, str]]]
     #: the option of the ``fix`` pass without which it does not fix this finding (``text_only``: the fold of 3-D
     #: positions is the user's decision); ``lint --fix`` runs the pass for it only when the option is given
     fix_option: str | None = None
@@ -107,7 +107,7 @@ def rule(code: str, name: str, severity: Severity, summary: str, explanation: st
     """Register ``check(ctx) -> Iterable[(target, message)]`` as a lint rule (``fix``: the pass that fixes it;
     ``fix_option``: the option that pass needs for it, see :attr:`Rule.fix_option`)."""
 
-    def register(check: Callable[[LintContext], Iterable[tuple[Where, str]]]):
+    def register(check: Callable[[LintContext], Iterable[tuple[Place, str]]]):
         if code in RULES:
             raise ValueError(f"duplicate lint rule code {code}")
         RULES[code] = Rule(code, name, severity, summary, " ".join(explanation.split()), fix, check, fix_option)
@@ -124,5 +124,5 @@ def run_rules(ctx: LintContext, select: Iterable[str] | None = None, ignore: Ite
         if code not in selected or code in set(ignore):
             continue
         for target, message in r.check(ctx):
-            out.append(Diagnostic(code, r.severity, message, where(target), r.fix, r.fix_flag))
+            out.append(Diagnostic(code, r.severity, message, place_of(target), r.fix, r.fix_flag))
     return out

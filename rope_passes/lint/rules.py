@@ -17,13 +17,13 @@ import onnx_ir as ir
 from rope_passes.analysis.graph import MS_DOMAIN, flag, nodes_of
 from rope_passes.analysis.longrope import ConcatCache, concat_cache
 from rope_passes.lint.core import LintContext, Severity, rule
-from rope_passes.report import MatchFailure, Where, where
+from rope_passes.report import MatchFailure, Place, place_of
 from rope_passes.runtimes.probed import LoadProblem
 
 if TYPE_CHECKING:
     from rope_passes.analysis.placement import Placement
 
-Found = Iterator[tuple[Where, str]]
+Found = Iterator[tuple[Place, str]]
 
 
 def _gqa(ctx: LintContext) -> list[ir.Node]:
@@ -61,8 +61,8 @@ def gqa_inputs(ctx: LintContext) -> Found:
     target = ctx.runtime
     low, high = target.gqa_range
     for problem in _load_problems(ctx, "gqa-inputs"):
-        node = next(n for n in _gqa(ctx) if (n.name or "GroupQueryAttention") == problem.target)
-        yield problem.target, (f"GroupQueryAttention has {len(node.inputs)} inputs ({target.label} accepts "
+        node = next(n for n in _gqa(ctx) if (n.name or "GroupQueryAttention") == problem.place)
+        yield problem.place, (f"GroupQueryAttention has {len(node.inputs)} inputs ({target.label} accepts "
                                f"{low}..{high})")
 
 
@@ -74,7 +74,7 @@ def gqa_inputs(ctx: LintContext) -> Found:
 def unregistered(ctx: LintContext) -> Found:
     for problem in _load_problems(ctx, "unregistered-op"):
         if problem.op != f"{MS_DOMAIN}::MRotaryEmbedding":
-            yield problem.target, f"{problem.op} is not registered in {ctx.runtime.label}"
+            yield problem.place, f"{problem.op} is not registered in {ctx.runtime.label}"
 
 
 @rule("RP004", "unknown-attribute", Severity.ERROR,
@@ -86,7 +86,7 @@ def unregistered(ctx: LintContext) -> Found:
       attribute: the exporter that wrote it targets another onnxruntime.""")
 def unknown_attribute(ctx: LintContext) -> Found:
     for problem in _load_problems(ctx, "unknown-attribute"):
-        yield problem.target, f"{problem.message.split('): ', 1)[-1]} in {ctx.runtime.label}"
+        yield problem.place, f"{problem.message.split('): ', 1)[-1]} in {ctx.runtime.label}"
 
 
 @rule("RP101", "mrotary-embedding-unsupported", Severity.ERROR,
@@ -99,7 +99,7 @@ def unknown_attribute(ctx: LintContext) -> Found:
 def mrotary(ctx: LintContext) -> Found:
     for problem in _load_problems(ctx, "unregistered-op"):
         if problem.op == f"{MS_DOMAIN}::MRotaryEmbedding":
-            yield problem.target, f"MRotaryEmbedding is not registered in {ctx.runtime.label}"
+            yield problem.place, f"MRotaryEmbedding is not registered in {ctx.runtime.label}"
 
 
 @rule("RP102", "text-mrope-not-folded", Severity.WARNING,
@@ -277,7 +277,7 @@ def cache_layout(ctx: LintContext) -> Found:
         if not flag(node, "do_rotary") or len(node.inputs) < 9:
             continue
         cos, sin = node.inputs[7], node.inputs[8]
-        name = where(node)
+        name = place_of(node)
         if cos is None or sin is None:
             yield name, "do_rotary=1 but cos_cache/sin_cache are missing"
             continue

@@ -24,9 +24,9 @@ from rope_passes.lint.core import LintContext, Severity, rule
 from rope_passes.proofs.chain import find_chain
 from rope_passes.proofs.config import TOL, TOL_FP16, Verdict, best_verdict, check_rope, judge, repair_words, rows_of
 from rope_passes.proofs.longrope_tables import longrope_fault
-from rope_passes.report import MatchFailure, Where
+from rope_passes.report import MatchFailure, Place
 
-Found = Iterator[tuple[Where, str]]
+Found = Iterator[tuple[Place, str]]
 
 
 @dataclasses.dataclass
@@ -82,7 +82,7 @@ MAX_SHIFT = 8
 
 def _shifted(rope: Rope, role: str, table: np.ndarray) -> int | None:
     """``k`` when row ``p`` of a computed ``table`` is the config's row ``p + k`` for every ``p`` (``1 <= k <=
-    MAX_SHIFT``, within float32 rounding): a chain that reads ``position_ids + k``. Where query and key both read it,
+    MAX_SHIFT``, within float32 rounding): a chain that reads ``position_ids + k``. Place query and key both read it,
     attention is unchanged (RoPE is relative), so it is not a table error; RP405/RP406 (the per-layer rotation
     probe) say which it is. None otherwise (and for LongRoPE, whose switch a shift moves)."""
     rows, width = table.shape

@@ -24,9 +24,9 @@ from rope_passes.analysis.longrope import ConcatCache, concat_cache
 from rope_passes.config import CONCAT_OFFSET_OPTION as OFFSET_KEY
 from rope_passes.lint.core import LintContext, Severity, rule
 from rope_passes.proofs.concat_offset import consumer_name, no_layer_honours, offset_consumers, session_concat
-from rope_passes.report import MatchFailure, Where
+from rope_passes.report import MatchFailure, Place
 
-Found = Iterator[tuple[Where, str]]
+Found = Iterator[tuple[Place, str]]
 
 
 def concat_cache_of(ctx: LintContext) -> ConcatCache | None:
@@ -129,7 +129,7 @@ def concat_offset_not_for_every_layer(ctx: LintContext) -> Found:
         return
     offset, failure, _ = verdict
     if failure is not None and failure.details.get("breaks_session"):
-        yield failure.target, f"with {OFFSET_KEY}={offset}: {failure.reason}"
+        yield failure.place, f"with {OFFSET_KEY}={offset}: {failure.reason}"
 
 
 @rule("RP207", "bf16-attention", Severity.NOTE,

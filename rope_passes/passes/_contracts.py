@@ -59,7 +59,7 @@ class PlacementCount:
 
 
 def _rolled_back(done: PassReport) -> list[str]:
-    return [f"{f.outcome} {f.target}" for f in done.findings if str(f.outcome) in ("rewritten", "repaired")][:10]
+    return [f"{f.outcome} {f.place}" for f in done.findings if str(f.outcome) in ("rewritten", "repaired")][:10]
 
 
 def refused_for_placement(done: PassReport, why: str) -> PassReport:

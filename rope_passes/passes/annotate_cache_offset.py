@@ -125,7 +125,7 @@ class AnnotateCacheOffsetPass(RopePass):
                 report.record(at_offset)
                 return True
         else:
-            report.not_matched(failure.target, f"{OFFSET_KEY}={configured} kept: the cos/sin rows are a [short; long] "
+            report.not_matched(failure.place, f"{OFFSET_KEY}={configured} kept: the cos/sin rows are a [short; long] "
                                f"pair split there ({failure.reason}, by genai_config's lengths)")
             return True
         readers = rotary_gqas(model)
@@ -137,7 +137,7 @@ class AnnotateCacheOffsetPass(RopePass):
         changes = remove_offset(model, self.genai_config, why, report)
         if not changes:
             return False
-        report.rewritten(failure.target, f"removed {OFFSET_KEY}={configured} from genai_config.json: {why}",
+        report.rewritten(failure.place, f"removed {OFFSET_KEY}={configured} from genai_config.json: {why}",
                          offset_removed=configured)
         return True
 

@@ -96,8 +96,8 @@ def _query_dtype(gqa: ir.Node) -> ir.DataType | None:
 
 def _record(report: PassReport, failure: MatchFailure, gqa: ir.Node) -> None:
     """Record ``failure`` at the GQA (the place), keeping the node that broke the proof as ``node``."""
-    if failure.target not in ("<model>", gqa.name):
-        failure = MatchFailure(failure.outcome, failure.reason, gqa.name, **{"node": failure.target, **failure.details})
+    if failure.place not in ("<model>", gqa.name):
+        failure = MatchFailure(failure.outcome, failure.reason, gqa.name, **{"node": failure.place, **failure.details})
     report.record(failure, gqa.name)
 
 

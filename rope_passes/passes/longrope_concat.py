@@ -193,7 +193,7 @@ class LongRoPEConcatPass(RopePass):
         except MatchFailure as failure:
             for p in proved:  # proved alone, refused for the session: one finding per If, naming the consumer
                 report.record(MatchFailure.refuse(f"If {p.name!r} (total > {p.offset}) not rewritten: "
-                                                  f"{failure.reason}", failure.target))
+                                                  f"{failure.reason}", failure.place))
             return
         for p in proved:
             packed = [pack_qkv(graph, gqa) for gqa in p.gqas if separate_qkv(gqa)]

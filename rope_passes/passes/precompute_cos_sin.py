@@ -220,7 +220,7 @@ class PrecomputeCosSinPass(RopePass):
             chain.unit_axes = cone.unit_axes
         except MatchFailure as failure:
             raise MatchFailure.refuse(failure.reason, chain.trig.name, inv_freq=chain.inv_freq.name,
-                                      node=failure.target) from None
+                                      node=failure.place) from None
 
     # -- evaluating -------------------------------------------------------------------------------------------
     def _tables(self, model: ir.Model, chains: list[Chain], rows: int, report: PassReport) -> dict[int, np.ndarray]:

@@ -32,7 +32,7 @@ from rope_passes.analysis.longrope import ConcatCache, separate_qkv
 from rope_passes.config import CONCAT_OFFSET_OPTION
 from rope_passes.proofs.constants import table as table_value
 from rope_passes.proofs.mask_lengths import MaskLengths
-from rope_passes.report import MatchFailure, where
+from rope_passes.report import MatchFailure, place_of
 
 # ------------------------------------------------------------------------------------------------------------
 # The length the offset switches on
@@ -78,7 +78,7 @@ def packable(gqa: ir.Node, target: str | None = None) -> None:
     ``num_heads``, ``kv_num_heads``, ``kv_num_heads`` heads of one head size)."""
     if not separate_qkv(gqa):
         return
-    place = target or where(gqa)
+    place = target or place_of(gqa)
     q, k, v = (gqa.inputs[i] if len(gqa.inputs) > i else None for i in range(3))
     if q is None or k is None or v is None:
         raise MatchFailure.refuse(f"{gqa.name}: only one of key/value is given; cannot pack Q/K/V", place)
@@ -256,7 +256,7 @@ def offset_consumers(model: ir.Model) -> list[ir.Node]:
 
 
 def consumer_name(gqa: ir.Node) -> str:
-    return where(gqa)
+    return place_of(gqa)
 
 
 @dataclasses.dataclass

@@ -50,7 +50,7 @@ class LoadProblem:
     """One reason a runtime refuses to load a graph at all (no session on any EP)."""
 
     kind: str  # "ir-version" | "gqa-inputs" | "unregistered-op" | "unknown-attribute"
-    target: str  # node name, or "<model>"
+    place: str  # node name, or "<model>"
     op: str  # "<domain>::<op>" ("" for the IR version)
     message: str  # onnxruntime's own wording where the probe recorded it
 
