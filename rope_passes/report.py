@@ -46,6 +46,12 @@ def place_of(target: Place) -> str:
     return target.name or getattr(target, "op_type", None) or "<value>"
 
 
+def name_of(obj: Named | None) -> str:
+    """An IR object's own name, ``""`` when it has none: a key or a record's field. A finding's place (a failure's,
+    a report's) is the object itself, spelled by :func:`place_of`; never a name spelled beforehand."""
+    return (obj.name if obj is not None else None) or ""
+
+
 #: the old names (before issue 33), for code written against them
 Where, where = Place, place_of
 

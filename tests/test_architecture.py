@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "rope_passes"
@@ -315,3 +316,20 @@ def test_genai_config_raw_sections_are_read_by_config_only(tmp_path):
     sample.write_text('pad = (data or {}).get("model", {}).get("pad_token_id")\nshare = data.get("search")\n')
     assert sorted(line for line, _ in _raw_section_reads(sample)) == [1, 2]
     assert _raw_section_reads(PACKAGE / "config.py")
+
+
+#: the layers whose failures and findings carry the IR object (review 5, issue 33): a name spelled with a fallback
+#: (``x.name or "<model>"``) loses the object and calls an unnamed node the whole model
+IR_OBJECT_LAYERS = ("passes", "proofs", "analysis")
+NAME_OR = re.compile(r"""\.name\s+or\s+["']""")
+
+
+def test_failures_carry_the_ir_object_not_a_spelled_name():
+    """No ``.name or "..."`` in passes/, proofs/ and analysis/: a failure or a finding takes the node or value itself
+    (its place is spelled once, by rope_passes.report.place_of); a key or a record's field reads
+    rope_passes.report.name_of."""
+    offenders = [f"{path.relative_to(PACKAGE.parent)}:{n}: {line.strip()}"
+                 for layer in IR_OBJECT_LAYERS for path in sorted((PACKAGE / layer).rglob("*.py"))
+                 for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if NAME_OR.search(line)]
+    assert not offenders, "pass the IR object (report.place_of spells it), or report.name_of:\n" + "\n".join(offenders)
+    assert NAME_OR.search('target = node.name or "<model>"') and NAME_OR.search("f\"{n.name or '?'}\"")

@@ -21,6 +21,7 @@ from rope_passes.analysis.ops import ATTENTION_OPS, ROTARY_OPS, present, slot, s
 from rope_passes.analysis.positions import describe_position_source
 from rope_passes.analysis.schema import AttentionGroup, RotaryGroup, attributes
 from rope_passes.config import GenaiConfig
+from rope_passes.report import name_of
 
 
 def _last_dim(value: ir.Value | None, depth: int = 0) -> int | None:
@@ -66,7 +67,7 @@ def total_seq_description(value: ir.Value | None, model: ir.Model) -> tuple[str 
     nodes.sort(key=lambda n: order.get(id(n), -1))
     ops = [n.op_type for n in nodes if n.op_type != "Constant"]
     inputs = graph_inputs_of(nodes, model)
-    chain = " → ".join([*inputs[:1], *ops]) if ops else (value.name or "?")
+    chain = " → ".join([*inputs[:1], *ops]) if ops else (name_of(value) or "?")
     return chain, False
 
 
@@ -103,7 +104,7 @@ def attention_groups(model: ir.Model, genai_config: GenaiConfig) -> list[Attenti
             head_size, head_source = genai_config.head_size, "genai_config"
         inputs = {slot_name(first, i): v.name for i, v in enumerate(first.inputs) if present(v)}
         group = AttentionGroup(
-            op_type=op_type, domain=domain or "ai.onnx", count=len(nodes), nodes=[n.name or "" for n in nodes],
+            op_type=op_type, domain=domain or "ai.onnx", count=len(nodes), nodes=[name_of(n) for n in nodes],
             num_heads=heads, kv_num_heads=kv_heads, head_size=head_size, head_size_source=head_source,
             do_rotary=attr(first, "do_rotary"), rotary_interleaved=attr(first, "rotary_interleaved"),
             packed_qkv=packed, num_inputs=n_inputs, inputs=inputs, attributes=attributes(first),
@@ -130,7 +131,7 @@ def rotary_groups(model: ir.Model) -> list[RotaryGroup]:
         pos = slot(first, "position_ids")
         cos, sin = slot(first, "cos_cache"), slot(first, "sin_cache")
         out.append(RotaryGroup(
-            op_type=op_type, domain=domain or "ai.onnx", count=len(nodes), nodes=[n.name or "" for n in nodes],
+            op_type=op_type, domain=domain or "ai.onnx", count=len(nodes), nodes=[name_of(n) for n in nodes],
             num_heads=sorted({a["num_heads"] for a in attrs if "num_heads" in a}),
             interleaved=attr(first, "interleaved"), rotary_embedding_dim=attr(first, "rotary_embedding_dim"),
             mrope_section=list(section) if section is not None else None, mrope_layout=attr(first, "mrope_layout"),

@@ -13,6 +13,7 @@ import onnx_ir as ir
 from rope_passes.analysis.graph import ancestors, attr, const_tensor, table_like
 from rope_passes.analysis.ops import rope_sinks
 from rope_passes.analysis.schema import CosSinCache, dtype_name, shape_list
+from rope_passes.report import name_of
 
 
 @dataclasses.dataclass
@@ -94,7 +95,7 @@ def cache_records(
             versus += " context_length" if effective == rows else f" context_length + offset {offset}"
         read_by = sorted({u.op_type for u, _ in value.uses()} | ({"If"} if source.startswith("If.") else set()))
         records.append(CosSinCache(
-            name=value.name or "", role=cache.role, shape=shape_list(tensor.shape) or [],
+            name=name_of(value), role=cache.role, shape=shape_list(tensor.shape) or [],
             dtype=dtype_name(tensor.dtype) or "?", rows=rows, columns=cols, source=source, variant=part,
             read_by=read_by, rows_vs_context=versus,
         ))

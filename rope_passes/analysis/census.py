@@ -51,6 +51,7 @@ from rope_passes.analysis.schema import (
     shape_list,
 )
 from rope_passes.config import GenaiConfig
+from rope_passes.report import name_of
 
 __all__ = [
     "DYNAMIC_OPS", "FLAVOURS", "SMALL_TENSOR", "AttentionGroup", "CosSinCache", "DynamicNode", "GraphInput",
@@ -91,7 +92,7 @@ def _dynamic_nodes(model: ir.Model) -> dict[str, list[DynamicNode]]:
     for node in iter_nodes(model):
         if node.op_type in DYNAMIC_OPS and op_domain(node) == "":
             out[node.op_type].append(DynamicNode(
-                op_type=node.op_type, name=node.name or "", inputs=[i.name if i is not None else "" for i in
+                op_type=node.op_type, name=name_of(node), inputs=[i.name if i is not None else "" for i in
                                                                    node.inputs],
                 feeds=_feeds(node, model)))
     return out
@@ -179,7 +180,7 @@ def census(model: ir.Model, genai_config: GenaiConfig | None = None, *, source: 
         opsets=_opsets(model),
         node_count=len(model.graph),
         subgraph_node_count=sum(1 for _ in iter_nodes(model)) - len(model.graph),
-        inputs=[GraphInput(v.name or "", shape_list(v.shape), dtype_name(v.dtype)) for v in model.graph.inputs],
+        inputs=[GraphInput(name_of(v), shape_list(v.shape), dtype_name(v.dtype)) for v in model.graph.inputs],
         attention_op=attention_op,
         attention=attention,
         rotary=rotary,

@@ -8,6 +8,7 @@ import onnx_ir as ir
 
 from rope_passes.analysis.graph import ancestors, const_tensor, graph_inputs_of, is_vector, iter_nodes, op_domain
 from rope_passes.analysis.schema import InvFreqMatMul, shape_list
+from rope_passes.report import name_of
 
 
 def inv_freq_product(trig: ir.Node, model: ir.Model) -> tuple[ir.Node, ir.Value] | None:
@@ -39,11 +40,11 @@ def inv_freq_matmuls(model: ir.Model) -> list[InvFreqMatMul]:
         found = inv_freq_product(node, model)
         if found is not None:
             mm, vector = found
-            rec = records.setdefault(vector.name or "", InvFreqMatMul(
-                inv_freq=vector.name or "", inv_freq_shape=shape_list(const_tensor(vector).shape) or [],
+            rec = records.setdefault(name_of(vector), InvFreqMatMul(
+                inv_freq=name_of(vector), inv_freq_shape=shape_list(const_tensor(vector).shape) or [],
                 matmuls=[], cos_nodes=0, sin_nodes=0, positions_from=[]))
             if mm.name not in rec.matmuls:
-                rec.matmuls.append(mm.name or "")
+                rec.matmuls.append(name_of(mm))
                 nodes = ancestors(mm.inputs)
                 for src in graph_inputs_of(nodes, model) + [n.name for n in nodes if n.op_type == "Range"]:
                     if src not in rec.positions_from:

@@ -53,7 +53,7 @@ from rope_passes.analysis.graph import (
     nodes_of,
     table_like,
 )
-from rope_passes.report import MatchFailure
+from rope_passes.report import MatchFailure, name_of
 
 if TYPE_CHECKING:
     from rope_passes.analysis.patterns import LongRoPESwitchCondition, ValueMatch
@@ -178,13 +178,13 @@ def switch_condition(node: ir.Node, model: ir.Model) -> SwitchCondition:
     if producer is None or len(producer.inputs) != 2:
         return SwitchCondition(match, threshold, f"{node.op_type}({cond.name if cond is not None else '?'})")
     a, b = producer.inputs
-    lhs = a.name or "?"
+    lhs = name_of(a) or "?"
     desc, from_shape = total_seq_description(a, model)
     if from_shape or (desc and "attention_mask" in desc):
         lhs = "total_sequence_length"
     elif desc:
         lhs = desc
-    rhs = str(threshold) if threshold is not None else (b.name or "?")
+    rhs = str(threshold) if threshold is not None else (name_of(b) or "?")
     return SwitchCondition(match, threshold, f"{node.op_type}({producer.op_type}({lhs}, {rhs}))")
 
 
@@ -254,7 +254,7 @@ def total_length_values(gqas: list[ir.Node]) -> list[ir.Value]:
     for gqa in gqas:
         value = gqa.inputs[6] if len(gqa.inputs) > 6 else None
         if value is None:
-            raise MatchFailure.refuse(f"{gqa.name!r} has no total_sequence_length input", gqa.name or "GQA")
+            raise MatchFailure.refuse(f"{gqa.name!r} has no total_sequence_length input", gqa)
         chain = [value]
         while (p := chain[-1].producer()) is not None and p.op_type in ("Cast", "Identity") and p.inputs:
             chain.append(p.inputs[0])
@@ -262,9 +262,9 @@ def total_length_values(gqas: list[ir.Node]) -> list[ir.Value]:
     if not chains:
         raise MatchFailure.refuse("no GroupQueryAttention reads the switch: no total length to prove it against")
     if len({id(c[-1]) for c in chains}) != 1:
-        names = sorted({c[-1].name or "?" for c in chains})
+        names = sorted({name_of(c[-1]) or "?" for c in chains})
         raise MatchFailure.refuse(f"the GroupQueryAttention nodes read different total lengths {names}",
-                                  gqas[0].name or "GQA")
+                                  gqas[0])
     return list({id(v): v for c in chains for v in c}.values())
 
 
@@ -322,7 +322,7 @@ def condition_of_total(condition: ir.Value, totals: list[ir.Value], totals_range
                 raise MatchFailure.refuse(f"the LongRoPE condition reads {kind} {value.name!r} (in {where}), not "
                                           "only the total sequence length", reader.name or reader.op_type)
             if producer.op_type not in CONDITION_OPS or producer.domain not in ("", "ai.onnx"):
-                reads = sorted({v.name or "?" for n in [producer, *ancestors(producer.inputs)] for v in n.inputs
+                reads = sorted({name_of(v) or "?" for n in [producer, *ancestors(producer.inputs)] for v in n.inputs
                                 if v is not None and v.is_graph_input()})
                 source = f" (reading graph input {', '.join(map(repr, reads))})" if reads else ""
                 raise MatchFailure.refuse(f"the LongRoPE condition is computed through {producer.op_type} "
@@ -352,7 +352,7 @@ def switch_offset(model: ir.Model, switch: LongRoPE, gqas: list[ir.Node], max_to
     reads anything else, is not elementwise, or is not of that form for any ``o`` in 1..max_total-1.
     """
     node = switch.node
-    target = node.name or "If"
+    target = node
     cond = node.inputs[0] if node.inputs else None
     if cond is None:
         raise MatchFailure.refuse("If has no condition input", target)
@@ -361,7 +361,7 @@ def switch_offset(model: ir.Model, switch: LongRoPE, gqas: list[ir.Node], max_to
         raise MatchFailure.refuse(match.reason, target)
     totals = np.arange(1, max_total + 1, dtype=np.int64)
     taken = condition_of_total(cond, total_length_values(gqas), totals)
-    where = cond.producer().name if cond.producer() is not None else target
+    where = cond.producer() if cond.producer() is not None else node
     if taken is None:
         raise MatchFailure.refuse("the If condition does not depend on the total sequence length", where)
     if not taken.any() or taken.all():
@@ -394,20 +394,20 @@ def concat_cache(model: ir.Model, *, context_length: int | None, offset: int | N
         raise MatchFailure.absent("no GroupQueryAttention with do_rotary=1 and a cos_cache")
     gqa = gqas[0]
     cos, sin = gqa.inputs[7], gqa.inputs[8]
-    name = cos.name or "cos_cache"
+    place = cos
     cos_t = const_tensor(cos)
     if not table_like(cos_t) or not isinstance(cos_t.shape[0], int):
-        raise MatchFailure.absent("cos_cache is not a constant table", name)
+        raise MatchFailure.absent("cos_cache is not a constant table", place)
     if context_length is None and offset is None:
         raise MatchFailure.refuse("no context_length in genai_config.json to split the cache by")
     rows = cos_t.shape[0]
     original = offset if offset is not None else rows - context_length
     if rows <= original or original <= 1 or (context_length is not None and rows != original + context_length):
         raise MatchFailure.absent(f"cos_cache has {rows} rows, not original + context {context_length} (not a "
-                                  "concatenated cache)", name)
+                                  "concatenated cache)", place)
     sin_t = const_tensor(sin)
     if sin_t is None or sin_t.shape != cos_t.shape:
-        raise MatchFailure.absent("sin_cache is not a constant table shaped like cos_cache", name)
+        raise MatchFailure.absent("sin_cache is not a constant table shaped like cos_cache", place)
     readers = [g for g in gqas if g.inputs[7] is cos]
     return ConcatCache(gqa, cos, sin, rows, original, context_length, readers)
 

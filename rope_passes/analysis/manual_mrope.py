@@ -13,6 +13,7 @@ import onnx_ir as ir
 from rope_passes.analysis.graph import ancestors, attr, const_tensor, ints, iter_nodes, small_const, table_like
 from rope_passes.analysis.ops import rope_sinks
 from rope_passes.analysis.schema import InvFreqMatMul, ManualMRope
+from rope_passes.report import name_of
 
 
 def _gather_axis(value: ir.Value) -> int | None:
@@ -77,9 +78,9 @@ def manual_mrope(model: ir.Model, inv: list[InvFreqMatMul]) -> list[ManualMRope]
         table = _table_source(nodes, inv)
         rec = found.setdefault(("chunked", tuple(sections), table),
                                ManualMRope("chunked", sections, 0, table, [], [], []))
-        rec.section_nodes.append(node.name or "")
+        rec.section_nodes.append(name_of(node))
         if len(node.inputs) > 1 and node.inputs[1] is not None and node.inputs[1].name not in rec.section_constants:
-            rec.section_constants.append(node.inputs[1].name or "")
+            rec.section_constants.append(name_of(node.inputs[1]))
         chunked[id(node)] = rec
     for node, role, value in rope_sinks(model):
         if role != "cos" or node.op_type == "MRotaryEmbedding":
@@ -87,7 +88,7 @@ def manual_mrope(model: ir.Model, inv: list[InvFreqMatMul]) -> list[ManualMRope]
         nodes = ancestors([value])
         feeding = {id(rec): rec for n in nodes if (rec := chunked.get(id(n))) is not None}
         for rec in feeding.values():
-            rec.feeds.append(node.name or "")
+            rec.feeds.append(name_of(node))
         if feeding:
             continue
         # masked: Where(mask_h, from axis 1, Where(mask_w, from axis 2, from axis 0)) over cache rows
@@ -100,14 +101,14 @@ def manual_mrope(model: ir.Model, inv: list[InvFreqMatMul]) -> list[ManualMRope]
                 if axis in (1, 2):
                     masks[axis] = np.asarray(small_const(w.inputs[0])).reshape(-1)
                     if w.inputs[0].name not in mask_names:
-                        mask_names.append(w.inputs[0].name or "")
+                        mask_names.append(name_of(w.inputs[0]))
             sections, layout = _sections_from_masks(masks)
             table = _table_source(nodes, inv)
             key = ("masked", tuple(sections or ()), table)
             rec = found.setdefault(key, ManualMRope("masked", sections, layout, table, [], [], []))
-            rec.section_nodes.extend(w.name or "" for w in wheres if w.name not in rec.section_nodes)
+            rec.section_nodes.extend(name_of(w) for w in wheres if w.name not in rec.section_nodes)
             rec.section_constants.extend(n for n in mask_names if n not in rec.section_constants)
-            rec.feeds.append(node.name or "")
+            rec.feeds.append(name_of(node))
     return list(found.values())
 
 

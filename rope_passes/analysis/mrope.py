@@ -143,7 +143,7 @@ def _axes(node: ir.Node) -> list[int]:
         values = const_array(node.inputs[1])
         if values is None:
             raise MatchFailure.refuse(f"{node.op_type} {node.name!r} takes its axes from a value computed in the graph",
-                                      node.name or "<model>")
+                                      node)
         return [int(a) for a in np.asarray(values).reshape(-1)]
     return [int(a) for a in (attr(node, "axes") or [])]
 
@@ -170,14 +170,14 @@ def _relayout(node: ir.Node, array: np.ndarray) -> np.ndarray:
         target = const_array(node.inputs[1]) if len(node.inputs) > 1 else None
         if target is None:
             raise MatchFailure.refuse(f"Reshape {node.name!r} takes its shape from a value computed in the graph",
-                                      node.name or "<model>")
+                                      node)
         dims = [int(d) for d in np.asarray(target).reshape(-1)]
         if not attr(node, "allowzero", 0):
             dims = [array.shape[i] if d == 0 else d for i, d in enumerate(dims)]
         return array.reshape(dims)
     except (ValueError, IndexError, TypeError) as exc:
         raise MatchFailure.refuse(f"{op} {node.name!r} does not fit q/k of [batch, seq, heads*head] ({exc})",
-                                  node.name or "<model>") from None
+                                  node) from None
 
 
 def _layout_rank(rot: ir.Node, after: list[ir.Node], heads: int, head_size: int) -> int:
@@ -210,7 +210,7 @@ def _layout_rank(rot: ir.Node, after: list[ir.Node], heads: int, head_size: int)
     target = next((n for n in reversed(after) if n.op_type not in ("Cast", "Identity")), rot)
     raise MatchFailure.refuse(f"{rot.name!r}: the ops after it ({ops}) do not put each head's rotated elements back "
                               f"where GroupQueryAttention reads them ([batch, seq, {heads}*{head_size}])",
-                              target.name or "<model>")
+                              target)
 
 
 def _precision(rot: ir.Node, after: list[ir.Node], gqa_dtype: ir.DataType | None) -> str | None:
@@ -229,7 +229,7 @@ def _precision(rot: ir.Node, after: list[ir.Node], gqa_dtype: ir.DataType | None
     raise MatchFailure.refuse(
         f"{bad.op_type} {bad.name!r}: the rotation computes in {rot_dtype} and GroupQueryAttention reads {gqa_dtype} "
         "through casts that change precision other than float -> float16 after the rotation, so moving the "
-        "rotation into GroupQueryAttention changes the rounding", bad.name or "<model>")
+        "rotation into GroupQueryAttention changes the rounding", bad)
 
 
 def trace_rotation(value: ir.Value, heads: int, head_size_hint: int | None = None) -> Rotation:

@@ -16,7 +16,7 @@ import onnx_ir as ir
 from rope_passes.analysis.graph import ancestors, attr, graph_inputs_of, ints, small_const, through
 from rope_passes.analysis.schema import PositionInput, dtype_name, shape_list
 from rope_passes.config import GenaiConfig
-from rope_passes.report import MatchFailure
+from rope_passes.report import MatchFailure, name_of
 
 
 def layout(shape: ir.Shape | None) -> str:
@@ -84,11 +84,11 @@ def position_inputs(model: ir.Model, genai_config: GenaiConfig) -> list[Position
     wanted = genai_config.decoder_inputs.get("position_ids")
     out = []
     for value in model.graph.inputs:
-        if value.name != wanted and "position" not in (value.name or ""):
+        if value.name != wanted and "position" not in name_of(value):
             continue
         tile = tile_to_3d(value) if value.shape is not None and len(value.shape) == 2 else None
         out.append(PositionInput(
-            name=value.name or "", shape=shape_list(value.shape), dtype=dtype_name(value.dtype),
+            name=name_of(value), shape=shape_list(value.shape), dtype=dtype_name(value.dtype),
             rank=len(value.shape) if value.shape is not None else None, layout=layout(value.shape),
             tiled_to_3d=tile is not None, tile_node=tile.name if tile is not None else None,
         ))
@@ -101,7 +101,7 @@ def position_input(model: ir.Model, name: str | None = None) -> ir.Value | None:
     position (``position_ids``, ``input_positions``...: what the rotation probe feeds, :mod:`rope_passes.proofs.
     rotation`)."""
     for v in model.graph.inputs:
-        if (v.name == name if name is not None else "position" in (v.name or "")) and v.dtype in (
+        if (v.name == name if name is not None else "position" in name_of(v)) and v.dtype in (
                 ir.DataType.INT64, ir.DataType.INT32):
             return v
     return None
@@ -220,7 +220,7 @@ def exact_positions(value: ir.Value, reader: ir.Node) -> PositionSource:
         node = v.producer()
         if node is None:
             raise MatchFailure.refuse(f"{reader.op_type} {reader.name!r} reads positions {v.name!r}, a constant, "
-                                      "not the position input", reader.name or "<model>")
+                                      "not the position input", reader)
         if _copies(node):
             v = node.inputs[0]
             continue
@@ -228,19 +228,19 @@ def exact_positions(value: ir.Value, reader: ir.Node) -> PositionSource:
         if src is not None:
             if src.dtype not in _INT_POSITIONS:
                 raise MatchFailure.refuse(f"position input {src.name!r} is {src.dtype}, not an integer tensor",
-                                          src.name or "<model>")
+                                          src)
             how = f"2D {src.name!r} is tiled to 3 identical axes by {node.op_type} {node.name!r} (text only)"
             return PositionSource(src, v, True, how)
         ins = ", ".join(repr(i.name) for i in node.inputs if i is not None)
         raise MatchFailure.refuse(
             f"{node.op_type} {node.name!r} ({ins}) sits between the position input and {reader.op_type} "
             f"{reader.name!r}: the rotation reads positions computed in the graph, not the caller's, so its cache "
-            "rows are not the rows GroupQueryAttention would read", node.name or "<model>")
+            "rows are not the rows GroupQueryAttention would read", node)
     if v.dtype not in _INT_POSITIONS:
-        raise MatchFailure.refuse(f"position input {v.name!r} is {v.dtype}, not an integer tensor", v.name or "<model>")
+        raise MatchFailure.refuse(f"position input {v.name!r} is {v.dtype}, not an integer tensor", v)
     shape = v.shape
     if shape is None or len(shape) != 3 or shape[0] != 3:
         raise MatchFailure.refuse(f"{reader.op_type} {reader.name!r} reads graph input {v.name!r} of shape {shape} "
-                                  "as its positions, not a [3, batch, seq] input", reader.name or "<model>")
+                                  "as its positions, not a [3, batch, seq] input", reader)
     how = f"{v.name!r} is a [3, batch, seq] graph input (positions set by the caller)"
     return PositionSource(v, v, False, how)

@@ -15,6 +15,7 @@ import dataclasses
 import onnx_ir as ir
 
 from rope_passes.analysis.layers import layer_in_name, present_layer
+from rope_passes.report import name_of
 
 #: ops between a Cos/Sin node and the Mul of the rotation
 _TRIG_PATH = {"Unsqueeze", "Squeeze", "Cast", "Mul", "Gather", "Slice", "Expand", "Reshape", "Transpose", "Identity",
@@ -200,7 +201,7 @@ def graph_inputs_needed(model: ir.Model, sites: list[Site]) -> tuple[set[str], s
         ranged = ranged or node.op_type == "Range"
         for i in node.inputs:
             if i is not None and id(i) in inputs and id(i) not in stop:
-                (shapes if node.op_type == "Shape" else values).add(i.name or "")
+                (shapes if node.op_type == "Shape" else values).add(name_of(i))
         if node.op_type != "Shape":
             stack += [i for i in node.inputs if i is not None]
     return values, shapes - values, ranged

@@ -10,6 +10,8 @@ from typing import Any
 
 import onnx_ir as ir
 
+from rope_passes.report import name_of
+
 #: The RoPE flavours the census can name, in the order it lists them.
 FLAVOURS = (
     "fused-gqa",  # GroupQueryAttention do_rotary=1: the rotation happens inside attention, from cos/sin caches
@@ -209,7 +211,7 @@ def jsonable(value: Any) -> Any:
     if isinstance(value, ir.TensorProtocol):
         return f"<tensor {shape_list(value.shape)} {dtype_name(value.dtype)}>"
     if isinstance(value, (ir.Graph, ir.GraphProtocol)):
-        return f"<graph {value.name or ''}>"
+        return f"<graph {name_of(value)}>"
     if isinstance(value, (list, tuple)):
         return [jsonable(v) for v in value]
     if isinstance(value, float):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import onnx_ir as ir
 
 from rope_passes.config import CONCAT_OFFSET_OPTION, CONCAT_OFFSET_SESSION_ENTRY, GenaiConfig
-from rope_passes.report import PassReport
+from rope_passes.report import PassReport, place_of
 
 OFFSET_KEY = CONCAT_OFFSET_OPTION
 OFFSET_METADATA = "rope_passes.multi_rotary_cache_concat_offset"
@@ -63,7 +63,7 @@ def pack_qkv(graph: ir.Graph, gqa: ir.Node) -> ir.Node:
     (:func:`rope_passes.proofs.concat_offset.packable` says whether it can be done exactly.)
     """
     q, k, v = gqa.inputs[0], gqa.inputs[1], gqa.inputs[2]
-    prefix = f"{gqa.name or 'GroupQueryAttention'}/rope_passes_packed_qkv"
+    prefix = f"{place_of(gqa)}/rope_passes_packed_qkv"
     concat = ir.node("Concat", [q, k, v], attributes={"axis": -1}, name=prefix)
     out = concat.outputs[0]
     out.name = f"{prefix}/output_0"

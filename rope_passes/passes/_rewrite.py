@@ -28,7 +28,7 @@ from onnx_ir.tape import Tape
 
 import rope_passes.graph_walk as graph_walk
 from rope_passes.config import GenaiConfig
-from rope_passes.report import MatchFailure
+from rope_passes.report import MatchFailure, name_of
 
 __all__ = ["INPUT_SINCE", "FreshNames", "NodeTape", "add_initializer", "drop_unused_input", "opset_of", "remove_dead"]
 
@@ -260,4 +260,4 @@ def drop_unused_input(graph: ir.Graph, value: ir.Value, genai_config: GenaiConfi
     if value.uses() or not value.is_graph_input() or value.is_graph_output():
         return [], []
     graph.inputs.remove(value)
-    return [f"removed graph input {value.name!r}"], genai_config.drop_decoder_input(value.name or "")
+    return [f"removed graph input {value.name!r}"], genai_config.drop_decoder_input(name_of(value))

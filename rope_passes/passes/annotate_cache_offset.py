@@ -82,7 +82,7 @@ class AnnotateCacheOffsetPass(RopePass):
             report.record(failure)
             return
         first = found.tables[0]
-        target = first.cos.name or "cos_cache"
+        target = first.cos
         unpacked = found.to_pack
         try:
             for gqa in unpacked:

@@ -98,7 +98,7 @@ def _record(report: PassReport, failure: MatchFailure, gqa: ir.Node) -> None:
     """Record ``failure`` at the GQA (the place), keeping the node that broke the proof as ``node``."""
     if failure.place not in ("<model>", gqa.name):
         failure = MatchFailure(failure.outcome, failure.reason, gqa.name, **{"node": failure.place, **failure.details})
-    report.record(failure, gqa.name)
+    report.record(failure, gqa)
 
 
 @dataclasses.dataclass
@@ -187,10 +187,10 @@ class FoldTextMRoPEPass(RopePass):
     def _match(self, model: ir.Model, gqa: ir.Node) -> _Site:
         """The GQA's q/k rotations and the proofs that need no numbers; MatchFailure (absent/refused) otherwise."""
         if flag(gqa, "do_rotary"):
-            raise MatchFailure.absent("GroupQueryAttention already rotates (do_rotary=1)", gqa.name)
+            raise MatchFailure.absent("GroupQueryAttention already rotates (do_rotary=1)", gqa)
         inputs = list(gqa.inputs) + [None] * max(0, 9 - len(gqa.inputs))
         if any(v is not None and v.name for v in inputs[7:9]):
-            raise MatchFailure.absent("GroupQueryAttention has cos_cache/sin_cache inputs but do_rotary=0", gqa.name)
+            raise MatchFailure.absent("GroupQueryAttention has cos_cache/sin_cache inputs but do_rotary=0", gqa)
         query, key = inputs[0], inputs[1]
         heads, kv_heads = int(attr(gqa, "num_heads", 0)), int(attr(gqa, "kv_num_heads", 0))
         hint = self._head_size(inputs[3])
@@ -210,11 +210,11 @@ class FoldTextMRoPEPass(RopePass):
             raise MatchFailure.refuse(
                 f"q and k are rotated differently ({q_rot.kind} {q_rot.node.name!r} / {k_rot.kind} "
                 f"{k_rot.node.name!r}: interleaved {q_rot.interleaved}/{k_rot.interleaved}, "
-                f"dim {q_rot.rotary_dim}/{k_rot.rotary_dim})", gqa.name)
+                f"dim {q_rot.rotary_dim}/{k_rot.rotary_dim})", gqa)
         (q_key, q_pos, q_half), (k_key, k_pos, k_half) = (self._static(model, r) for r in (q_rot, k_rot))
         if q_pos.graph_input is not k_pos.graph_input:
             raise MatchFailure.refuse(f"q and k read different position inputs ({q_pos.graph_input.name!r} / "
-                                      f"{k_pos.graph_input.name!r})", gqa.name)
+                                      f"{k_pos.graph_input.name!r})", gqa)
         self._check(gqa, q_rot, q_half if q_half == k_half else -1)
         site = _Site(gqa, q_rot, k_rot, packed, (q_key, k_key), q_pos)
         if not (q_pos.text_only and k_pos.text_only) and not self.options.text_only:
@@ -249,7 +249,7 @@ class FoldTextMRoPEPass(RopePass):
     def _check(gqa: ir.Node, q: Rotation, half: int) -> None:
         """GQA's fused rotary limits (and q/k table widths); MatchFailure.refuse naming the GQA when one fails."""
         def refuse(reason: str) -> MatchFailure:
-            return MatchFailure.refuse(reason, gqa.name)
+            return MatchFailure.refuse(reason, gqa)
 
         if half < 0:
             raise refuse("q and k use cos/sin tables of different or unknown widths")
@@ -295,10 +295,10 @@ class FoldTextMRoPEPass(RopePass):
         kt = qt if k_key == q_key else self._table(model, k_key, tables)
         if kt is not qt and not (np.array_equal(qt.cos, kt.cos) and np.array_equal(qt.sin, kt.sin)):
             raise MatchFailure.refuse(f"q and k use different cos/sin tables ({site.q.node.name!r} / "
-                                      f"{site.k.node.name!r})", site.gqa.name)
+                                      f"{site.k.node.name!r})", site.gqa)
         if 2 * qt.cos.shape[1] != site.q.rotary_dim:
             raise MatchFailure.refuse(f"cos/sin tables have {qt.cos.shape[1]} columns but the rotation covers "
-                                      f"{site.q.rotary_dim} dims", site.gqa.name)
+                                      f"{site.q.rotary_dim} dims", site.gqa)
         return qt
 
     # -- rewriting --------------------------------------------------------------------------------------------

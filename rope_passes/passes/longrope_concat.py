@@ -76,12 +76,12 @@ from rope_passes.proofs.concat_offset import (
 )
 from rope_passes.proofs.constants import table as constant_table
 from rope_passes.proofs.mask_lengths import MASK_INPUT
-from rope_passes.report import MatchFailure, PassReport
+from rope_passes.report import MatchFailure, PassReport, Place, place_of
 
 __all__ = ["OFFSET_KEY", "OFFSET_METADATA", "WEBGPU_ONLY_KEY", "LongRoPEConcatPass"]
 
 
-def _branch_tables(outputs: list[ir.Value], target: str, opset: int | None) -> list[np.ndarray]:
+def _branch_tables(outputs: list[ir.Value], target: Place, opset: int | None) -> list[np.ndarray]:
     """The values of an If branch's outputs (the tables are read here, to be concatenated): any constant cone, as
     the one constant evaluator computes it (:func:`rope_passes.proofs.constants.table`)."""
     tables = []
@@ -104,7 +104,7 @@ class _Proved:
 
     @property
     def name(self) -> str:
-        return self.node.name or "If"
+        return place_of(self.node)
 
 
 def _reads(value: ir.Value | None, refused: dict[int, ir.Node]) -> str:
@@ -215,7 +215,7 @@ class LongRoPEConcatPass(RopePass):
         """The offset and the ``[small[:offset]; large]`` tables for the If ``switch``; MatchFailure.refuse if not."""
         node = switch.node
         assert node is not None
-        target = node.name or "If"
+        target = node
         if not node.inputs or node.inputs[0] is None:
             raise MatchFailure.refuse("If has no condition input", target)
         opset = opset_of(model)

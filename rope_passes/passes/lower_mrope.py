@@ -38,7 +38,7 @@ from rope_passes.analysis.graph import MS_DOMAIN, attr, const_tensor, flag, node
 from rope_passes.analysis.mrope import axis_of_columns
 from rope_passes.passes._rewrite import FreshNames, NodeTape, add_initializer, opset_of, remove_dead
 from rope_passes.passes.base import RopePass
-from rope_passes.report import MatchFailure, PassReport
+from rope_passes.report import MatchFailure, PassReport, place_of
 
 
 class LowerMRoPEPass(RopePass):
@@ -60,7 +60,7 @@ class LowerMRoPEPass(RopePass):
             try:
                 key, half, sections, layout, scale = self._check(node)
             except MatchFailure as exc:
-                report.record(exc, node.name)
+                report.record(exc, node)
                 continue
             if key not in shared:
                 shared[key] = self._per_token_tables(graph, node, half, sections, layout, scale, fresh)
@@ -73,7 +73,7 @@ class LowerMRoPEPass(RopePass):
                 attrs["rotary_embedding_dim"] = int(attr(node, "rotary_embedding_dim"))
             tape = NodeTape(opset_of(graph))
             out = tape.op("RotaryEmbedding", [node.inputs[0], token_index, cos_tok, sin_tok], attrs,
-                          domain=MS_DOMAIN, name=fresh(f"{node.name or 'MRotaryEmbedding'}/lowered/RotaryEmbedding"),
+                          domain=MS_DOMAIN, name=fresh(f"{place_of(node)}/lowered/RotaryEmbedding"),
                           output=fresh(f"{node.outputs[0].name}/lowered"),
                           dtype=node.outputs[0].dtype or node.inputs[0].dtype, shape=node.outputs[0].shape)
             tape.insert_before(graph, node)
@@ -148,7 +148,7 @@ class LowerMRoPEPass(RopePass):
                           scale: float, fresh: FreshNames) -> tuple[ir.Value, ir.Value, ir.Value]:
         """(token index, per-token cos, per-token sin) for ``node``'s positions, inserted before ``node``."""
         pos, cos, sin = node.inputs[1], node.inputs[2], node.inputs[3]
-        base = f"{node.name or 'MRotaryEmbedding'}/lowered"
+        base = f"{place_of(node)}/lowered"
         tape = NodeTape(opset_of(graph))
 
         def op(op_type, inputs, attrs=None, name="", dtype=None, shape=None) -> ir.Value:

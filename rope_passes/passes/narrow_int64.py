@@ -50,7 +50,7 @@ from rope_passes.analysis.placement import Placement, predict_placement, value_d
 from rope_passes.passes._rewrite import NodeTape, opset_of
 from rope_passes.passes.base import RopePass
 from rope_passes.proofs.intervals import FITS_INT32, Intervals
-from rope_passes.report import MatchFailure, PassReport
+from rope_passes.report import MatchFailure, PassReport, name_of
 from rope_passes.webgpu_kernels import KernelTable
 
 #: ops that only move or select int64 values (no arithmetic): narrowing them to int32 is exact whenever the values fit
@@ -136,15 +136,15 @@ def _next_node(graph: ir.Graph, placement: Placement, done: set[int],
             stack = [value.producer()]
             while stack:
                 node = stack.pop(0)
-                if (node.name or "") not in placement.cpu_nodes or node in candidates:
+                if name_of(node) not in placement.cpu_nodes or node in candidates:
                     continue
                 candidates.append(node)
                 stack.extend(node.inputs[i].producer() for i in _data_indices(node)
                              if i < len(node.inputs) and node.inputs[i] is not None
                              and node.inputs[i].producer() is not None)
         else:
-            candidates.extend(u for u, _ in value.uses() if (u.name or "") in placement.cpu_nodes)
-    cpu_outputs = {id(v) for n in graph if (n.name or "") in placement.cpu_nodes for v in n.outputs}
+            candidates.extend(u for u, _ in value.uses() if name_of(u) in placement.cpu_nodes)
+    cpu_outputs = {id(v) for n in graph if name_of(n) in placement.cpu_nodes for v in n.outputs}
     intervals = Intervals(FITS_INT32)
     for c in candidates:
         if id(c) in done or c.name not in by_name or not _narrowable(c, cpu_outputs, kernels):

@@ -123,7 +123,7 @@ class PrecomputeCosSinPass(RopePass):
                 self._check_static(model, chain)
                 chains.append(chain)
             except MatchFailure as failure:
-                report.record(failure, node.name)
+                report.record(failure, node)
         if chains:
             self._apply(model, chains, report)
 
@@ -132,7 +132,7 @@ class PrecomputeCosSinPass(RopePass):
         hf, ropes = find_ropes(self.context.model_path, self.options.hf_config)
         if isinstance(ropes, MatchFailure):
             for c in chains:
-                report.record(ropes, c.trig.name)
+                report.record(ropes, c.trig)
             return
         max_positions = self._max_positions(hf)
         if max_positions is None:
@@ -155,7 +155,7 @@ class PrecomputeCosSinPass(RopePass):
                 tables[id(c.end)] = c.switch[0]
                 done_per_call.append(c)
             except MatchFailure as failure:
-                report.record(failure, c.trig.name)
+                report.record(failure, c.trig)
         by_positions: dict[int, list[Chain]] = {}
         for c in chains:
             by_positions.setdefault(id(c.positions), []).append(c)
@@ -164,7 +164,7 @@ class PrecomputeCosSinPass(RopePass):
             wraps = source.overflow(max_positions) if source is not None else None
             if wraps is not None:
                 for c in group:
-                    report.record(wraps, c.trig.name)
+                    report.record(wraps, c.trig)
                 continue
             excess = source.excess if source is not None else 0
             tables.update(self._tables(model, group, max_positions + excess, report))
@@ -179,7 +179,7 @@ class PrecomputeCosSinPass(RopePass):
         model.metadata_props[MAX_POSITIONS_KEY] = str(max_positions)
         report.metadata_changes.append(f"metadata_props[{MAX_POSITIONS_KEY!r}] = '{max_positions}'")
         for source in {id(c.source.node): c.source for c in done if c.source is not None and c.source.excess}.values():
-            report.note(source.node.name or "<model>", f"Range {source.node.name!r} makes positions past + "
+            report.note(source.node, f"Range {source.node.name!r} makes positions past + "
                         f"{source.excess} .. past + {source.excess} + length - 1 (past = {source.past}, length = "
                         f"{source.length}): its tables hold max_positions + {source.excess} = "
                         f"{max_positions + source.excess} rows, so every call with past + length <= {max_positions} "
@@ -211,7 +211,7 @@ class PrecomputeCosSinPass(RopePass):
             long = constant(lr.long[0])
             if long is None:
                 raise MatchFailure.refuse(f"LongRoPE chosen per call: its long inv_freq {lr.long[0].name!r} is not a "
-                                          "constant", chain.trig.name)
+                                          "constant", chain.trig)
             assume = {id(lr.node.outputs[0]): Known.of(long)}
         opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx", 18))
         try:
@@ -230,14 +230,14 @@ class PrecomputeCosSinPass(RopePass):
             probes, labels, results = _evaluate(model, chains[0], [c.end for c in chains], rows, shape_inputs)
         except MatchFailure as failure:
             for c in chains:
-                report.record(failure, c.trig.name)
+                report.record(failure, c.trig)
             return {}
         out: dict[int, np.ndarray] = {}
         for i, c in enumerate(chains):
             try:
                 out[id(c.end)] = _table(c, probes, labels, [r[i] for r in results])
             except MatchFailure as failure:
-                report.record(failure, c.trig.name)
+                report.record(failure, c.trig)
         return out
 
     # -- rewriting --------------------------------------------------------------------------------------------
@@ -356,13 +356,13 @@ def _table(chain: Chain, probes: list[np.ndarray], labels: list[str], results: l
     first = results[0]
     if first.ndim != probes[0].ndim + 1 or first.shape[:-1] != probes[0].shape:
         raise MatchFailure.absent(f"{chain.end.name!r} has shape {list(first.shape)} for positions of shape "
-                                  f"{list(probes[0].shape)}, not positions.shape + [D]", chain.trig.name)
+                                  f"{list(probes[0].shape)}, not positions.shape + [D]", chain.trig)
     table = first if probes[0].ndim == 1 else first[0] if probes[0].ndim == 2 else first[0, 0]
     bad = next((label for p, r, label in zip(probes, results, labels, strict=True) if not (
         r.shape == p.shape + table.shape[-1:] and np.array_equal(r, table[p]))), None)
     if bad is not None:
         raise MatchFailure.refuse(f"{chain.end.name!r}: with {bad} the rows are not the table's rows at those "
-                                  "positions, so a row depends on more than its own position", chain.trig.name)
+                                  "positions, so a row depends on more than its own position", chain.trig)
     return np.ascontiguousarray(table)
 
 

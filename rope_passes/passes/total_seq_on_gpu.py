@@ -183,7 +183,7 @@ class TotalSeqOnGpuPass(RopePass):
                         seq_mask = None  # seqlens_k computed some other way: left as it is, the total moves alone
                     if seq_mask is not None and seq_mask is not mask:
                         raise MatchFailure.refuse(f"seqlens_k reads mask {seq_mask.name!r} but total_sequence_length "
-                                                  f"reads {mask.name!r}", seqlens.name or "seqlens_k")
+                                                  f"reads {mask.name!r}", seqlens)
                 except MatchFailure as failure:
                     report.record(failure, gqa)
                     failed.add(key)
@@ -196,7 +196,7 @@ class TotalSeqOnGpuPass(RopePass):
                 stale.extend(old_nodes)
                 where = f" (in model-local function {in_function!r})" if in_function else ""
                 report.rewritten(
-                    total.name or "total_sequence_length",
+                    total,
                     f"seqlens_k/total_sequence_length from int32 sums of {mask.name!r} (no Shape){where}",
                     mask=mask.name, seqlens_k=new_seqlens.name if new_seqlens is not None else seqlens.name,
                     total_sequence_length=new_total.name,

@@ -36,7 +36,7 @@ import onnx_ir as ir
 from rope_passes.analysis.graph import MS_DOMAIN, attr, flag, nodes_of
 from rope_passes.passes._rewrite import FreshNames
 from rope_passes.passes.base import RopePass
-from rope_passes.report import MatchFailure, PassReport
+from rope_passes.report import MatchFailure, PassReport, place_of
 
 Q_NORM_INPUT, K_NORM_INPUT = 14, 15
 
@@ -74,7 +74,7 @@ class _Builder:
         self.dtype = next((v.dtype for v in (_present(gqa, i) for i in (0, 1, 2, 3, 4, 7, 8)) if v is not None
                            and v.dtype is not None), None)
         self.tape = ir.tape.Tape()
-        self.base = (gqa.name or "GroupQueryAttention").rsplit("/", 1)[0]
+        self.base = place_of(gqa).rsplit("/", 1)[0]
         self.fresh = fresh
 
     def name(self, suffix: str) -> str:
@@ -157,26 +157,26 @@ class UnfuseGQAQKNormPass(RopePass):
         # computes something no runtime defines (the norm after an external rotation)
         if q_norm is None or k_norm is None:
             raise MatchFailure.refuse(f"only the {'q' if k_norm is None else 'k'}-norm weight is set: onnxruntime "
-                                      "requires both q_norm_weight and k_norm_weight (the input loads nowhere)", gqa.name)
+                                      "requires both q_norm_weight and k_norm_weight (the input loads nowhere)", gqa)
         if not flag(gqa, "do_rotary"):
             raise MatchFailure.refuse("q/k-norm weights with do_rotary != 1: onnxruntime requires do_rotary=1 for "
-                                      "them (the input loads nowhere)", gqa.name)
+                                      "them (the input loads nowhere)", gqa)
         head_size = q_norm[1]
         if q_norm[1] != k_norm[1]:
             raise MatchFailure.refuse(f"q-norm and k-norm weights differ in length ({q_norm[1]} vs {k_norm[1]})",
-                                      gqa.name)
+                                      gqa)
         if not heads or not kv_heads:
-            raise MatchFailure.refuse("num_heads / kv_num_heads missing", gqa.name)
+            raise MatchFailure.refuse("num_heads / kv_num_heads missing", gqa)
         query = gqa.inputs[0]
         if query is None:
-            raise MatchFailure.absent("GroupQueryAttention without a query input", gqa.name)
+            raise MatchFailure.absent("GroupQueryAttention without a query input", gqa)
         build = _Builder(gqa, fresh)
         packed = _present(gqa, 1) is None
         if packed:
             width = _width(query)
             if width != (heads + 2 * kv_heads) * head_size:
                 raise MatchFailure.refuse(f"packed QKV {query.name!r} has width {width}, not (num_heads + 2 × "
-                                          f"kv_num_heads) × head_size = {(heads + 2 * kv_heads) * head_size}", gqa.name)
+                                          f"kv_num_heads) × head_size = {(heads + 2 * kv_heads) * head_size}", gqa)
             q, k, v = build.split3(query, [heads * head_size, kv_heads * head_size, kv_heads * head_size])
         else:
             q, k = query, gqa.inputs[1]
@@ -185,7 +185,7 @@ class UnfuseGQAQKNormPass(RopePass):
                 width = _width(value)
                 if width is not None and width != n * head_size:
                     raise MatchFailure.refuse(f"{value.name!r} has width {width}, not {n} heads × {head_size}",
-                                              gqa.name)
+                                              gqa)
         if q_norm:
             q = build.rms_norm(q, q_norm[0], heads, head_size, eps, "q_norm")
         if k_norm:

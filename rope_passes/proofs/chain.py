@@ -107,11 +107,11 @@ def find_chain(model: ir.Model, trig: ir.Node) -> Chain:
     .refuse if its positions are made by a Range not proved in bounds."""
     found = inv_freq_product(trig, model)
     if found is None:
-        raise MatchFailure.absent(f"{trig.op_type} does not read positions × an inv_freq vector", trig.name)
+        raise MatchFailure.absent(f"{trig.op_type} does not read positions × an inv_freq vector", trig)
     product, inv_freq = found
     end = chain_end(trig.outputs[0])
     if end.is_graph_output():
-        raise MatchFailure.absent(f"the chain's end {end.name!r} is a graph output", trig.name)
+        raise MatchFailure.absent(f"the chain's end {end.name!r} is a graph output", trig)
     nodes = ancestors([end])
     inputs = _graph_inputs(nodes, end)
     in_chain = {id(n) for n in nodes}
@@ -126,15 +126,15 @@ def find_chain(model: ir.Model, trig: ir.Node) -> Chain:
         names = ", ".join(sorted(repr(v.name) for v in inputs)) or "none"
         if len(read) != 1:
             raise MatchFailure.absent(f"{trig.op_type} depends on {len(inputs)} graph inputs ({names}), not on one "
-                                      "position input", trig.name)
+                                      "position input", trig)
         raise MatchFailure.absent(f"{trig.op_type} reads no position input: its positions are made in the graph "
-                                  f"from the shapes of {names}, not by a Range this pass knows", trig.name)
+                                  f"from the shapes of {names}, not by a Range this pass knows", trig)
     (positions,) = read
     shape = positions.shape
     if positions.dtype not in (ir.DataType.INT64, ir.DataType.INT32) or shape is None or not (
             len(shape) == 2 or (len(shape) == 3 and shape[0] == 3)):
         raise MatchFailure.absent(f"position input {positions.name!r} is {positions.dtype} {shape}, not an "
-                                  "integer [batch, seq] or [3, batch, seq] tensor", trig.name)
+                                  "integer [batch, seq] or [3, batch, seq] tensor", trig)
     return Chain(trig, end, positions, product, inv_freq, nodes, shape_inputs=shape_only)
 
 
@@ -154,7 +154,7 @@ def _range_chain(trig: ir.Node, end: ir.Value, product: ir.Node, inv_freq: ir.Va
     if len(shape_only) != len(inputs):
         names = ", ".join(sorted(repr(v.name) for v in inputs if all(v is not s for s in shape_only)))
         raise MatchFailure.absent(f"{trig.op_type} reads {names} besides its positions ({source.node.op_type} "
-                                  f"{source.node.name!r})", trig.name)
+                                  f"{source.node.name!r})", trig)
     return Chain(trig, end, positions, product, inv_freq, list(nodes.values()), shape_inputs=shape_only,
                  source=source)
 

@@ -32,7 +32,7 @@ from rope_passes.analysis.longrope import ConcatCache, separate_qkv
 from rope_passes.config import CONCAT_OFFSET_OPTION
 from rope_passes.proofs.constants import table as table_value
 from rope_passes.proofs.mask_lengths import MaskLengths
-from rope_passes.report import MatchFailure, place_of
+from rope_passes.report import MatchFailure, Place, name_of, place_of
 
 # ------------------------------------------------------------------------------------------------------------
 # The length the offset switches on
@@ -72,13 +72,13 @@ def switch_reads_row_lengths(model: ir.Model, gqas: list[ir.Node], mask_names: f
 # ------------------------------------------------------------------------------------------------------------
 
 
-def packable(gqa: ir.Node, target: str | None = None) -> None:
+def packable(gqa: ir.Node, target: Place = None) -> None:
     """Refuse (``MatchFailure``, target ``target`` or the GQA) when a GQA with separate Q/K/V cannot be packed
     exactly into one ``Concat(q, k, v, axis=-1)`` input (GroupQueryAttention splits a packed query back into
     ``num_heads``, ``kv_num_heads``, ``kv_num_heads`` heads of one head size)."""
     if not separate_qkv(gqa):
         return
-    place = target or place_of(gqa)
+    place = target if target is not None else gqa
     q, k, v = (gqa.inputs[i] if len(gqa.inputs) > i else None for i in range(3))
     if q is None or k is None or v is None:
         raise MatchFailure.refuse(f"{gqa.name}: only one of key/value is given; cannot pack Q/K/V", place)
@@ -202,7 +202,7 @@ def fit_pair(found: ConcatCache) -> PairFit:
     whole table is one RoPE table from row 0 (plain RoPE: row ``offset + p`` is position ``offset + p``, so reading
     it at an offset is wrong); halves that restart at position 0 with the same factors are not plain (they need the
     offset as much as a LongRoPE pair does)."""
-    target = found.cos.name or "cos_cache"
+    target = found.cos
     cos_t, sin_t = table_value(found.cos), table_value(found.sin)
     if cos_t is None or sin_t is None:
         raise MatchFailure.refuse("cos/sin are not constant tables: which rows a layer reads is not known", target)
@@ -291,7 +291,7 @@ def _pair_cache(model: ir.Model, gqas: list[ir.Node], *, context_length: int | N
         if cos_t is None and producer is not None and producer.op_type in ("If", "Where"):
             # a LongRoPE switch's output: each branch is a table read from row 0 (what longrope-concat replaces)
             raise MatchFailure.absent(f"cos_cache {name!r} is the output of {producer.op_type} "
-                                      f"{producer.name or ''!r}, not one constant table", name)
+                                      f"{name_of(producer)!r}, not one constant table", name)
         # not knowing the table proves nothing about it: a refusal keeps a configured offset as it is
         raise MatchFailure.refuse(f"cos_cache {name!r} is not a constant table the proof can read", name)
     rows = cos_t.shape[0]

@@ -47,7 +47,7 @@ from rope_passes.proofs.known import (
     known_op,
     known_values,
 )
-from rope_passes.report import MatchFailure
+from rope_passes.report import MatchFailure, name_of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,8 +66,8 @@ _RANDOM = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLi
 
 
 def refuse(node: ir.Node, why: str) -> MatchFailure:
-    src = ", ".join(v.name or "?" for v in node.inputs if v is not None)
-    return MatchFailure.refuse(f"{node.op_type} {node.name!r} ({src}) {why}", node.name or "<model>")
+    src = ", ".join(name_of(v) or "?" for v in node.inputs if v is not None)
+    return MatchFailure.refuse(f"{node.op_type} {node.name!r} ({src}) {why}", node)
 
 
 class Cone:
@@ -105,7 +105,7 @@ class Cone:
             axes = tuple(a for i, a in enumerate(axes) if i not in self.unit_axes)
         if not (isinstance(val, Token) and axes[:-1] == labels and isinstance(axes[-1], int)):
             raise MatchFailure.refuse(f"the chain's end {end.name!r} is {val} in the cone accounting, not one row per "
-                                      "position (positions.shape + [D])", trig.name)
+                                      "position (positions.shape + [D])", trig)
         return axes[-1]
 
     def value(self, root: ir.Value) -> Val:
@@ -115,7 +115,7 @@ class Cone:
         tensor = const_tensor(v)
         if tensor is None:
             raise MatchFailure.refuse(f"{v.name!r} in the cos/sin cone is neither the positions nor a constant",
-                                      v.name or "<model>")
+                                      v)
         return const(tensor)
 
     def _node(self, node: ir.Node) -> list[Val]:

@@ -267,7 +267,7 @@ def against_config(model: ir.Model, chains: Sequence[Chain], tables: dict[int, n
             c.switch = _rebuild(model, c, table, verdict.rope, verdict.frozen)
             c.repaired = "repaired: " + repair_words(verdict, c.role, repair)
         except MatchFailure as failure:
-            report.record(failure, c.trig.name)
+            report.record(failure, c.trig)
             tables.pop(id(c.end), None)
 
 
@@ -280,7 +280,7 @@ def _rebuild(model: ir.Model, c: Chain, table: np.ndarray, rope: Rope, frozen: s
     if current is None or current.size != frozen_inv.size or current.dtype.kind != "f" or not np.allclose(
             current.reshape(-1), frozen_inv, rtol=1e-6, atol=0):
         raise MatchFailure.refuse(f"LongRoPE frozen at export, but {c.inv_freq.name!r} is not config.json's "
-                                  f"{frozen} inv_freq: not rebuilt", c.trig.name)
+                                  f"{frozen} inv_freq: not rebuilt", c.trig)
     replaced = rope.inv_freq(long=frozen == "short").astype(current.dtype).reshape(current.shape)
     other = rows_of(model, c, len(table), (c.inv_freq, replaced))
     short, long = (table, other) if frozen == "short" else (other, table)
@@ -297,25 +297,25 @@ def per_call_tables(model: ir.Model, c: Chain, ropes: Sequence[Rope], rows: int,
     if rope is None or lr.threshold != rope.original_max:
         raise MatchFailure.refuse(f"LongRoPE chosen per call: {lr.switch} (node {lr.switch_node!r}) does not switch "
                                   f"where config.json says ({rope.describe() if rope else 'no longrope rope'})",
-                                  c.trig.name)
+                                  c.trig)
     branches = []
     for which, value in (("long", lr.long[0]), ("short", lr.short[0])):
         array = constant(value)
         if array is None or array.dtype.kind != "f" or array.size != rope.inv_freq().size or not np.allclose(array.reshape(-1), rope.inv_freq(long=which == "long"), rtol=1e-6, atol=0):
             raise MatchFailure.refuse(f"LongRoPE chosen per call: the {which} inv_freq {value.name!r} is not "
-                                      "config.json's", c.trig.name)
+                                      "config.json's", c.trig)
         branches.append(rows_of(model, c, rows, (lr.node.outputs[0], array)))
     long, short = branches
     orig = int(rope.original_max)
     if rows <= orig:
         raise MatchFailure.refuse(f"LongRoPE chosen per call switches at {orig} but the table holds {rows} positions "
-                                  "(--max-positions): the long factors would never be used", c.trig.name)
+                                  "(--max-positions): the long factors would never be used", c.trig)
     cond = lr.node.inputs[0]
     try:  # one session each for the switch and the chain, run on every call below
         switch = subgraph_runner(model, [c.positions], [cond], [(c.positions_dtype, len(c.positions_shape))])
     except ValueError:  # onnx_ir's extract: the condition reads more than the positions
         raise MatchFailure.refuse(f"LongRoPE chosen per call: the switch {cond.name!r} reads more than the "
-                                  "positions", c.trig.name) from None
+                                  "positions", c.trig) from None
     chain = subgraph_runner(model, [c.positions, *c.shape_inputs], [c.end],
                             [(c.positions_dtype, len(c.positions_shape))])
     for call in (np.arange(orig)[None], np.arange(rows)[None], np.array([[orig - 2, orig - 1], [0, 5]]),
@@ -328,12 +328,12 @@ def per_call_tables(model: ir.Model, c: Chain, ropes: Sequence[Rope], rows: int,
         if choice.size != 1 or bool(choice.reshape(-1)[0]) != bool(call.max() + 1 > orig):
             raise MatchFailure.refuse(f"LongRoPE chosen per call: with positions {call.tolist()} the switch "
                                       f"{cond.name!r} is {choice.tolist()}, not one choice ReduceMax(positions) + 1 > "
-                                      f"{orig} for the whole call", c.trig.name)
+                                      f"{orig} for the whole call", c.trig)
         (got,) = chain([call, *shape_feeds(c.shape_inputs, c.positions_shape, call)])
         want = long[call] if call.max() + 1 > orig else short[call]
         if got.shape != want.shape or not np.array_equal(got, want):
             raise MatchFailure.refuse(f"LongRoPE chosen per call: with positions {call.tolist()} the graph's rows are "
-                                      "not the rebuilt switch's", c.trig.name)
+                                      "not the rebuilt switch's", c.trig)
     return np.ascontiguousarray(short), np.ascontiguousarray(long), orig
 
 

@@ -17,6 +17,7 @@ from rope_passes.analysis.graph import const_tensor
 from rope_passes.analysis.longrope import if_switch
 from rope_passes.config import GenaiConfig
 from rope_passes.hf_config import Rope
+from rope_passes.report import name_of
 
 
 @dataclasses.dataclass
@@ -154,7 +155,7 @@ def longrope_fault(model: ir.Model, genai_config: GenaiConfig, rope: Rope, cos: 
             if first is not None:
                 return _Fault(rope, role, name, what, first, part.start + first, worst,
                               _part_cause(rope, role, part, got, first, worst), part.label)
-    return _Fault(rope, "cos", cos.name or "cos", form)
+    return _Fault(rope, "cos", name_of(cos) or "cos", form)
 
 
 __all__ = ["longrope_fault"]

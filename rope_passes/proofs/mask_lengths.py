@@ -99,8 +99,8 @@ class MaskLengths:
                 return Proved(walk.mask, ancestors([value]))
         why = self._why(walk, val, "total_sequence_length", "the mask's width (Shape(mask)[1])", value)
         if walk.read_shape:
-            raise MatchFailure.refuse(why, value.name or "total_sequence_length")
-        raise MatchFailure.absent(why, value.name or "total_sequence_length")
+            raise MatchFailure.refuse(why, value)
+        raise MatchFailure.absent(why, value)
 
     def seqlens(self, value: ir.Value, scope: _Walk | None = None) -> Proved:
         """``value`` is the mask's row sums minus one, the batch on axis 0; MatchFailure otherwise (refused where its
@@ -114,11 +114,11 @@ class MaskLengths:
             padded = "".join(f"; {n.op_type} {n.name!r} adds columns to each row" for n in walk.widened)
             why = problem or (f"seqlens_k is the row sums of {val.source.name!r} {val.offset:+d}, not the row sums - 1 "
                               f"(last changed by {walk.blame_name(value)}{padded})")
-            raise MatchFailure.refuse(why, value.name or "seqlens_k")
+            raise MatchFailure.refuse(why, value)
         why = self._why(walk, val, "seqlens_k", "the mask's row sums - 1 ([batch])", value)
         if walk.read_values:
-            raise MatchFailure.refuse(why, value.name or "seqlens_k")
-        raise MatchFailure.absent(why, value.name or "seqlens_k")
+            raise MatchFailure.refuse(why, value)
+        raise MatchFailure.absent(why, value)
 
     def _why(self, walk: _Walk, val: Val, what: str, expected: str, value: ir.Value) -> str:
         if isinstance(val, Broken):

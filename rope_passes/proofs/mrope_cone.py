@@ -51,7 +51,7 @@ from rope_passes.analysis.positions import PositionSource, tiled_from_2d
 from rope_passes.proofs.cone import Cone, Label, Token, refuse
 from rope_passes.proofs.constants import constant
 from rope_passes.proofs.known import OPAQUE, SMALL, UNKNOWN_VARYING, Known, known_values
-from rope_passes.report import MatchFailure
+from rope_passes.report import MatchFailure, name_of
 
 #: positions per evaluation call while building a table (bounds the memory of an evaluation, not its result; 4096
 #: keeps the intermediates of a Qwen2.5-VL cone within a few MB, faster than 8192 or 16384 here)
@@ -171,7 +171,7 @@ def _position_input(node: ir.Node, nodes: list[ir.Node], preferred: str | None) 
                 found[id(v)] = v
     candidates = [v for v in found.values() if v.dtype in (ir.DataType.INT64, ir.DataType.INT32)
                   and v.shape is not None and (len(v.shape) == 2 or (len(v.shape) == 3 and v.shape[0] == 3))]
-    named = [v for v in candidates if v.name == preferred] or [v for v in candidates if "position" in (v.name or "")]
+    named = [v for v in candidates if v.name == preferred] or [v for v in candidates if "position" in name_of(v)]
     pick = named or candidates
     if len(pick) != 1:
         names = ", ".join(sorted(repr(v.name) for v in found.values())) or "none"
@@ -247,7 +247,7 @@ def _stage_one(pos: ir.Value, nodes: list[ir.Node], opset: int) -> dict[int, int
         width = int(constant(flat.inputs[1]).reshape(-1)[1])
         if not (isinstance(val, Token) and val.axes == (Label(0), Label(1), width)):
             raise MatchFailure.refuse(f"Reshape {flat.name!r} flattens {val} in the cone accounting, not one "
-                                      f"[{width}] row per token (batch, seq)", flat.name or "<model>")
+                                      f"[{width}] row per token (batch, seq)", flat)
         out[id(flat.outputs[0])] = width
     return out
 
@@ -347,7 +347,7 @@ def evaluate_tables(cone: ManualCone, run: Run, fast: Run | None = None) -> Text
     if label is not None:
         raise MatchFailure.refuse(f"{cone.rotation.name!r}: with {label} the cos/sin rows are not the table's "
                                   "rows at those positions: a row depends on more than its own position",
-                                  cone.rotation.name or "<model>")
+                                  cone.rotation)
     source = f"evaluated from the graph's cos/sin subgraph ({cone.rows} positions)"
     return TextTables(cos, sin, source, cone.positions)
 

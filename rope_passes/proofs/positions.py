@@ -37,7 +37,7 @@ import onnx_ir as ir
 from rope_passes.analysis.graph import ancestors, attr
 from rope_passes.proofs.constants import Constants
 from rope_passes.proofs.intervals import ANY_DIMS, INT32, Interval, Intervals
-from rope_passes.report import MatchFailure
+from rope_passes.report import MatchFailure, name_of
 
 _INT = (ir.DataType.INT64, ir.DataType.INT32)
 _TYPE_RANGE = {ir.DataType.INT64: (-(2**63), 2**63 - 1), ir.DataType.INT32: (-(2**31), 2**31 - 1)}
@@ -213,7 +213,7 @@ class _Linearize:
 
     def describe(self, form: Linear) -> str:
         parts = []
-        for name, c in sorted((f"Shape({self.dims[d][0].name or '?'})[{self.dims[d][1]}]", c) for d, c in form.terms):
+        for name, c in sorted((f"Shape({name_of(self.dims[d][0]) or '?'})[{self.dims[d][1]}]", c) for d, c in form.terms):
             parts.append(name if c == 1 else f"-{name}" if c == -1 else f"{c}·{name}")
         if form.const or not parts:
             parts.append(str(form.const))
@@ -237,7 +237,7 @@ class RangeSource:
 
     @property
     def shape(self) -> list[int | str]:
-        return [f"{self.node.name or 'range'}_length"]
+        return [f"{name_of(self.node) or 'range'}_length"]
 
     def overflow(self, max_positions: int) -> MatchFailure | None:
         """MatchFailure.refuse naming the Range when an integer result leaves its type for a call with
@@ -253,13 +253,13 @@ class RangeSource:
                     f"Range {self.node.name!r} makes the positions, and {op} computing its start or limit reaches "
                     f"[{lo}, {hi}] for a call with past + length <= {max_positions}, outside "
                     f"{dtype.name.lower() if dtype is not None else 'int32'} "
-                    "(onnxruntime wraps it around)", self.node.name or "<model>")
+                    "(onnxruntime wraps it around)", self.node)
         return None
 
 
 def _is_past(tensor: ir.Value, axis: int) -> bool:
     """Axis 2 of a ``[batch, heads, past, head_dim]`` graph input named ``past…`` (the KV cache fed back)."""
-    return (tensor.is_graph_input() and (tensor.name or "").lower().startswith(PAST_PREFIX) and axis == 2
+    return (tensor.is_graph_input() and name_of(tensor).lower().startswith(PAST_PREFIX) and axis == 2
             and tensor.shape is not None and len(tensor.shape) == 4)
 
 
@@ -289,8 +289,8 @@ def range_source(product: ir.Node) -> RangeSource | None:
         return None
     if _reads_values(start) or _reads_values(limit):
         return None  # its start or limit is read from a tensor's values: those values are the positions, not this
-    where = f"Range {node.name!r} ({', '.join(v.name or '?' for v in node.inputs if v is not None)})"
-    target = node.name or "<model>"
+    where = f"Range {node.name!r} ({', '.join(name_of(v) or '?' for v in node.inputs if v is not None)})"
+    target = node
     low = Intervals(ANY_DIMS, constants)(start)
     if not low.lo >= 0:
         raise MatchFailure.refuse(f"{where} makes the positions, and its start is not proved never negative (its "

@@ -10,6 +10,7 @@ import numpy as np
 import onnx_ir as ir
 
 from rope_passes.analysis.rotation_sites import Site, graph_inputs_needed
+from rope_passes.report import name_of
 
 #: the positions a rotation is probed at
 PROBE = (0, 1, 2, 7, 100)
@@ -123,14 +124,14 @@ def _probe_group(model: ir.Model, sites: list[Site], positions: ir.Value, probe:
         x = np.zeros((rows, h, count, n), dtype=dtype)  # [batch, heads, seq, head_dim]
         for b in range(n):
             x[b // h, b % h, :, b] = 1
-        feeds[value.name or ""] = np.ascontiguousarray(np.transpose(x, (0, 2, 1, 3))).reshape(rows, count, h * n) \
+        feeds[name_of(value)] = np.ascontiguousarray(np.transpose(x, (0, 2, 1, 3))).reshape(rows, count, h * n) \
             if site.heads else x
-    feeds[sub.inputs[len(sites)].name or ""] = pos_feed
+    feeds[name_of(sub.inputs[len(sites)])] = pos_feed
     for value, original in zip(sub.inputs[len(sites) + 1:], needed, strict=True):
         feed = _shape_feed(original, positions, rows, count)
         if feed is None:
             return None
-        feeds[value.name or ""] = feed
+        feeds[name_of(value)] = feed
     try:
         outs = sess.run(None, feeds)
     except Exception:  # noqa: BLE001

@@ -19,6 +19,7 @@ from rope_passes.analysis.placement.ort_rewrites import (
     shape_bypass,
 )
 from rope_passes.analysis.placement.result import Memcpy, Placement
+from rope_passes.report import name_of
 from rope_passes.runtimes.choose import resolve
 from rope_passes.runtimes.probed import ProbedRuntime
 from rope_passes.webgpu_kernels import (
@@ -104,7 +105,7 @@ def predict_placement(model: ir.Model | str | os.PathLike, *, graph_capture: boo
 
         model = load_model(model)
     else:
-        name = model.graph.name or "<model>"
+        name = name_of(model.graph) or "<model>"
     result = Placement(name, graph_capture, "static", runtime=runtime.name)
     model = inline_functions(model)
     error = check_loadable(model, runtime)
@@ -188,7 +189,7 @@ class _GraphFacts:
         for node in nodes:
             for out in node.outputs:
                 if id(out) in rep:
-                    aliases.setdefault(id(rep[id(out)]), []).append(out.name or "")
+                    aliases.setdefault(id(rep[id(out)]), []).append(name_of(out))
         live = [n for n in nodes if id(n) not in merged]
         return cls(nodes, dtypes, rep, redirect, merged, aliases, live, maybe_folded(live, redirect))
 
@@ -284,9 +285,9 @@ def _predict_graph(graph: ir.Graph, capture: bool, result: Placement, outer_cpu:
         producer_name = (producer.name or producer.op_type) if producer is not None else "graph input"
         also = tuple(aliases.get(id(value), ()))
         if (where == "cpu" and wants["gpu"]) or (where == "input" and wants["gpu"] and wants["cpu"]):
-            result.memcpy.append(Memcpy("MemcpyFromHost", value.name or "", producer_name, tuple(wants["gpu"]), also))
+            result.memcpy.append(Memcpy("MemcpyFromHost", name_of(value), producer_name, tuple(wants["gpu"]), also))
         elif where == "gpu" and wants["cpu"]:
-            result.memcpy.append(Memcpy("MemcpyToHost", value.name or "", producer_name, tuple(wants["cpu"]), also))
+            result.memcpy.append(Memcpy("MemcpyToHost", name_of(value), producer_name, tuple(wants["cpu"]), also))
 
     for node in live:
         if id(node) in on_cpu:
