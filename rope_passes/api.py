@@ -8,7 +8,7 @@ this module ← :mod:`rope_passes.cli` (argparse and rendering only).
         report = optimize(job.input, job.output, make_plan("webgpu-graph", runtime="onnxruntime-webgpu"))
     optimize("model_dir", "out_dir", preset="webgpu-graph")   # the same: the plan built from the keywords
 
-The output is for the plan's WebGPU runtime (:mod:`rope_passes.targets`; default: the one installed here): the
+The output is for the plan's WebGPU runtime (:mod:`rope_passes.runtimes`; default: the one installed here): the
 preset's downlevel passes run only if it needs them, lint findings are that runtime's, and a rewritten graph says
 which runtime it is for in its metadata (:data:`RUNTIME_METADATA_KEY`).
 """

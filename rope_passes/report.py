@@ -225,7 +225,7 @@ class PipelineReport:
     files: dict[str, str] = dataclasses.field(default_factory=dict)
     #: lint findings the output still has (``rope_passes.lint.remaining_problems``)
     remaining: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    #: the WebGPU runtime the output is for (``rope_passes.targets``), e.g. "onnxruntime-webgpu"
+    #: the WebGPU runtime the output is for (``rope_passes.runtimes``), e.g. "onnxruntime-webgpu"
     runtime: str | None = None
     #: preset passes left out because that runtime does not need them: pass name -> why
     skipped: dict[str, str] = dataclasses.field(default_factory=dict)

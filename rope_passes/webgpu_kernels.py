@@ -1,4 +1,4 @@
-"""The WebGPU kernel facts :mod:`rope_passes.analysis.placement` predicts from (beside :mod:`rope_passes.targets`,
+"""The WebGPU kernel facts :mod:`rope_passes.analysis.placement` predicts from (beside :mod:`rope_passes.runtimes`,
 which holds one per runtime): which (op, type) has a WebGPU kernel, per runtime, and where a kernel reads or writes CPU
 memory.
 

@@ -109,7 +109,7 @@ def add_command(sub: argparse._SubParsersAction, name: str, *, help: str, descri
 def add_runtime_argument(parser: argparse.ArgumentParser, what: str,
                          default: str = "the one installed beside rope-passes", browser: bool = False) -> None:
     """``--runtime onnxruntime-webgpu|onnxruntime-ep-webgpu`` for optimize, lint and inspect
-    (:mod:`rope_passes.targets`); ``default``: what no ``--runtime`` means for that command; ``browser``: the
+    (:mod:`rope_passes.runtimes`); ``default``: what no ``--runtime`` means for that command; ``browser``: the
     JS runtimes with a probed table are choices too (``optimize``)."""
     parser.add_argument("--runtime", choices=TABLE_RUNTIMES if browser else RUNTIMES, default=None,
                         help=f"{what} (default: {default}; see docs/runtimes.md)")

@@ -4,7 +4,7 @@ folder), and what each WebGPU runtime does with it.
 The census itself is :func:`rope_passes.analysis.census.census`; the per-runtime verdict ("loads; capture-ready",
 "does not load: ...", "loads; capture blocked by ...", "loads; capture unknown: run `check --graph-capture`") is the
 one home every command reads (:func:`rope_passes.analysis.placement.capture_verdict`,
-:meth:`~rope_passes.analysis.placement.Placement.verdict`) for every runtime target (:mod:`rope_passes.targets`),
+:meth:`~rope_passes.analysis.placement.Placement.verdict`) for every runtime target (:mod:`rope_passes.runtimes`),
 or the one ``--runtime`` names. This module parses the arguments and prints it: JSON, or :func:`render` (one compact
 rich table per model).
 """

@@ -1,4 +1,4 @@
-"""``rope-passes passes``: list the passes and the presets, per WebGPU runtime (:mod:`rope_passes.targets`)."""
+"""``rope-passes passes``: list the passes and the presets, per WebGPU runtime (:mod:`rope_passes.runtimes`)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 Each rule is a small function over the graph (and the RoPE census); its registration states code, name, severity,
 summary, explanation and the pass that fixes it. Rules about loading and placement read the runtime target
-(``ctx.runtime``, :mod:`rope_passes.targets`: its probed IR version limit, GroupQueryAttention input counts, registered
+(``ctx.runtime``, :mod:`rope_passes.runtimes`: its probed IR version limit, GroupQueryAttention input counts, registered
 ops, kernel table), so ``lint --runtime R`` gives R's findings: a current Qwen3 build (16-input GQA) is RP002 on
 onnxruntime-webgpu 1.27 and clean with the WebGPU plugin EP.
 """

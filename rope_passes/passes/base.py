@@ -57,7 +57,7 @@ class PassContext:
     genai_config: GenaiConfig = dataclasses.field(default_factory=GenaiConfig)
     #: the model file (or folder) the model was read from, when known: what else travels beside it (config.json)
     model_path: Path | None = None
-    #: the WebGPU runtime the output is for (:mod:`rope_passes.targets`; by default the one installed here: a run
+    #: the WebGPU runtime the output is for (:mod:`rope_passes.runtimes`; by default the one installed here: a run
     #: of our pipeline gives its plan's, :attr:`rope_passes.plan.RunPlan.runtime`)
     runtime: ProbedRuntime = dataclasses.field(default_factory=resolve)
     #: (model, runtime name, its capture verdict): set by the pipeline just before a pass runs, from the verdict it

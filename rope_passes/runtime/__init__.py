@@ -6,7 +6,7 @@ finds every ``InferenceSession(`` call).
   config entries: a provider dict is silently ignored) and ``create_session``, which raises
   ``WebGPUUnavailableError`` instead of silently falling back to CPU, on onnxruntime-webgpu 1.27 or on onnxruntime
   with the WebGPU plugin EP (``onnxruntime_ep_webgpu``), whichever is installed.
-* :mod:`.interpreters` — which Python runs which WebGPU runtime (:mod:`rope_passes.targets`): the two cannot share a
+* :mod:`.interpreters` — the old home of which Python runs which WebGPU runtime (:mod:`rope_passes.runtimes.installed`): the two cannot share a
   venv, so a session on the other one runs in a child process of its interpreter (``python_for``, ``child_env``;
   ``rope-passes check --runtime``).
 * :mod:`.adapter` — does onnxruntime get a WebGPU adapter (``probe``; ``python -m rope_passes.runtime.adapter``, run by
@@ -18,7 +18,7 @@ finds every ``InferenceSession(`` call).
   (:mod:`rope_passes.analysis.placement`) is tested against.
 
 The rule: ``rope_passes.analysis`` never imports this package (nor ``onnxruntime``): analysis is pure graph reasoning,
-on measured facts stored as data (``runtime_tables/<runtime>.json`` via :mod:`rope_passes.targets`,
+on measured facts stored as data (``runtime_tables/<runtime>.json`` via :mod:`rope_passes.runtimes`,
 ``webgpu_kernels.json``). Dependencies point one way, runtime -> analysis.
 tests/test_architecture.py enforces it.
 """

@@ -1,4 +1,4 @@
-"""onnxruntime sessions that are what they claim to be, on either WebGPU runtime (:mod:`rope_passes.targets`).
+"""onnxruntime sessions that are what they claim to be, on either WebGPU runtime (:mod:`rope_passes.runtimes`).
 
 Traps handled here (see docs/checker.md, docs/runtimes.md): WebGPU provider options passed as a provider dict are
 silently ignored, so every option is a session config entry ``ep.webgpuexecutionprovider.<key>``; a WebGPU failure

@@ -1,5 +1,5 @@
 """Where a WebGPU runtime runs each node, which Memcpy nodes it inserts, and whether graph capture can start: a static
-prediction, no session (:func:`predict_placement`), for one runtime target (:mod:`rope_passes.targets`:
+prediction, no session (:func:`predict_placement`), for one runtime target (:mod:`rope_passes.runtimes`:
 onnxruntime-webgpu 1.27, or onnxruntime ≥ 1.31 + the WebGPU plugin EP; default: the one installed here).
 
 It replays onnxruntime's own partitioning rules on the target's probed kernel table
