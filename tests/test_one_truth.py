@@ -248,7 +248,7 @@ def test_every_command_agrees_with_a_capture_session(genai_corpus, tmp_path, run
         for text in (False, True):
             if text and "qwen" not in name:
                 continue
-            out = tmp_path / "out" / (name.replace("/", "_") + ("_text" if text else ""))
+            out = tmp_path / "out" / (name.replace("/", "_") + ("--text-only" if text else ""))
             report = rope_passes.optimize(src, out, preset="webgpu-graph", runtime=runtime, weights="copy",
                                           options={"text_only": True} if text else None)
             runs.append((f"{name} -> webgpu-graph{' --text-only' if text else ''}", out, report))
