@@ -333,3 +333,44 @@ def test_failures_carry_the_ir_object_not_a_spelled_name():
                  for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if NAME_OR.search(line)]
     assert not offenders, "pass the IR object (report.place_of spells it), or report.name_of:\n" + "\n".join(offenders)
     assert NAME_OR.search('target = node.name or "<model>"') and NAME_OR.search("f\"{n.name or '?'}\"")
+
+
+#: a run's label: ``original@cpu``, ``rewritten@webgpu+capture``, ``original@webgpu:plugin``
+RUN_LABEL = re.compile(r"(?:original|rewritten)@|\+capture\b|:plugin\b")
+#: the one home of a run's label (RunKey)
+RUN_KEY_HOME = "rope_passes.check.spec"
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """ids of the docstring constants of a module, its classes and functions."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                out.add(id(first.value))
+    return out
+
+
+def _label_spellings(path: Path) -> list[tuple[int, str]]:
+    """(line, text) of every string in code (docstrings aside; f-strings by their literal parts) that spells a run
+    label."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    docs = _docstrings(tree)
+    return [(node.lineno, node.value) for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs
+            and RUN_LABEL.search(node.value)]
+
+
+def test_no_run_label_is_spelled_outside_its_type(tmp_path):
+    """A run is a RunKey (graph, ep, runtime, capture) whose str() is its label; no module but its home spells a
+    label (``"original@cpu"``, ``f"rewritten@{ep}"``, ``endswith(":plugin")``): review 5 counted 54 such spellings
+    in 7 files."""
+    offenders = [f"{path.relative_to(PACKAGE.parent)}:{line} {text!r}" for name, path in _modules().items()
+                 if name != RUN_KEY_HOME for line, text in _label_spellings(path)]
+    assert not offenders, "spell runs as RunKey (rope_passes/check/spec.py):\n" + "\n".join(offenders)
+    sample = tmp_path / "sample.py"
+    sample.write_text('"""original@cpu in a docstring is prose."""\nx = f"rewritten@{ep}"\ny = lab.endswith(":plugin")\n'
+                      'z = "original@webgpu+capture"\n')
+    assert sorted(line for line, _ in _label_spellings(sample)) == [2, 3, 4]
+    assert _label_spellings(PACKAGE / "check" / "spec.py")

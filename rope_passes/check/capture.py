@@ -75,10 +75,17 @@ class WebGPUBuffers:
 
 
 class CaptureDriver:
-    """Prefill (uncaptured) + ``spec.steps`` single-token steps, captured on the first and replayed after."""
+    """Prefill (uncaptured) + ``spec.steps`` single-token steps, captured on the first and replayed after
+    (``captured=False``: the same session options and calls on the same fixed buffers, every step run with
+    ``gpu_graph_id=-1``, as the prefill is: eagerly, nothing captured nor replayed).
 
-    def __init__(self, spec: Any, embedding_table: np.ndarray | None = None, log_severity: int = 3) -> None:
-        self.spec = spec
+    A session without ``enableGraphCapture`` is no eager twin: onnxruntime-webgpu 1.27 then reads GroupQueryAttention's
+    total length on the CPU, and on these bound GPU buffers it reads 0 (``total_sequence_length must be positive``,
+    measured on the builder's ``_graph`` models)."""
+
+    def __init__(self, spec: Any, embedding_table: np.ndarray | None = None, log_severity: int = 3,
+                 captured: bool = True) -> None:
+        self.spec, self.captured = spec, captured
         so = session_options("webgpu", graph_capture=True, webgpu_options=spec.webgpu_options,
                              log_severity=log_severity)
         self.session = create_session(spec.model, "webgpu", so=so)
@@ -142,7 +149,7 @@ class CaptureDriver:
                 ins, outs, io = (ins_pre, outs_pre, io_pre) if step == 0 else (ins_dec, outs_dec, io_dec)
                 for n, v in ins.items():
                     buf.fill(v, feeds[n])
-                if step == 0 or keep is None:
+                if step == 0 or keep is None or not self.captured:
                     sess.run_with_iobinding(io, no_capture)
                 else:
                     sess.run_with_iobinding(io)
@@ -156,7 +163,9 @@ class CaptureDriver:
             more = spec.steps + EARLIER_MORE
             conversation(token_ids(spec.prefill + more, spec.seed + 1, spec.vocab), more, None)
         conversation(tokens, spec.steps, results)
-        if spec.steps:
+        if not self.captured:
+            self.notes.append("every step run eagerly on the fixed buffers (gpu_graph_id=-1)")
+        elif spec.steps:
             self.notes.append("prefill run uncaptured (gpu_graph_id=-1); decode step 1 captured"
                               + (f", steps 2..{spec.steps} replayed" if spec.steps > 1 else "")
                               + f"; after an earlier conversation of {spec.prefill + spec.steps + EARLIER_MORE} "

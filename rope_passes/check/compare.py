@@ -162,7 +162,7 @@ class Comparison:
                           "precision": self.tolerance.precision},
             "first_failure": first.to_dict() if first else None,
             "per_output": {k: v.to_dict() for k, v in self.worst().items()},
-            **({"steps_compared" if self.kind == "decode" else "positions_compared": sorted({d.step for d in self.diffs})}
+            **({"positions_compared" if self.kind == "sweep" else "steps_compared": sorted({d.step for d in self.diffs})}
                if self.kind != "schedule" else {"schedules_compared": sorted({d.schedule for d in self.diffs})}),
         }
 

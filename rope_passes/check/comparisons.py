@@ -19,12 +19,13 @@ from typing import Any
 import numpy as np
 
 from rope_passes.check.compare import TOLERANCES, Comparison, OutputDiff, compare_steps, cpu_tolerance
-from rope_passes.check.plan import Plan
+from rope_passes.check.plan import CheckPlan
 from rope_passes.check.runner import RunResult
 from rope_passes.check.schedule_runs import AGAIN, ROW, compare_calls, compare_padded_rows, padded_rows_kept
 from rope_passes.check.schedules import Schedule
+from rope_passes.check.spec import ORIGINAL, REWRITTEN, RunKey
 from rope_passes.check.sweep import compare_sweep
-from rope_passes.check.verdict import PLUGIN, Evidence
+from rope_passes.check.verdict import Evidence
 
 
 def _ran(run: RunResult | None) -> bool:
@@ -40,22 +41,22 @@ def _reference(ev: Evidence, ep: str) -> tuple[RunResult | None, bool]:
     """The original's run the rewritten graph on ``ep`` is compared with (same EP only: another EP's own error is
     not the rewrite's; the CPU runs cover a WebGPU run the original lacks), and whether it is on another EP."""
     by = ev.by
-    for label in (f"original@{ep}", f"original@{ep}{PLUGIN}"):
-        if _ran(by.get(label)):
-            return by[label], False
+    for key in (RunKey(ORIGINAL, ep), RunKey(ORIGINAL, ep, ev.fallback_runtime)):
+        if (key.runtime is None or ev.fallback_runtime) and _ran(by.get(key)):
+            return by[key], False
     return None, False
 
 
 def cpu_comparisons(ev: Evidence) -> list[Comparison]:
     """``rewritten@cpu`` against the original on CPU: the decode and the sweep (``ep="webgpu"`` only)."""
-    rew = ev.by.get("rewritten@cpu")
+    rew = ev.by.get(RunKey(REWRITTEN, "cpu"))
     if ev.ep != "webgpu" or rew is None:
         return []
     ref, _ = _reference(ev, "cpu")
     if ref is None:
         return []
     offset = _concat_offset(ev)
-    tolerance = ev.tolerance if ref.label.endswith(PLUGIN) else cpu_tolerance(ev.tolerance)
+    tolerance = ev.tolerance if ref.key.elsewhere else cpu_tolerance(ev.tolerance)
     decode = Comparison(rew.label, ref.label, tolerance, True)
     if not _ran(rew):
         decode.diffs.append(OutputDiff(0, "(run)", float("inf"), float("inf"), False,
@@ -98,22 +99,22 @@ def _attention_positions(info: Any) -> list[tuple] | None:
     return sorted(out)
 
 
-def schedule_comparisons(ev: Evidence, plan: Plan) -> list[Comparison]:
+def schedule_comparisons(ev: Evidence, plan: CheckPlan) -> list[Comparison]:
     """One comparison per EP the rewritten graph ran on, over every schedule of that EP (module docstring)."""
     out = []
     eps = ["cpu"] if ev.ep == "cpu" else ["webgpu", "cpu"]
     offset = _concat_offset(ev)
     int4 = ev.orig.precision == "int4"
     for ep in eps:
-        rew = ev.by.get(f"rewritten@{ep}")
+        rew = ev.by.get(RunKey(REWRITTEN, ep))
         ref, cross = _reference(ev, ep)
         schedules: list[Schedule] = plan.for_ep(ep)
         if rew is None or not schedules:
             continue
         tolerance = ev.tolerance if not (cross and int4) else TOLERANCES["fp16"]
-        if ep == "cpu" and ref is not None and not ref.label.endswith(PLUGIN):
+        if ep == "cpu" and ref is not None and not ref.key.elsewhere:
             tolerance = cpu_tolerance(tolerance)
-        c = Comparison(rew.label, ref.label if ref is not None else f"original@{ep}", tolerance,
+        c = Comparison(rew.label, ref.label if ref is not None else str(RunKey(ORIGINAL, ep)), tolerance,
                        not (cross and int4), kind="schedule")
         if ref is None or not _ran(rew) or not ref.schedules:
             c.status, c.reason = "skipped", ("no run of the original to compare with" if ref is None else
@@ -129,21 +130,21 @@ def schedule_comparisons(ev: Evidence, plan: Plan) -> list[Comparison]:
         # the EP is the CPU one (its GroupQueryAttention reads uninitialised memory after a left-padded prompt: the
         # same graph in two sessions differs by 0.1 there, which the second run's filter does not always see): else
         # both graphs run the same WebGPU kernel on the same padding, and its deterministic values must agree
-        same_attention = (ep == "webgpu" and not cross and not ref.label.endswith(PLUGIN)
+        same_attention = (ep == "webgpu" and not cross and not ref.key.elsewhere
                           and _attention_positions(ev.orig) is not None
                           and _attention_positions(ev.orig) == _attention_positions(ev.rew))
         for s in schedules:
             got, want = rew.schedules.get(s.name, []), ref.schedules.get(s.name, [])
             rows = None if same_attention else padded_rows_kept(
                 s, want, {b: ref.schedules.get(f"{s.name}{ROW}{b}", []) for b in range(s.batch)}, c.tolerance)
-            if ref.label.endswith(PLUGIN) and rows is not None:  # another runtime: the rows both honour
+            if ref.key.elsewhere and rows is not None:  # another runtime: the rows both honour
                 own = padded_rows_kept(s, got, {b: rew.schedules.get(f"{s.name}{ROW}{b}", [])
                                                 for b in range(s.batch)}, c.tolerance)
                 rows = rows & own if own is not None else rows
             if rows is not None and not rows.all():
                 rows_out.append(f"{s.name} row(s) {', '.join(str(b) for b in np.flatnonzero(~rows))}")
             n = compare_calls(s, got, want, c, only, ref.schedules.get(s.name + AGAIN), rows)
-            if rows is not None and not rows.all() and not ref.label.endswith(PLUGIN) and only is None:
+            if rows is not None and not rows.all() and not ref.key.elsewhere and only is None:
                 # left out of the comparison above, still read by the caller: as the original computes them in the
                 # same batch on the same runtime, or as it computes each row alone
                 compare_padded_rows(s, got, want, {b: ref.schedules.get(f"{s.name}{ROW}{b}", [])
@@ -156,7 +157,7 @@ def schedule_comparisons(ev: Evidence, plan: Plan) -> list[Comparison]:
                                           schedule=s.name))
         notes = []
         if rows_out:
-            who = f"{ref.label} and {rew.label} (another runtime)" if ref.label.endswith(PLUGIN) else ref.label
+            who = f"{ref.label} and {rew.label} (another runtime)" if ref.key.elsewhere else ref.label
             notes.append(f"{who} do(es) not compute {'; '.join(rows_out)} as it computes each alone (padding it "
                          "does not honour, e.g. GroupQueryAttention after a left-padded prompt on CPU): compared "
                          "with the original's same batch or each row alone" + (

@@ -10,6 +10,10 @@ schedule that differs is shrunk (:func:`.schedules.shrink`: fewer rows, fewer an
 to the smallest that still differs on the same EP, and the report prints it as a command line that reruns it:
 ``rope-passes check ORIGINAL REWRITTEN --schedule '<schedule>'`` (exit 1 there too). The same seed draws the same
 schedules; how many fit in the budget depends on the machine.
+
+The sessions are the runtime's the check runs on: exploration runs only where that runtime is this process's own
+(``check --runtime R`` with R another interpreter's, or a runtime driven through a backend such as the browser, says
+so in the random comparison's reason and draws nothing, rather than exploring on another runtime).
 """
 
 from __future__ import annotations
@@ -24,9 +28,10 @@ import numpy as np
 from rope_passes.check.compare import Comparison, OutputDiff, Tolerance
 from rope_passes.check.decode import DecoderSpec
 from rope_passes.check.models import ModelInfo
-from rope_passes.check.plan import CheckOptions, Plan
+from rope_passes.check.plan import CheckOptions, CheckPlan
 from rope_passes.check.schedule_runs import differs
 from rope_passes.check.schedules import Schedule, fits, random_schedule, shrink
+from rope_passes.check.spec import ORIGINAL, REWRITTEN, RunKey
 
 
 @dataclasses.dataclass
@@ -35,7 +40,7 @@ class Exploration:
 
     seed: int
     budget_s: float
-    pairs: list[str]  # "rewritten@cpu vs original@cpu", ...
+    pairs: list[str]  # "<rewritten run> vs <original run>" per EP (RunKey labels)
     drawn: int = 0
     wall_s: float = 0.0
     found: Schedule | None = None  # the first drawn schedule that differs
@@ -103,20 +108,25 @@ def _sessions(orig: ModelInfo, rew: ModelInfo, emb_orig: str | None, emb_rew: st
             table = np.load(emb) if emb else None
             sides.append((sess, DecoderSpec.from_session(sess, info.genai_config, dims=dict(opts.dims or {}),
                                                          embedding_table=table)))
-        pairs.append((f"rewritten@{ep} vs original@{ep}", (sides[0][0], sides[0][1], sides[1][0], sides[1][1])))
+        pairs.append((f"{RunKey(REWRITTEN, ep)} vs {RunKey(ORIGINAL, ep)}",
+                      (sides[0][0], sides[0][1], sides[1][0], sides[1][1])))
     return pairs
 
 
-def explore(orig: ModelInfo, rew: ModelInfo, emb_orig: str | None, emb_rew: str | None, plan: Plan,
-            opts: CheckOptions, original: Any, rewritten: Any) -> Exploration:
-    """Random schedules for ``opts.budget`` seconds (module docstring)."""
+def explore(orig: ModelInfo, rew: ModelInfo, plan: CheckPlan, opts: CheckOptions, original: Any,
+            rewritten: Any, runtime: str | None = None, elsewhere: str | None = None) -> Exploration:
+    """Random schedules for ``opts.budget`` seconds (module docstring) on ``runtime``, which runs in this process
+    unless ``elsewhere`` names why not."""
     start = time.perf_counter()
     out = Exploration(opts.seed, opts.budget, [])
+    if elsewhere:
+        out.reason = f"--budget draws in this process, and {runtime} {elsewhere}: nothing explored"
+        return out
     if plan.facts is None:
         out.reason = "no schedule facts (not a decoder)"
         return out
     try:
-        pairs = _sessions(orig, rew, emb_orig, emb_rew, opts)
+        pairs = _sessions(orig, rew, *plan.embeddings, opts)
     except Exception as exc:  # noqa: BLE001 - a graph that does not load here: the check's runs say so
         out.reason = f"the graphs do not both load here ({' '.join(str(exc).split())[:200]})"
         return out
@@ -127,7 +137,7 @@ def explore(orig: ModelInfo, rew: ModelInfo, emb_orig: str | None, emb_rew: str 
     offsets = [m.longrope.switch for m in (orig, rew) if m.longrope is not None and m.longrope.kind == "concat"]
 
     def usable(s: Schedule, name: str) -> bool:
-        if name.startswith("rewritten@webgpu"):
+        if RunKey.parse(name.partition(" vs ")[0]).ep == "webgpu":
             return fits(s, plan.max_call)
         return not offsets or s.width + sum(s.then) <= min(offsets)  # CPU: no concat offset
 

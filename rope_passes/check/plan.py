@@ -1,6 +1,7 @@
-"""What a check will run, decided before anything runs: the options (:class:`CheckOptions`), the decode (prefill and
-steps, adjusted for LongRoPE and a software adapter), the sweep positions, the schedules (:mod:`.schedules`), the
-tolerance, and the rotation-table comparison (no session). Every adjustment is a note.
+"""What a check will run, decided once before anything runs (:func:`plan_check` builds the frozen
+:class:`CheckPlan`): the options (:class:`CheckOptions`), the decode (prefill and steps, adjusted for LongRoPE and a
+software adapter), the sweep positions, the schedules (:mod:`.schedules`), the embedding tables fed, whether the
+captured run is made, the tolerance, and the rotation-table comparison (no session). Every adjustment is a note.
 
 * software WebGPU adapter (lavapipe): prefill capped at :func:`rope_passes.runtime.adapter.max_webgpu_prefill`
   tokens, the rest of the prompt fed by single-token steps (WebGPU GQA prefill is wrong for query rows >= 8 there);
@@ -23,8 +24,9 @@ from rope_passes.analysis.genai_contract import caller_positions
 from rope_passes.check.client_schedules import BOUNDARY_MAX, CAPTURE_TOTAL, client_schedules, unreached
 from rope_passes.check.compare import TOLERANCES, Tolerance
 from rope_passes.check.decode import TOKEN_HIGH
-from rope_passes.check.models import ModelInfo, rotation_tables_of
+from rope_passes.check.models import ModelInfo, embedding_for, rotation_tables_of
 from rope_passes.check.schedules import GraphFacts, Schedule, default_schedules, fits, runs_on
+from rope_passes.check.spec import ORIGINAL, REWRITTEN, RunKey
 from rope_passes.check.sweep import default_positions, sweep_positions
 from rope_passes.check.table_diff import TableComparison, compare_tables
 from rope_passes.errors import UsageError
@@ -81,20 +83,27 @@ class CheckOptions:
             self.progress(label, step, total)
 
 
-@dataclasses.dataclass
-class Plan:
-    """The decode, sweep and schedules every run shares, the tolerance, and the table comparison."""
+@dataclasses.dataclass(frozen=True)
+class CheckPlan:
+    """The decode, sweep and schedules every run shares, the embedding tables fed, whether the captured run is made,
+    the tolerance, the table comparison, and the notes that say what was adjusted: built once by :func:`plan_check`,
+    never changed after."""
 
     prefill: int
     steps: int
-    positions: list[int]
+    positions: tuple[int, ...]
     tolerance: Tolerance
     tables: TableComparison | None
-    notes: list[str]
-    switches: set[int]
+    notes: tuple[str, ...]
+    switches: frozenset[int]
     max_call: int | None  # WebGPU's longest correct call here (None: no cap)
-    schedules: list[Schedule] = dataclasses.field(default_factory=list)  # filled by with_schedules
+    schedules: tuple[Schedule, ...] = ()
     facts: GraphFacts | None = None
+    embeddings: tuple[str | None, str | None] = (None, None)  # the .npy tables fed (original, rewritten)
+    graph_capture: bool = False  # the captured run is made (--graph-capture, or the rewritten config turns it on)
+    #: the rewritten genai_config turns capture on and the original's did not (a Python runtime): a captured session
+    #: that does not load is a defect of the output
+    capture_required: bool = False
 
     def for_ep(self, ep: str) -> list[Schedule]:
         """The schedules a run on ``ep`` makes (:func:`~rope_passes.check.schedules.runs_on`)."""
@@ -122,11 +131,41 @@ def weight_bytes(*infos: ModelInfo) -> int:
     return max(sizes)
 
 
-def make_plan(orig: ModelInfo, rew: ModelInfo, opts: CheckOptions, adapter: AdapterInfo | None,
-              sweep: int | None) -> Plan:
+def plan_check(orig: ModelInfo, rew: ModelInfo, opts: CheckOptions, adapter: AdapterInfo | None, sweep: int | None,
+               tmp: Path, genai: bool) -> CheckPlan:
+    """The plan of a check, built once (module docstring): the decode and sweep (:func:`_decode`), the captured run
+    (``genai``: onnxruntime-genai runs on this runtime, so a capture the rewritten config turns on is checked), the
+    embedding tables (written to ``tmp``), the schedules from the graph facts, and every note."""
+    plan = _decode(orig, rew, opts, adapter, sweep)
+    # the output's config turns capture on where the original's did not (optimize does so when capture is ready):
+    # onnxruntime-genai creates its session so, and a session that refuses capture does not load
+    required = opts.ep == "webgpu" and genai and rew.capture_on and not orig.capture_on
+    if required and not opts.graph_capture:
+        plan = dataclasses.replace(plan, notes=(*plan.notes, (
+            "the rewritten genai_config.json turns graph capture on (enableGraphCapture=1): the captured run is "
+            "checked as onnxruntime-genai makes it, --graph-capture or not")))
+    emb_orig, emb_rew = _embeddings(orig, rew, opts.embeddings, tmp)
+    rows = [np.load(e, mmap_mode="r").shape[0] for e in {emb_orig, emb_rew} if e]
+    plan = with_schedules(plan, graph_facts(orig, rew, plan, rows), opts.schedules)
+    return dataclasses.replace(plan, embeddings=(emb_orig, emb_rew), graph_capture=opts.graph_capture or required,
+                               capture_required=required)
+
+
+def _embeddings(orig: ModelInfo, rew: ModelInfo, option: str | None, tmp: Path) -> tuple[str | None, str | None]:
+    """The embedding table files of the two graphs (inputs_embeds graphs only; one graph's serves both)."""
+    emb_orig = embedding_for(orig, rew, option, tmp)
+    emb_rew = embedding_for(rew, orig, option, tmp)
+    if emb_orig and not emb_rew and rew.takes_embeds:
+        emb_rew = emb_orig
+    if emb_rew and not emb_orig and orig.takes_embeds:
+        emb_orig = emb_rew
+    return emb_orig, emb_rew
+
+
+def _decode(orig: ModelInfo, rew: ModelInfo, opts: CheckOptions, adapter: AdapterInfo | None,
+            sweep: int | None) -> CheckPlan:
     """The decode, the sweep positions (``sweep`` None: :func:`.sweep.default_positions`, every position where the
-    CPU reference can afford it), the table comparison and the tolerance (the schedules come with
-    :func:`with_schedules`, once the embedding tables are known)."""
+    CPU reference can afford it), the table comparison and the tolerance."""
     ep, prefill, steps = opts.ep, opts.prefill, opts.steps
     notes: list[str] = []
     orig_t, rew_t = (rotation_tables_of(orig, ep), rotation_tables_of(rew, ep)) if opts.tables or sweep else (None, None)
@@ -178,8 +217,8 @@ def make_plan(orig: ModelInfo, rew: ModelInfo, opts: CheckOptions, adapter: Adap
     tol = dict(dataclasses.asdict(TOLERANCES[orig.precision]))
     tol.update(opts.tolerance or {})
     tolerance = Tolerance(float(tol["atol"]), float(tol["rtol"]), orig.precision)
-    return Plan(prefill, steps, positions, tolerance, table_cmp, notes, switches,
-                limit if adapter is not None else None)
+    return CheckPlan(prefill, steps, tuple(positions), tolerance, table_cmp, tuple(notes), frozenset(switches),
+                     limit if adapter is not None else None)
 
 
 def _longrope_notes(orig: ModelInfo, rew: ModelInfo, ep: str) -> list[str]:
@@ -195,11 +234,13 @@ def _longrope_notes(orig: ModelInfo, rew: ModelInfo, ep: str) -> list[str]:
     o, r = orig.longrope, rew.longrope
     if o is not None and o.kind == "concat":
         notes.append(f"{orig.path.name}: concatenated LongRoPE cache with offset {o.switch}: the CPU EP has no "
-                     f"multiRotaryCacheConcatOffset, so comparisons with original@cpu stop at {o.switch} tokens")
+                     f"multiRotaryCacheConcatOffset, so comparisons with {RunKey(ORIGINAL, 'cpu')} stop at {o.switch} "
+                     "tokens")
     if r is not None and r.kind == "concat":
         if ep == "webgpu" and not (o is not None and o.kind == "concat"):
             notes.append(f"{rew.path.name}: concatenated LongRoPE cache (offset {r.switch}): WebGPU-only output; on "
-                         f"the CPU EP it is wrong past {r.switch} tokens, so rewritten@cpu is compared up to there")
+                         f"the CPU EP it is wrong past {r.switch} tokens, so {RunKey(REWRITTEN, 'cpu')} is compared up to "
+                         "there")
         if ep == "cpu":
             notes.append(f"{rew.path.name}: concatenated LongRoPE cache: it needs multiRotaryCacheConcatOffset, which "
                          f"the CPU EP lacks, so on CPU it is wrong past {r.switch} tokens")
@@ -238,7 +279,7 @@ def _no_right_padding(*infos: ModelInfo) -> str | None:
     return None
 
 
-def graph_facts(orig: ModelInfo, rew: ModelInfo, plan: Plan, embedding_rows: Sequence[int]) -> GraphFacts:
+def graph_facts(orig: ModelInfo, rew: ModelInfo, plan: CheckPlan, embedding_rows: Sequence[int]) -> GraphFacts:
     """What the schedules are built from: ids valid for both graphs (every stated vocabulary, every embedding table
     fed), genai's pad id, the switches, the windows, WebGPU's call cap and the context."""
     rows = list(embedding_rows)
@@ -259,25 +300,25 @@ def graph_facts(orig: ModelInfo, rew: ModelInfo, plan: Plan, embedding_rows: Seq
                       ends=tuple(sorted({c for c in context if end is None or c <= end})))
 
 
-def with_schedules(plan: Plan, facts: GraphFacts, given: Sequence[Schedule] | None) -> Plan:
+def with_schedules(plan: CheckPlan, facts: GraphFacts, given: Sequence[Schedule] | None) -> CheckPlan:
     """``plan`` with its schedules: the given ones, else the default set; a note when a default long prompt cannot
     pass a switch in one call (the sweep stands in there)."""
-    plan.facts = facts
-    plan.schedules = list(given) if given is not None else default_schedules(facts) + client_schedules(facts)
+    schedules = list(given) if given is not None else default_schedules(facts) + client_schedules(facts)
+    notes: list[str] = []
     if given is None:
         far = unreached(facts)
         if far:
-            plan.notes.append(f"schedules: threshold(s) {', '.join(map(str, far))} are past {BOUNDARY_MAX} tokens: "
+            notes.append(f"schedules: threshold(s) {', '.join(map(str, far))} are past {BOUNDARY_MAX} tokens: "
                               "the sweep's single steps after a random past stand in for calls at them")
         if facts.no_right_padding is not None:
-            plan.notes.append(f"schedules: the right-padded batch on the CPU EP only: {facts.no_right_padding}")
+            notes.append(f"schedules: the right-padded batch on the CPU EP only: {facts.no_right_padding}")
         n, why = facts.long_prompt()
         missed = [c for c in facts.switches if c + 1 > n] + [w for w in facts.windows if w + 1 > n]
         if missed:
-            plan.notes.append(f"schedules: the long prompt is {n} tokens ({why}); it does not pass "
-                              f"{', '.join(map(str, missed))}: the sweep's steps after a random past cover that")
-    return plan
+            notes.append(f"schedules: the long prompt is {n} tokens ({why}); it does not pass "
+                         f"{', '.join(map(str, missed))}: the sweep's steps after a random past cover that")
+    return dataclasses.replace(plan, facts=facts, schedules=tuple(schedules), notes=(*plan.notes, *notes))
 
 
-__all__ = ["MAX_CROSSING_STEPS", "PAST_SWITCH", "CheckOptions", "Plan", "graph_facts", "make_plan", "weight_bytes",
-           "with_schedules"]
+__all__ = ["MAX_CROSSING_STEPS", "PAST_SWITCH", "CheckOptions", "CheckPlan", "graph_facts", "plan_check",
+           "weight_bytes", "with_schedules"]

@@ -12,6 +12,7 @@ from rope_passes.check.compare import Comparison, OutputDiff
 from rope_passes.check.models import ModelInfo
 from rope_passes.check.runner import RunResult
 from rope_passes.check.schedules import Schedule
+from rope_passes.check.spec import REWRITTEN, RunKey
 from rope_passes.check.table_diff import TableComparison
 from rope_passes.runtime.adapter import AdapterInfo
 
@@ -105,13 +106,16 @@ class EquivalenceReport:
             lines.append(f"constant {found[1].output}: {found[1].reason}")
         if self.tables is not None and self.tables.status == "compared" and not self.tables.ok:
             lines.append(f"rotation tables: {self.tables.diffs[0].line()}")  # not ok: there is a first
+        from rope_passes.check.evidence import kinds
+
+        lines += [line for kind in kinds() for c in self.comparisons if (line := kind.failure_line(c))]
         return lines
 
     @property
     def runtime_label(self) -> str:
         """The runtime with its versions, as the rewritten graph's run reported it (``onnxruntime 1.27.0``,
         ``onnxruntime 1.31.1 + onnxruntime-ep-webgpu 0.4.0``); the runtime's name when that run said none."""
-        run = self.run(f"rewritten@{self.ep}")
+        run = self.run(str(RunKey(REWRITTEN, self.ep)))
         return run.runtime if run is not None and run.runtime else self.runtime
 
     def run(self, label: str) -> RunResult | None:

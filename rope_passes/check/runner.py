@@ -108,6 +108,8 @@ def execute_run(spec: RunSpec, backend: RunBackend | None = None, *, on_step: Ca
     if dspec is not None and dspec.is_decoder and (result.ok or backend.after_failure):
         _schedules(spec, backend, session, dspec, result, on_schedule)
         _sweep(spec, session, dspec, result, on_sweep)
+    if result.status in (OK, RUN_FAILED):
+        _parts(spec, backend, table, result)
     backend.close(driver if driver is not None else session, result)
     result.wall_s = time.perf_counter() - start
     return result
@@ -131,6 +133,17 @@ def _schedules(spec: RunSpec, backend: RunBackend, session: Any, dspec: DecoderS
             result.schedule_errors[data["name"]] = _one_line(exc)
         if on_schedule is not None:
             on_schedule(k)
+
+
+def _parts(spec: RunSpec, backend: RunBackend, table: np.ndarray | None, result: RunResult) -> None:
+    """Every kind of evidence's part of this run (:mod:`.evidence`), on the same backend, after its own."""
+    from rope_passes.check.evidence import kind
+
+    for name, data in spec.parts.items():
+        try:
+            result.parts[name] = kind(name).run(backend, spec, table, data)
+        except Exception as exc:  # noqa: BLE001 - a part that raises is a result
+            result.part_errors[name] = _one_line(exc)
 
 
 def _sweep(spec: RunSpec, session: Any, dspec: DecoderSpec, result: RunResult,
@@ -228,7 +241,15 @@ def run_isolated(
                 with np.load(Path(tmp) / f"schedule{i}_{k}.npz") as z:
                     calls.append({name: z[name] for name in z.files})
             schedules[name] = calls
-        return RunResult(steps=steps, sweep=sweep, sweep_errors=errors, schedules=schedules, **data)
+        parts = {}
+        for i, (name, n) in enumerate(data.pop("parts_run").items()):
+            parts[name] = [_npz(Path(tmp) / f"part{i}_{k}.npz") for k in range(n)]
+        return RunResult(steps=steps, sweep=sweep, sweep_errors=errors, schedules=schedules, parts=parts, **data)
+
+
+def _npz(path: Path) -> dict[str, np.ndarray]:
+    with np.load(path) as z:
+        return {name: z[name] for name in z.files}
 
 
 def _worker(spec_path: str, out_dir: str) -> int:
@@ -261,6 +282,9 @@ def _worker(spec_path: str, out_dir: str) -> int:
     for i, calls in enumerate(result.schedules.values()):
         for k, outs in enumerate(calls):
             save(os.path.join(out_dir, f"schedule{i}_{k}.npz"), outs)
+    for i, calls in enumerate(result.parts.values()):
+        for k, outs in enumerate(calls):
+            save(os.path.join(out_dir, f"part{i}_{k}.npz"), outs)
     data = result.to_dict()
     data.pop("steps_run")
     data["wall_s"] = result.wall_s

@@ -7,7 +7,7 @@
    WebGPU (a value WebGPU happens to tolerate) shows against ``original@cpu``;
 5. ``rewritten@webgpu+capture`` with ``graph_capture=True``: under ``enableGraphCapture=1`` (:mod:`.capture`).
 
-Every run but the captured one makes the decode, the schedules its EP takes (:meth:`.plan.Plan.for_ep`) and the
+Every run but the captured one makes the decode, the schedules its EP takes (:meth:`.plan.CheckPlan.for_ep`) and the
 sweep. When the original loads nowhere here and the rewritten graph runs, the original runs on the second WebGPU
 runtime (``original@webgpu:plugin``, ``original@cpu:plugin``).
 """
@@ -18,24 +18,30 @@ from collections.abc import Callable
 
 from rope_passes.check.backends import backend_for
 from rope_passes.check.client_schedules import for_graph
+from rope_passes.check.evidence import kinds
 from rope_passes.check.models import ModelInfo
-from rope_passes.check.plan import CheckOptions, Plan
+from rope_passes.check.plan import CheckOptions, CheckPlan
 from rope_passes.check.runner import LOAD_FAILED, RunResult, RunSpec, execute_run, run_isolated
-from rope_passes.check.verdict import PLUGIN
+from rope_passes.check.spec import ORIGINAL, REWRITTEN, RunKey
 from rope_passes.runtime.adapter import AdapterInfo
 from rope_passes.runtime.sessions import ALLOW_SOFTWARE_ADAPTER
-from rope_passes.runtimes.descriptors import WEBGPU_PLUGIN
+from rope_passes.runtimes import descriptor
 
 
-def run_spec(label: str, info: ModelInfo, ep: str, emb: str | None, plan: Plan, opts: CheckOptions,
-             capture: bool = False) -> RunSpec:
-    return RunSpec(label=label, model=str(info.path), ep=ep, prefill=plan.prefill, steps=plan.steps,
-                   genai_config=info.genai_config.data, webgpu_options=dict(info.webgpu_options) if ep == "webgpu" else {},
+def run_spec(key: RunKey, info: ModelInfo, emb: str | None, plan: CheckPlan, opts: CheckOptions) -> RunSpec:
+    """What one run makes: the decode, the schedules its EP takes, the sweep, and every kind of evidence's part
+    (:mod:`.evidence`)."""
+    ep, capture = key.ep, key.capture
+    spec = RunSpec(label=str(key), model=str(info.path), ep=ep, prefill=plan.prefill, steps=plan.steps,
+                   genai_config=info.genai_config.data,
+                   webgpu_options=dict(info.webgpu_options) if ep == "webgpu" else {},
                    graph_capture=capture, max_length=plan.prefill + plan.steps, dims=dict(opts.dims or {}),
                    embedding=emb, sweep=[] if capture else list(plan.positions),
                    schedules=[] if capture else [for_graph(s, info.loop).spec() for s in plan.for_ep(ep)],
-                   schedules_twice=plan.facts.vocab if plan.facts is not None and label.startswith("original@") else 0,
+                   schedules_twice=plan.facts.vocab if plan.facts is not None and key.original else 0,
                    vocab=plan.facts.vocab if plan.facts is not None else None)
+    spec.parts = {k.NAME: data for k in kinds() if (data := k.parts(plan, spec)) is not None}
+    return spec
 
 
 def execute(spec: RunSpec, opts: CheckOptions, adapter: AdapterInfo | None, python: str | None,
@@ -60,34 +66,36 @@ def execute(spec: RunSpec, opts: CheckOptions, adapter: AdapterInfo | None, pyth
     return execute_run(spec, on_step=on_step, on_sweep=on_sweep, on_schedule=on_schedule)
 
 
-def all_runs(orig: ModelInfo, rew: ModelInfo, emb_orig: str | None, emb_rew: str | None, plan: Plan,
-             opts: CheckOptions, adapter: AdapterInfo | None, here: str | None, runtime: str,
-             fallback: str | None) -> tuple[list[RunResult], str | None]:
+def all_runs(orig: ModelInfo, rew: ModelInfo, plan: CheckPlan, opts: CheckOptions, adapter: AdapterInfo | None,
+             here: str | None, runtime: str, fallback: str | None) -> tuple[list[RunResult], str | None]:
     """Every run (module docstring) and the second runtime's interpreter when the original ran there."""
     ep = opts.ep
-    specs = [run_spec("original@cpu", orig, "cpu", emb_orig, plan, opts)]
+    emb_orig, emb_rew = plan.embeddings
+    specs = [run_spec(RunKey(ORIGINAL, "cpu"), orig, emb_orig, plan, opts)]
     if ep == "webgpu":
-        specs.append(run_spec("original@webgpu", orig, "webgpu", emb_orig, plan, opts))
-    specs.append(run_spec(f"rewritten@{ep}", rew, ep, emb_rew, plan, opts))
+        specs.append(run_spec(RunKey(ORIGINAL, "webgpu"), orig, emb_orig, plan, opts))
+    specs.append(run_spec(RunKey(REWRITTEN, ep), rew, emb_rew, plan, opts))
     if ep == "webgpu":
-        specs.append(run_spec("rewritten@cpu", rew, "cpu", emb_rew, plan, opts))
-    if opts.graph_capture:
-        specs.append(run_spec("rewritten@webgpu+capture", rew, "webgpu", emb_rew, plan, opts, capture=True))
+        specs.append(run_spec(RunKey(REWRITTEN, "cpu"), rew, emb_rew, plan, opts))
+    if plan.graph_capture:
+        specs.append(run_spec(RunKey(REWRITTEN, "webgpu", capture=True), rew, emb_rew, plan, opts))
     runs = []
     for s in specs:
-        if opts.reference_python and s.label.startswith("original@"):
+        if opts.reference_python and s.key.original:
             runs.append(execute(s, opts, adapter, opts.reference_python))
         else:
             runs.append(execute(s, opts, adapter, here, runtime))
-    by = {r.label: r for r in runs}
-    originals = [r for r in runs if r.label.startswith("original@")]
-    if (not opts.reference_python and fallback and not any(r.ok for r in originals)
-            and all(r.status == LOAD_FAILED for r in originals) and by[f"rewritten@{ep}"].ok):
-        # the original does not load on this runtime, the rewritten graph does: run the original on the other
-        extra = [run_spec(f"original@webgpu{PLUGIN}", orig, "webgpu", emb_orig, plan, opts)] if ep == "webgpu" else []
-        extra.append(run_spec(f"original@cpu{PLUGIN}", orig, "cpu", emb_orig, plan, opts))
-        for s in extra:
-            runs.append(execute(s, opts, adapter, fallback, WEBGPU_PLUGIN))
+    by = {r.key: r for r in runs}
+    originals = [r for r in runs if r.key.original]
+    found = descriptor(runtime)
+    other = found.fallback if found is not None else None
+    if (not opts.reference_python and fallback and other and not any(r.ok for r in originals)
+            and all(r.status == LOAD_FAILED for r in originals) and by[RunKey(REWRITTEN, ep)].ok):
+        # the original does not load on this runtime, the rewritten graph does: run it on the runtime's fallback
+        eps = ("webgpu", "cpu") if ep == "webgpu" else ("cpu",)
+        for e in eps:
+            runs.append(execute(run_spec(RunKey(ORIGINAL, e, other), orig, emb_orig, plan, opts), opts, adapter,
+                                fallback, other))
         return runs, fallback
     return runs, None
 

@@ -27,11 +27,9 @@ from rope_passes.check.compare import (
 from rope_passes.check.models import ModelInfo
 from rope_passes.check.report import COULD_NOT_RUN, EQUIVALENT, EQUIVALENT_TABLES_ONLY, NOT_EQUIVALENT
 from rope_passes.check.runner import CRASHED, NOT_RUN, NOT_STARTED, OK, RUN_FAILED, TIMED_OUT, RunResult
+from rope_passes.check.spec import ORIGINAL, REWRITTEN, RunKey
 from rope_passes.check.sweep import compare_sweep
 from rope_passes.check.table_diff import TableComparison
-
-#: label suffix of the original's runs on the second runtime
-PLUGIN = ":plugin"
 
 
 @dataclasses.dataclass
@@ -54,19 +52,29 @@ class Evidence:
     #: the rewritten genai_config turns capture on and the original's did not (a Python runtime): a captured session
     #: that does not load is a defect of the output, not a fact about capture
     capture_required: bool = False
+    #: the runtime the original ran on instead (the check runtime's fallback), when it did
+    fallback_runtime: str | None = None
 
     @property
-    def by(self) -> dict[str, RunResult]:
-        return {r.label: r for r in self.runs}
+    def by(self) -> dict[RunKey, RunResult]:
+        return {r.key: r for r in self.runs}
 
     @property
-    def rewritten_label(self) -> str:
-        return f"rewritten@{self.ep}"
+    def rewritten_key(self) -> RunKey:
+        return RunKey(REWRITTEN, self.ep)
+
+    @property
+    def captured_key(self) -> RunKey:
+        return RunKey(REWRITTEN, "webgpu", capture=True)
 
     @property
     def concat_offset(self) -> int | None:
         lr = self.orig.longrope
         return lr.switch if lr is not None and lr.kind == "concat" else None
+
+
+#: the comparison reference of ``--reference-logits``
+REFERENCE_LOGITS = "reference-logits"
 
 
 def _short(reason: str) -> str:
@@ -79,16 +87,16 @@ def _ran(run: RunResult | None) -> TypeGuard[RunResult]:
 
 
 def compare_all(ev: Evidence) -> list[Comparison]:
-    by, ep, rew_label = ev.by, ev.ep, ev.rewritten_label
+    by, ep, rew_key = ev.by, ev.ep, ev.rewritten_key
     int4 = ev.orig.precision == "int4"
     ref_tol = ev.tolerance if not int4 else TOLERANCES["fp16"]
     offset = ev.concat_offset
     cpu_steps = [k for k in range(ev.steps + 1) if ev.prefill + k <= offset] if offset else None
     comparisons: list[Comparison] = []
 
-    def add(actual: str, reference: str, counts: bool, tol: Tolerance, only: list[int] | None = None,
+    def add(actual: RunKey, reference: RunKey, counts: bool, tol: Tolerance, only: list[int] | None = None,
             why_not: str = "") -> None:
-        c = Comparison(actual, reference, tol, counts)
+        c = Comparison(str(actual), str(reference), tol, counts)
         a, b = by.get(actual), by.get(reference)
         if why_not:
             c.status, c.reason = "skipped", why_not
@@ -110,8 +118,8 @@ def compare_all(ev: Evidence) -> list[Comparison]:
                     c.status = "skipped"
         comparisons.append(c)
 
-    def add_sweep(actual: str, reference: str, counts: bool, tol: Tolerance, why_not: str = "") -> None:
-        c = Comparison(actual, reference, tol, counts, kind="sweep")
+    def add_sweep(actual: RunKey, reference: RunKey, counts: bool, tol: Tolerance, why_not: str = "") -> None:
+        c = Comparison(str(actual), str(reference), tol, counts, kind="sweep")
         a, b = by.get(actual), by.get(reference)
         if why_not:
             c.status, c.reason = "skipped", why_not
@@ -119,52 +127,52 @@ def compare_all(ev: Evidence) -> list[Comparison]:
             bad = next(r for r in (a, b) if r is None or r.status == "load-failed")
             c.status, c.reason = "skipped", f"{bad.label if bad else actual} did not run"
         else:
-            only = (lambda p: p + 1 <= offset) if offset and reference.startswith("original@cpu") else None
+            only = (lambda p: p + 1 <= offset) if offset and reference.original and reference.ep == "cpu" else None
             compare_sweep(a, b, c, only)
             if only is not None:
                 c.reason = (c.reason + "; " if c.reason else "") + f"positions below the LongRoPE offset {offset} only"
         comparisons.append(c)
 
     int4_why = "int4: compared with its own original on the same EP only"
-    suffixes = [""] + ([PLUGIN] if ev.fallback_python else [])
-    for suffix in suffixes:
-        web, cpu = f"original@webgpu{suffix}", f"original@cpu{suffix}"
+    runtimes = [None] + ([ev.fallback_runtime] if ev.fallback_python else [])
+    for runtime in runtimes:
+        web, cpu = RunKey(ORIGINAL, "webgpu", runtime), RunKey(ORIGINAL, "cpu", runtime)
         if ep == "webgpu":
-            add(rew_label, web, True, ev.tolerance)
-            add(rew_label, cpu, not int4, ref_tol, cpu_steps, int4_why if int4 else "")
+            add(rew_key, web, True, ev.tolerance)
+            add(rew_key, cpu, not int4, ref_tol, cpu_steps, int4_why if int4 else "")
             add(web, cpu, False, ref_tol, cpu_steps)
         else:
-            add(rew_label, cpu, True, ev.tolerance)
-        if suffix == "":
+            add(rew_key, cpu, True, ev.tolerance)
+        if runtime is None:
             if ev.graph_capture:
-                add("rewritten@webgpu+capture", rew_label, True, ev.tolerance)
+                add(ev.captured_key, rew_key, True, ev.tolerance)
             if ev.reference_logits is not None:
-                c = Comparison(rew_label, "reference-logits",
+                c = Comparison(str(rew_key), REFERENCE_LOGITS,
                                ref_tol if ev.orig.precision != "fp32" else TOLERANCES["fp32"], True)
-                r = by[rew_label]
+                r = by[rew_key]
                 if r.ok:
                     compare_reference_logits(r.steps, ev.reference_logits, ev.prefill, c)
                 else:
-                    c.status, c.reason = "skipped", f"{rew_label} did not run ({r.status})"
+                    c.status, c.reason = "skipped", f"{rew_key} did not run ({r.status})"
                 comparisons.append(c)
-    if ep == "webgpu" and (note := _runtime_own_error(comparisons, rew_label)):
+    if ep == "webgpu" and (note := _runtime_own_error(comparisons, rew_key)):
         ev.notes.append(note)
     if ev.positions:
-        for suffix in suffixes:
-            web, cpu = f"original@webgpu{suffix}", f"original@cpu{suffix}"
+        for runtime in runtimes:
+            web, cpu = RunKey(ORIGINAL, "webgpu", runtime), RunKey(ORIGINAL, "cpu", runtime)
             if ep == "webgpu":
-                add_sweep(rew_label, web, True, ev.tolerance)
-                add_sweep(rew_label, cpu, not int4, ref_tol, int4_why if int4 else "")
-                if suffix == "":  # the runtime's own error on the original (for information; see below)
+                add_sweep(rew_key, web, True, ev.tolerance)
+                add_sweep(rew_key, cpu, not int4, ref_tol, int4_why if int4 else "")
+                if runtime is None:  # the runtime's own error on the original (for information; see below)
                     add_sweep(web, cpu, False, ref_tol)
             else:
-                add_sweep(rew_label, cpu, True, ev.tolerance)
-    if ep == "webgpu" and ev.positions and (note := _runtime_own_error(comparisons, rew_label, "sweep")):
+                add_sweep(rew_key, cpu, True, ev.tolerance)
+    if ep == "webgpu" and ev.positions and (note := _runtime_own_error(comparisons, rew_key, "sweep")):
         ev.notes.append(note)
     return comparisons
 
 
-def _runtime_own_error(comparisons: list[Comparison], rew_label: str, kind: str = "decode") -> str:
+def _runtime_own_error(comparisons: list[Comparison], rew_key: RunKey, kind: str = "decode") -> str:
     """``rewritten@webgpu vs original@cpu`` is the check that WebGPU computes what the CPU EP does. Where the runtime
     itself is that far from the CPU EP on the *original* (the same step and output of ``original@webgpu vs
     original@cpu``: e.g. the browser's WebGPU on an explicit mRoPE rotation, 5e-4 on fp32 logits), a rewritten graph
@@ -173,9 +181,10 @@ def _runtime_own_error(comparisons: list[Comparison], rew_label: str, kind: str 
     then not counted, and says why (returned, for the report's notes; "" when it still counts). Any step (or sweep
     position) the rewritten graph is further off still counts."""
     by = {(c.actual, c.reference, c.kind): c for c in comparisons}
-    cross = by.get((rew_label, "original@cpu", kind))
-    same = by.get((rew_label, "original@webgpu", kind))
-    own = by.get(("original@webgpu", "original@cpu", kind))
+    web, cpu = str(RunKey(ORIGINAL, "webgpu")), str(RunKey(ORIGINAL, "cpu"))
+    cross = by.get((str(rew_key), cpu, kind))
+    same = by.get((str(rew_key), web, kind))
+    own = by.get((web, cpu, kind))
     if cross is None or same is None or own is None or cross.ok or not cross.counts or not (same.ok and same.counts):
         return ""
     if own.status != "compared":
@@ -201,7 +210,7 @@ def _capture_note(ev: Evidence) -> None:
     """With ``--graph-capture``: the one home's static capture verdict of the rewritten graph
     (:func:`rope_passes.analysis.placement.capture_verdict`, what optimize, inspect and lint say) beside what the
     captured run did, and loudly where the two disagree (a bug in the static rules: please report it)."""
-    run = ev.by.get("rewritten@webgpu+capture")
+    run = ev.by.get(ev.captured_key)
     if run is None or ev.rew.model is None or not (run.runtime or "").startswith("onnxruntime "):
         return
     from rope_passes.analysis.placement import capture_verdict
@@ -219,23 +228,23 @@ def _capture_note(ev: Evidence) -> None:
 
 def _run_notes(ev: Evidence) -> None:
     _capture_note(ev)
-    primary = [r for r in ev.runs if r.label.startswith("original@") and not r.label.endswith(PLUGIN)]
+    primary = [r for r in ev.runs if r.key.original and not r.key.elsewhere]
     for r in ev.runs:
         if r.ok or (r in primary and not any(o.ok for o in primary)):  # summarised below
             continue
-        if r.label.endswith("+capture") and r.status == "load-failed":
+        if r.key.capture and r.status == "load-failed":
             ev.notes.append(f"graph capture is not available for the rewritten graph: onnxruntime says: {r.reason}")
         else:
             ev.notes.append(f"{r.label}: {r.status}: {r.reason}")
     for r in ev.runs:
-        if r.sweep_errors and not r.label.endswith("+capture"):
+        if r.sweep_errors and not r.key.capture:
             first = min(r.sweep_errors)
             ev.notes.append(f"{r.label}: {len(r.sweep_errors)} sweep position(s) raised, the first {first}: "
                             f"{r.sweep_errors[first]}")
     if primary and not any(o.ok for o in primary):
         where = ev.reference_python or primary[0].runtime or "this onnxruntime"
         line = f"the original does not run here ({where}): {primary[0].reason}"
-        fallback_ok = [r for r in ev.runs if r.label.endswith(PLUGIN) and _ran(r)]
+        fallback_ok = [r for r in ev.runs if r.key.elsewhere and _ran(r)]
         if fallback_ok:
             line += f"; it ran on {fallback_ok[0].runtime} ({ev.fallback_python}) instead"
         elif ev.reference_logits is None:
@@ -248,21 +257,22 @@ def _run_notes(ev: Evidence) -> None:
 def _reference(ev: Evidence) -> str:
     by = ev.by
     parts: list[str] = []
-    labels = [f"original@{e}" for e in (("webgpu", "cpu") if ev.ep == "webgpu" else ("cpu",))]
-    here = [lab for lab in labels if _ran(by.get(lab))]
-    there = [lab + PLUGIN for lab in labels if _ran(by.get(lab + PLUGIN))]
-    failed = next((by[lab] for lab in labels if lab in by and not _ran(by[lab])), None)
+    keys = [RunKey(ORIGINAL, e) for e in (("webgpu", "cpu") if ev.ep == "webgpu" else ("cpu",))]
+    here = [k for k in keys if _ran(by.get(k))]
+    there = [k2 for k in keys if ev.fallback_runtime and _ran(by.get(k2 := RunKey(ORIGINAL, k.ep,
+                                                                                    ev.fallback_runtime)))]
+    failed = next((by[k] for k in keys if k in by and not _ran(by[k])), None)
     if here:
-        line = f"the original on {by[here[0]].runtime} ({', '.join(lab.split('@')[1] for lab in here)})"
+        line = f"the original on {by[here[0]].runtime} ({', '.join(k.ep for k in here)})"
         if ev.reference_python:
             line += f" under {ev.reference_python}"
         if failed is not None:
-            line += f"; it does not run on {failed.label.split('@')[1]} here: {_short(failed.reason)}"
+            line += f"; it does not run on {failed.key.ep} here: {_short(failed.reason)}"
         parts.append(line)
     elif there:
         parts.append(f"the original on {by[there[0]].runtime} "
-                     f"({', '.join(lab.split('@')[1] for lab in there)}, {ev.fallback_python}), since "
-                     f"{by[labels[0]].runtime or 'this onnxruntime'} cannot load it: "
+                     f"({', '.join(k.ep for k in there)}, {ev.fallback_python}), since "
+                     f"{by[keys[0]].runtime or 'this onnxruntime'} cannot load it: "
                      f"{_short(failed.reason) if failed else '?'}")
     if ev.reference_logits is not None:
         parts.append("the given reference logits")
@@ -282,7 +292,7 @@ def reference_failure(ev: Evidence) -> str | None:
     reference run ran): a call that raised (decode, a schedule, a sweep position), a crash, a timeout. The inputs are
     the model's own contract (:mod:`rope_passes.analysis.genai_contract`), so such a run is a reference missing, never a comparison to skip."""
     for r in ev.runs:
-        if not r.label.startswith("original@") or (r.label.endswith(PLUGIN) and not ev.fallback_python):
+        if not r.key.original or (r.key.elsewhere and not ev.fallback_python):
             continue
         if r.status in (RUN_FAILED, CRASHED, TIMED_OUT):
             at = f" at step {r.failed_step}" if r.status == RUN_FAILED and r.failed_step is not None else ""
@@ -313,12 +323,12 @@ def decide(ev: Evidence, comparisons: list[Comparison]) -> tuple[str, str, str]:
     a run the original makes and the rewritten graph does not), the reference in one line); adds the run notes to
     ``ev.notes``."""
     _run_notes(ev)
-    by, ep, rew_label = ev.by, ev.ep, ev.rewritten_label
-    rew = by[rew_label]
+    by, ep, rew_key = ev.by, ev.ep, ev.rewritten_key
+    rew = by[rew_key]
     counted = [c for c in comparisons if c.counts and c.status == "compared"]
-    originals = [r for r in ev.runs if r.label.startswith("original@")]
+    originals = [r for r in ev.runs if r.key.original]
     tables = ev.tables if ev.tables is not None and ev.tables.status == "compared" else None
-    capture = by.get("rewritten@webgpu+capture") if ev.graph_capture else None
+    capture = by.get(ev.captured_key) if ev.graph_capture else None
     reason = ""
     if any(not c.ok for c in counted) or (tables is not None and not tables.ok):
         verdict = NOT_EQUIVALENT
@@ -336,21 +346,20 @@ def decide(ev: Evidence, comparisons: list[Comparison]) -> tuple[str, str, str]:
     elif (failed := reference_failure(ev)) is not None:
         # a reference that raised on the checker's inputs (or crashed) is never skipped into a pass (issue 26)
         verdict, reason = COULD_NOT_RUN, failed
-    elif not rew.ok and any(by[lab].ok for lab in ("original@webgpu", "original@cpu") if lab in by
-                            and lab.endswith(ep)):
+    elif not rew.ok and (original := by.get(RunKey(ORIGINAL, ep))) is not None and original.ok:
         verdict, reason = NOT_EQUIVALENT, f"the original runs on {ep} but the rewritten graph does not"
         ev.notes.append(reason)
-    elif ev.capture_required and rew.ok and by["rewritten@webgpu+capture"].status == "load-failed":
+    elif ev.capture_required and rew.ok and by[ev.captured_key].status == "load-failed":
         # the output's config turns capture on (the original's did not): onnxruntime-genai cannot create its session
         verdict, reason = NOT_EQUIVALENT, ("the rewritten genai_config.json sets enableGraphCapture=1 but onnxruntime "
                                            "refuses graph capture for the rewritten graph: "
-                                           f"{_short(by['rewritten@webgpu+capture'].reason)}")
+                                           f"{_short(by[ev.captured_key].reason)}")
         ev.notes.append(reason)
-    elif ev.graph_capture and rew.ok and by["rewritten@webgpu+capture"].status not in ("ok", "load-failed"):
+    elif ev.graph_capture and rew.ok and by[ev.captured_key].status not in ("ok", "load-failed"):
         # only when the plain run ran: a capture run that fails as the plain one does says nothing about capture
         verdict, reason = NOT_EQUIVALENT, "the rewritten graph's session accepts graph capture but does not run under it"
         ev.notes.append(reason)
-    elif not rew.ok and not any(c.kind == "decode" and c.actual == rew_label for c in counted):
+    elif not rew.ok and not any(c.kind == "decode" and c.actual == str(rew_key) for c in counted):
         # the rewritten graph did not run on the EP asked for: CPU comparisons alone do not make it equivalent there
         verdict = COULD_NOT_RUN
         reason = f"the rewritten graph does not run on {ep} here ({rew.status}: {_short(rew.reason)})"
@@ -363,7 +372,7 @@ def decide(ev: Evidence, comparisons: list[Comparison]) -> tuple[str, str, str]:
             why_tables = ev.tables.reason if ev.tables is not None else "not compared (tables=False)"
             reason = (f"no reference: the original runs nowhere here and its rotation tables are not comparable "
                       f"({why_tables})")
-    elif not any(not c.reference.startswith("rewritten@") for c in counted):
+    elif all(RunKey.parse(c.reference).graph == REWRITTEN for c in counted):
         # only the tables (and the rewritten graph against itself) were compared: say so in the verdict itself
         verdict = EQUIVALENT_TABLES_ONLY
     else:
@@ -371,4 +380,4 @@ def decide(ev: Evidence, comparisons: list[Comparison]) -> tuple[str, str, str]:
     return verdict, reason, _reference(ev)
 
 
-__all__ = ["PLUGIN", "Evidence", "compare_all", "decide", "reference_failure"]
+__all__ = ["REFERENCE_LOGITS", "Evidence", "compare_all", "decide", "reference_failure"]

@@ -61,8 +61,10 @@ class RunBackend:
         """What the graph declares (inputs, outputs), to drive it."""
         raise NotImplementedError
 
-    def capture(self, spec: RunSpec, table: np.ndarray | None) -> Any:
-        """A capture driver (``providers``, ``run(on_step, results)``, ``notes``) for a ``graph_capture`` run."""
+    def capture(self, spec: RunSpec, table: np.ndarray | None, captured: bool = True) -> Any:
+        """A capture driver (``providers``, ``run(on_step, results)``, ``notes``) for a ``graph_capture`` run;
+        ``captured=False``: the same driver (the same fixed buffers, the same calls) on a session without capture,
+        every step run eagerly (:mod:`rope_passes.check.evidence.capture_ab`)."""
         raise NotImplementedError
 
     def close(self, handle: Any, result: RunResult) -> None:

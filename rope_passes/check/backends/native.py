@@ -56,10 +56,10 @@ class NativeBackend(RunBackend):
         return DecoderSpec.from_session(session, spec.genai_config, dims=dict(spec.dims), embedding_table=table,
                                         vocab=spec.vocab)
 
-    def capture(self, spec: RunSpec, table: np.ndarray | None) -> Any:
+    def capture(self, spec: RunSpec, table: np.ndarray | None, captured: bool = True) -> Any:
         from rope_passes.check.capture import CaptureDriver
 
-        return CaptureDriver(spec, table, log_severity=1 if self.capture_log else 3)
+        return CaptureDriver(spec, table, log_severity=1 if self.capture_log and captured else 3, captured=captured)
 
 
 __all__ = ["WHAT", "NativeBackend", "backend", "missing"]

@@ -53,7 +53,7 @@ class NodeBackend(WebBackend):
         return [f"onnxruntime-node's WebGPU EP (its own Dawn); the adapter Dawn for Node finds here: "
                 f"{self.browser.adapter_summary}"]
 
-    def capture(self, spec: RunSpec, table: np.ndarray | None) -> Any:
+    def capture(self, spec: RunSpec, table: np.ndarray | None, captured: bool = True) -> Any:
         raise UsageError("graph capture is not driven on onnxruntime-node: it has no GPU-buffer tensors to bind the "
                          "fixed buffers a captured graph replays on")
 

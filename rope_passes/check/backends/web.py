@@ -206,7 +206,10 @@ class WebBackend(RunBackend):
         return DecoderSpec.from_model(spec.model, spec.genai_config, dims=dict(spec.dims), embedding_table=table,
                                         vocab=spec.vocab)
 
-    def capture(self, spec: RunSpec, table: np.ndarray | None) -> WebCaptureDriver:
+    def capture(self, spec: RunSpec, table: np.ndarray | None, captured: bool = True) -> WebCaptureDriver:
+        if not captured:  # the capture A/B's eager twin (evidence.capture_ab): reported as not run there
+            raise UsageError("the browser's decode loop (examples/web_decode_loop.mjs) has no uncaptured mode on "
+                             "the same buffers: the capture A/B runs on the Python runtimes")
         return WebCaptureDriver(self.browser, spec, table)
 
     def close(self, handle: Any, result: RunResult) -> None:
