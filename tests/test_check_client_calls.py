@@ -9,11 +9,13 @@ it; ``check`` says "not equivalent" naming the schedule that sends that call:
 * a decode step after a right-padded prompt (a 0 between ones in the mask: ``right-padded-4`` then decode steps, as
   onnxruntime-genai appends a 1 to the prompt's mask);
 * the capture loop's static mask from total 20 on (``genai-capture-steps`` and the captured decode reach total 64);
+* a 2-token call ending at total 33 across Phi-3's LongRoPE switch (``near-32-calls-2+1`` on WebGPU past the
+  software adapter's cap, where both graphs run the same attention kernels);
 * a left-padded row of a batch where the rewrite folds the rotation into GroupQueryAttention (those rows were left
   out: the original does not compute them as each alone; now compared with its same batch or the row alone).
 
 And a config that binds the KV cache wrong is "not equivalent" with that reason in the verdict's line
-(``report.reason``), not an empty one. Budget (2 cores): ~4 min.
+(``report.reason``), not an empty one. Budget (2 cores): ~5 min.
 """
 
 from __future__ import annotations
@@ -133,6 +135,30 @@ def test_capture_loop_steps_reach_total_64(tmp_path):
     capture = next(c for c in report.comparisons if c.actual == "rewritten@webgpu+capture")
     steps = sorted({d.step for d in capture.diffs if not d.ok})
     assert capture.counts and steps and steps[0] >= 12, (capture.status, capture.reason, steps)
+
+
+def two_tokens_to_33(g, inputs):
+    return _op(g, "And", _op(g, "Equal", _dim(g, inputs["input_ids"], 1), _const(g, np.int64(2))),
+               _op(g, "Equal", _dim(g, inputs["attention_mask"], 1), _const(g, np.int64(33))))
+
+
+@pytest.mark.corpus
+@pytest.mark.webgpu
+def test_a_call_across_the_switch_past_the_adapters_cap(tmp_path):
+    """Phi-3's concatenated-cache output (offset 32) wrong only on a 2-token call ending at total 33: its CPU
+    comparison stops at the offset (the CPU EP has no offset) and a software adapter's WebGPU used to skip calls of
+    several tokens past 8; with the same attention kernels on both graphs WebGPU takes them."""
+    import rope_passes
+
+    phi3 = GENAI / "current/phi3_mini_128k/cpu_fp32"
+    concat = tmp_path / "concat"
+    rope_passes.optimize(phi3, concat, preset="webgpu-graph", weights="copy")
+    wrong = _mutate(concat, tmp_path / "wrong", logits_plus_half_when(two_tokens_to_33))
+    assert _diff(wrong, str(concat), ids=_ids(1, 2), mask=[[1] * 33], past=31) == pytest.approx(0.5, abs=1e-5)
+    assert _diff(wrong, str(concat), ids=_ids(1, 2), mask=[[1] * 34], past=32) == 0  # ending at 34
+    report = check(phi3, wrong, isolate=False, sweep=0, tables=False)
+    assert report.verdict == NOT_EQUIVALENT
+    assert any(name.startswith("near-32-calls-2+") for name in _failing(report)), _failing(report)
 
 
 def left_padded_row(g, inputs):

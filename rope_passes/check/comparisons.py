@@ -14,15 +14,14 @@ With a concatenated LongRoPE table on either side (:class:`rope_passes.analysis.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from rope_passes.check.compare import TOLERANCES, Comparison, OutputDiff, compare_steps, cpu_tolerance
+from rope_passes.check.models import attention_layout
 from rope_passes.check.plan import CheckPlan
 from rope_passes.check.runner import RunResult
 from rope_passes.check.schedule_runs import AGAIN, ROW, compare_calls, compare_padded_rows, padded_rows_kept
-from rope_passes.check.schedules import Schedule
+from rope_passes.check.schedules import Schedule, fits
 from rope_passes.check.spec import ORIGINAL, REWRITTEN, RunKey
 from rope_passes.check.sweep import compare_sweep
 from rope_passes.check.verdict import Evidence
@@ -81,24 +80,6 @@ def cpu_comparisons(ev: Evidence) -> list[Comparison]:
     return out
 
 
-def _attention_positions(info: Any) -> list[tuple] | None:
-    """How each attention node gets its inputs and positions: per GroupQueryAttention (sorted) its do_rotary, rotary
-    layout and which inputs it is given (packed or separate Q/K/V, position_ids, fused norms: another kernel path
-    reads padding its own way, measured: separate vs packed Q/K/V differ by 1.65 on a left-padded row on WebGPU);
-    None when the model is not at hand. Two graphs with the same list compute a
-    padded row the same way (the same kernel reads the same padding), so a difference there is the rewrite's."""
-    model = getattr(info, "model", None)
-    if model is None:
-        return None
-    from rope_passes.analysis.graph import MS_DOMAIN, attr, nodes_of
-
-    out = []
-    for node in nodes_of(model, "GroupQueryAttention", MS_DOMAIN):
-        given = tuple(i is not None for i in node.inputs)  # packed or separate Q/K/V, position_ids, fused norms
-        out.append((attr(node, "do_rotary", 0), attr(node, "rotary_interleaved", 0), given))
-    return sorted(out)
-
-
 def schedule_comparisons(ev: Evidence, plan: CheckPlan) -> list[Comparison]:
     """One comparison per EP the rewritten graph ran on, over every schedule of that EP (module docstring)."""
     out = []
@@ -131,9 +112,11 @@ def schedule_comparisons(ev: Evidence, plan: CheckPlan) -> list[Comparison]:
         # same graph in two sessions differs by 0.1 there, which the second run's filter does not always see): else
         # both graphs run the same WebGPU kernel on the same padding, and its deterministic values must agree
         same_attention = (ep == "webgpu" and not cross and not ref.key.elsewhere
-                          and _attention_positions(ev.orig) is not None
-                          and _attention_positions(ev.orig) == _attention_positions(ev.rew))
+                          and attention_layout(ev.orig) is not None
+                          and attention_layout(ev.orig) == attention_layout(ev.rew))
         for s in schedules:
+            if ep == "webgpu" and ref.key.elsewhere and not fits(s, plan.max_call):
+                continue  # past the adapter's cap both graphs share its error only on one runtime (plan.same_kernels)
             got, want = rew.schedules.get(s.name, []), ref.schedules.get(s.name, [])
             rows = None if same_attention else padded_rows_kept(
                 s, want, {b: ref.schedules.get(f"{s.name}{ROW}{b}", []) for b in range(s.batch)}, c.tolerance)

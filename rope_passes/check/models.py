@@ -149,3 +149,26 @@ def embedding_for(info: ModelInfo, other: ModelInfo, option: str | None, tmp: Pa
     path = tmp / f"embeddings_{abs(hash(str(info.path)))}.npy"
     np.save(path, table)
     return str(path)
+
+
+def attention_layout(info: Any) -> list[tuple] | None:
+    """How each attention node gets its inputs and positions: per GroupQueryAttention (sorted) its do_rotary, rotary
+    layout and which inputs it is given (packed or separate Q/K/V, position_ids, fused norms: another kernel path
+    reads padding its own way, measured: separate vs packed Q/K/V differ by 1.65 on a left-padded row on WebGPU);
+    None when the model is not at hand. Two graphs with the same list compute a
+    padded row the same way (the same kernel reads the same padding), so a difference there is the rewrite's; and
+    they share a software adapter's error past its cap (``GraphFacts.same_kernels``: batch 1 runs every call on
+    WebGPU; not a batch, where a concatenated LongRoPE cache's offset is each row's, the original's If the batch's;
+    measured on lavapipe: Phi-3 vs its concatenated-cache output, 2-token calls after pasts of 23..37, bit-equal)."""
+    model = getattr(info, "model", None)
+    if model is None:
+        return None
+    from rope_passes.analysis.graph import MS_DOMAIN, attr, nodes_of
+
+    out = []
+    for node in nodes_of(model, "GroupQueryAttention", MS_DOMAIN):
+        given = [i is not None for i in node.inputs]  # packed or separate Q/K/V, position_ids, fused norms
+        while given and not given[-1]:  # trailing inputs left out or given as "": the same call
+            given.pop()
+        out.append((attr(node, "do_rotary", 0), attr(node, "rotary_interleaved", 0), tuple(given)))
+    return sorted(out)

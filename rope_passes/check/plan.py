@@ -24,7 +24,7 @@ from rope_passes.analysis.genai_contract import caller_positions
 from rope_passes.check.client_schedules import BOUNDARY_MAX, CAPTURE_TOTAL, client_schedules, unreached
 from rope_passes.check.compare import TOLERANCES, Tolerance
 from rope_passes.check.decode import TOKEN_HIGH
-from rope_passes.check.models import ModelInfo, embedding_for, rotation_tables_of
+from rope_passes.check.models import ModelInfo, attention_layout, embedding_for, rotation_tables_of
 from rope_passes.check.schedules import GraphFacts, Schedule, default_schedules, fits, runs_on
 from rope_passes.check.spec import ORIGINAL, REWRITTEN, RunKey
 from rope_passes.check.sweep import default_positions, sweep_positions
@@ -297,7 +297,9 @@ def graph_facts(orig: ModelInfo, rew: ModelInfo, plan: CheckPlan, embedding_rows
                       max_call=plan.max_call, context=end, no_right_padding=_no_right_padding(orig, rew),
                       max_length=min(shared) if shared else None, static_mask=any(lp.static_mask for lp in loops),
                       takes_positions=caller_positions(orig.model) and caller_positions(rew.model),
-                      ends=tuple(sorted({c for c in context if end is None or c <= end})))
+                      ends=tuple(sorted({c for c in context if end is None or c <= end})),
+                      same_kernels=attention_layout(orig) is not None
+                      and attention_layout(orig) == attention_layout(rew))
 
 
 def with_schedules(plan: CheckPlan, facts: GraphFacts, given: Sequence[Schedule] | None) -> CheckPlan:

@@ -256,6 +256,7 @@ class GraphFacts:
     static_mask: bool = False  # a graph takes the capture loop's max_length mask of ones then zeros
     takes_positions: bool = False  # a graph rotates by the position_ids its caller sends (analysis.genai_contract)
     ends: tuple[int, ...] = ()  # the context's end and a table's last row before it (no total past the context)
+    same_kernels: bool = False  # same attention kernels: batch 1 runs every call on WebGPU (.models.attention_layout)
 
     def long_prompt(self) -> tuple[int, str]:
         """A prompt length longer than every window and past every switch, and why (capped at LONG_PROMPT_MAX and
@@ -336,7 +337,7 @@ def runs_on(schedule: Schedule, ep: str, facts: GraphFacts | None) -> bool:
     if facts is not None and facts.no_right_padding is not None and schedule.padding == RIGHT \
             and len(set(schedule.lengths)) > 1:
         return False
-    return fits(schedule, facts.max_call if facts is not None else None)
+    return fits(schedule, None if facts is None or (facts.same_kernels and schedule.batch == 1) else facts.max_call)
 
 
 def fits(schedule: Schedule, max_call: int | None) -> bool:
