@@ -90,13 +90,14 @@ def test_captured_webgpu_decode_8_to_44_matches_original_on_cpu(rewritten):
     report = check(PHI3 / "webgpu_fp32", rewritten["webgpu_fp32"], prefill=8, steps=36, graph_capture=True)
     captured, reference = report.run("rewritten@webgpu+capture"), report.run("original@cpu")
     assert captured.ok and reference.ok, (captured.status, captured.reason)
-    assert len(captured.steps) == len(reference.steps) == 37
+    # every step from total 8 to 44 at least (a captured check decodes on to total CAPTURE_TOTAL: more steps)
+    assert len(captured.steps) == len(reference.steps) == report.steps + 1 and report.prefill + report.steps >= 44
     errors = [float(np.max(np.abs(a["logits"][:, -1] - b["logits"][:, -1])))
               for a, b in zip(captured.steps, reference.steps)]
-    totals = [8 + k for k in range(37)]
+    totals = [8 + k for k in range(len(errors))]
     before = [e for t, e in zip(totals, errors) if t <= ORIGINAL]
     after = [e for t, e in zip(totals, errors) if t > ORIGINAL]
-    assert len(before) == 25 and len(after) == 12
+    assert len(before) == 25 and len(after) == len(errors) - 25 >= 12
     assert max(before) <= DECODE_TOL and max(after) <= DECODE_TOL, errors
     assert report.equivalent
     # Hugging Face's own decode (the corpus README's ref_long.npy, row k = after 8+k tokens) when the corpus has it;
@@ -105,7 +106,7 @@ def test_captured_webgpu_decode_8_to_44_matches_original_on_cpu(rewritten):
     if ref_long.exists():
         hf = np.load(ref_long)
         assert hf.shape[0] == 37, hf.shape
-        hf_errors = [float(np.max(np.abs(a["logits"][0, -1] - hf[k]))) for k, a in enumerate(captured.steps)]
+        hf_errors = [float(np.max(np.abs(a["logits"][0, -1] - row))) for a, row in zip(captured.steps, hf)]
         assert max(hf_errors) <= DECODE_TOL, hf_errors
 
 
