@@ -196,8 +196,8 @@ def test_decode_only_error_fails_at_its_step(tmp_path):
 def test_stale_buffer_under_capture_fails_at_the_first_replay(monkeypatch):
     """The capture comparison can fail: the attention-mask buffer not advanced after the captured step (the classic
     capture bug: a replay reads whatever its fixed buffers hold) must show at step 2, the first replay, and only in
-    the captured run. (The checked conversation is the second on the buffers: an earlier one of 16 tokens, every
-    call uncaptured, fills the mask first.)"""
+    the captured run. (The checked conversation is the second on the buffers: an earlier one, EARLIER_MORE tokens
+    longer, every call uncaptured, fills the mask first.)"""
     from rope_passes.check import capture
 
     real_fill = capture.WebGPUBuffers.fill
@@ -215,7 +215,11 @@ def test_stale_buffer_under_capture_fails_at_the_first_replay(monkeypatch):
     monkeypatch.setattr(capture.WebGPUBuffers, "fill", staticmethod(stale_mask_fill))
     model = GENAI / "current/llama/webgpu_fp16_graph"
     report = check(model, model, prefill=8, steps=4, graph_capture=True, isolate=False)
-    assert mask_fills[:starts[1]] == list(range(8, 17)) and mask_fills[starts[1]:starts[1] + 3] == [8, 9, 10]
+    from rope_passes.check.client_schedules import EARLIER_MORE
+
+    earlier_total = report.prefill + report.steps + EARLIER_MORE  # a captured check decodes to CAPTURE_TOTAL
+    assert mask_fills[:starts[1]] == list(range(8, earlier_total + 1))
+    assert mask_fills[starts[1]:starts[1] + 3] == [8, 9, 10]
     assert report.verdict == NOT_EQUIVALENT
     cmp, diff = report.first_failure
     assert cmp.name == "rewritten@webgpu+capture vs rewritten@webgpu" and diff.step == 2, (cmp.name, diff)

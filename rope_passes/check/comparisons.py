@@ -114,6 +114,11 @@ def schedule_comparisons(ev: Evidence, plan: CheckPlan) -> list[Comparison]:
         same_attention = (ep == "webgpu" and not cross and not ref.key.elsewhere
                           and attention_layout(ev.orig) is not None
                           and attention_layout(ev.orig) == attention_layout(ev.rew))
+        # a row the original computes unlike the row alone (padding its kernel misreads) is compared only where both
+        # graphs run the same attention kernel path: where the rewrite changed it (rotation moved into
+        # GroupQueryAttention, whose CPU kernel rotates a prompt from its first column, padding or not; separate
+        # Q/K/V packed, another WebGPU kernel) the row is undefined on both sides
+        other_path = attention_layout(ev.orig) != attention_layout(ev.rew)
         for s in schedules:
             if ep == "webgpu" and ref.key.elsewhere and not fits(s, plan.max_call):
                 continue  # past the adapter's cap both graphs share its error only on one runtime (plan.same_kernels)
@@ -127,7 +132,7 @@ def schedule_comparisons(ev: Evidence, plan: CheckPlan) -> list[Comparison]:
             if rows is not None and not rows.all():
                 rows_out.append(f"{s.name} row(s) {', '.join(str(b) for b in np.flatnonzero(~rows))}")
             n = compare_calls(s, got, want, c, only, ref.schedules.get(s.name + AGAIN), rows)
-            if rows is not None and not rows.all() and not ref.key.elsewhere and only is None:
+            if rows is not None and not rows.all() and not ref.key.elsewhere and only is None and not other_path:
                 # left out of the comparison above, still read by the caller: as the original computes them in the
                 # same batch on the same runtime, or as it computes each row alone
                 compare_padded_rows(s, got, want, {b: ref.schedules.get(f"{s.name}{ROW}{b}", [])
@@ -145,7 +150,10 @@ def schedule_comparisons(ev: Evidence, plan: CheckPlan) -> list[Comparison]:
                          "does not honour, e.g. GroupQueryAttention after a left-padded prompt on CPU): compared "
                          "with the original's same batch or each row alone" + (
                              ", the decode steps only (the prompt reads uninitialised memory there)" if ep == "cpu"
-                             else "") if not who.endswith("(another runtime)") and only is None else ": left out")
+                             else "") if not who.endswith("(another runtime)") and only is None and not other_path
+                         else ": left out" + (" (the rewrite changed the attention kernel path: rotation inside "
+                                              "GroupQueryAttention or packed Q/K/V; undefined on both sides)"
+                                              if other_path else ""))
         if undefined:
             notes.append(f"{ref.label} computes different values on a second run of the same calls at "
                          f"{sum(undefined.values())} element(s) of {', '.join(undefined)} (not a function of the "
