@@ -52,10 +52,6 @@ def name_of(obj: Named | None) -> str:
     return (obj.name if obj is not None else None) or ""
 
 
-#: the old names (before issue 33), for code written against them
-Where, where = Place, place_of
-
-
 class MatchFailure(Exception):
     """Why a pass does not rewrite at one place: the one failure type of every match and every proof.
 
@@ -80,11 +76,6 @@ class MatchFailure(Exception):
         self.place = place_of(target)
         self.details = details
 
-    @property
-    def target(self) -> str:
-        """The old name of :attr:`place`."""
-        return self.place
-
     @classmethod
     def absent(cls, reason: str, target: Place = "<model>", **details: Any) -> MatchFailure:
         return cls(Outcome.NOT_MATCHED, reason, target, **details)
@@ -106,11 +97,6 @@ class Finding:
     place: str  # node name, value name or "<model>" (:func:`place_of`)
     reason: str  # why (for refusals / non-matches) or what was done (for rewrites)
     details: dict[str, Any] = dataclasses.field(default_factory=dict)
-
-    @property
-    def target(self) -> str:
-        """The old name of :attr:`place`."""
-        return self.place
 
     def to_dict(self) -> dict[str, Any]:
         return {"outcome": str(self.outcome), "place": self.place, "reason": self.reason, "details": self.details}

@@ -23,7 +23,7 @@ if [ "$needs_webgpu" = 1 ]; then
 else
   bash scripts/setup.sh --no-driver
 fi
-# the interpreters of both runtimes, wherever the venvs are (rope_passes/runtime/interpreters.py reads these)
+# the interpreters of both runtimes, wherever the venvs are (rope_passes/runtimes/installed.py reads these)
 export ROPE_PASSES_WEBGPU_PYTHON=${ROPE_PASSES_WEBGPU_PYTHON:-$(cd "$VENV" && pwd)/bin/python}
 plugin_venv=${ROPE_PASSES_PLUGIN_VENV:-.venv-plugin}
 if [ -z "${ROPE_PASSES_PLUGIN_PYTHON+x}" ] && [ -x "$plugin_venv/bin/python" ]; then

@@ -144,8 +144,8 @@ def test_docs_list_presets_in_code_order():
 
 def test_a_failure_carries_the_ir_object_and_its_place_is_spelled_once():
     """MatchFailure / PassReport / lint take the node or value itself (as onnxscript's MatchResult.fail does);
-    report.where spells its place once: its name, else a node's op type, a value's "<value>", the model's "<model>"."""
-    from rope_passes.report import MatchFailure, PassReport, where
+    report.place_of spells its place once: its name, else a node's op type, a value's "<value>", the model's "<model>"."""
+    from rope_passes.report import MatchFailure, PassReport, place_of
 
     gqa = ir.node("GroupQueryAttention", [], domain="com.microsoft")  # unnamed
     switch = ir.node("If", [], name="/model/rotary_emb/If")
@@ -158,4 +158,4 @@ def test_a_failure_carries_the_ir_object_and_its_place_is_spelled_once():
     report.not_matched(ir.Value(name=""), "a value")
     report.note(None, "the model")
     assert [f.place for f in report.findings] == ["GroupQueryAttention", "/model/rotary_emb/If", "<value>", "<model>"]
-    assert where("/already/spelled") == "/already/spelled"
+    assert place_of("/already/spelled") == "/already/spelled"

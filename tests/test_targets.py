@@ -1,4 +1,4 @@
-"""Runtime targets (rope_passes.targets): the probed tables as data, detection, presets and lint per runtime."""
+"""Runtime targets (rope_passes.runtimes): the probed tables as data, detection, presets and lint per runtime."""
 
 from __future__ import annotations
 
@@ -95,7 +95,7 @@ def test_the_plugin_venv_detects_itself():
     """In .venv-plugin (onnxruntime + onnxruntime-ep-webgpu) detection says so, without a session. CI installs it."""
     python = python_for(WEBGPU_PLUGIN)
     assert python is not None, "no .venv-plugin: run scripts/setup.sh --with-plugin-runtime (CI installs it)"
-    code = ("from rope_passes.targets import detect_installed, default_runtime; "
+    code = ("from rope_passes.runtimes.installed import detect_installed, default_runtime; "
             "from rope_passes.runtime.sessions import uses_plugin; "
             "print(detect_installed().runtime, default_runtime(), uses_plugin())")
     out = subprocess.run([python, "-c", code], env=child_env(WEBGPU_PLUGIN), capture_output=True, text=True,

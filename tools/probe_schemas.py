@@ -1,7 +1,7 @@
 """Dump the op schemas (attributes per schema version) of the onnxruntime this interpreter runs.
 
 onnxruntime refuses to create a session for a node with an attribute its schema does not declare ("Unrecognized
-attribute: rotary_embedding_dim for operator GroupQueryAttention"), on every EP. ``rope_passes.targets`` reads the
+attribute: rotary_embedding_dim for operator GroupQueryAttention"), on every EP. ``rope_passes.runtimes.probed`` reads the
 output, ``rope_passes/runtime_tables/<runtime>.schemas.json``, to predict that refusal: the runtime's own schemas,
 not our reading of them. Run it with each runtime's interpreter::
 

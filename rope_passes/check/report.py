@@ -43,7 +43,7 @@ class EquivalenceReport:
     sweep_positions: list[int] = dataclasses.field(default_factory=list)
     reference: str = ""  # what the rewritten graph was compared with, in one line
     reason: str = ""  # could not run, or not equivalent with no failing comparison: why, in one line
-    runtime: str = ""  # the WebGPU runtime the runs used (rope_passes.targets name: "onnxruntime-webgpu", ...)
+    runtime: str = ""  # the WebGPU runtime the runs used (rope_passes.runtimes name: "onnxruntime-webgpu", ...)
     schedules: list[Schedule] = dataclasses.field(default_factory=list)  # what the runs fed besides the decode
     exploration: Any = None  # .explore.Exploration with --budget
     fix: str = ""  # the rewritten model is built for another runtime: the optimize command that fits (.fit)

@@ -6,9 +6,6 @@ finds every ``InferenceSession(`` call).
   config entries: a provider dict is silently ignored) and ``create_session``, which raises
   ``WebGPUUnavailableError`` instead of silently falling back to CPU, on onnxruntime-webgpu 1.27 or on onnxruntime
   with the WebGPU plugin EP (``onnxruntime_ep_webgpu``), whichever is installed.
-* :mod:`.interpreters` — the old home of which Python runs which WebGPU runtime (:mod:`rope_passes.runtimes.installed`): the two cannot share a
-  venv, so a session on the other one runs in a child process of its interpreter (``python_for``, ``child_env``;
-  ``rope-passes check --runtime``).
 * :mod:`.adapter` — does onnxruntime get a WebGPU adapter (``probe``; ``python -m rope_passes.runtime.adapter``, run by
   scripts/setup.sh), and is it a software one such as Mesa lavapipe (``adapter_info``, ``max_webgpu_prefill``).
 * :mod:`.evaluate` — ``evaluate_subgraph``: a small subgraph on the CPU EP, the numbers behind the passes' numeric
