@@ -50,3 +50,25 @@ def test_budget_does_not_explore_on_another_runtime():
     assert out.reason.startswith("--budget draws in this process, and onnxruntime-ep-webgpu runs in its own")
     c = out.comparison(TOLERANCES["fp32"])
     assert c.status == "skipped" and c.kind == "random" and "nothing explored" in c.reason
+
+
+@pytest.mark.corpus
+def test_a_config_that_turns_capture_on_gets_the_captured_decode(tmp_path):
+    """onnxruntime-genai runs the captured loop when the output's genai_config.json turns capture on: the plan makes
+    the captured run and decodes to CAPTURE_TOTAL as --graph-capture does (red team 33's c4_static_mask_T20: since
+    75925da the decode was extended for --graph-capture only, 8+4 tokens)."""
+    from conftest import GENAI
+
+    from rope_passes.check.client_schedules import CAPTURE_TOTAL
+    from rope_passes.check.models import read_model
+    from rope_passes.check.plan import plan_check
+
+    orig, rew = read_model(GENAI / "current/llama/cpu_fp32"), read_model(GENAI / "current/llama/webgpu_fp16_graph")
+    assert rew.capture_on and not orig.capture_on
+    for flag in (False, True):
+        plan = plan_check(orig, rew, CheckOptions(graph_capture=flag, tables=False), None, 0, tmp_path, True)
+        assert plan.graph_capture and plan.capture_required and plan.prefill + plan.steps == CAPTURE_TOTAL
+    plan = plan_check(rew, rew, CheckOptions(tables=False), None, 0, tmp_path, True)  # both configs: capture on
+    assert plan.graph_capture and not plan.capture_required and plan.prefill + plan.steps == CAPTURE_TOTAL
+    plan = plan_check(orig, rew, CheckOptions(tables=False), None, 0, tmp_path, False)  # no genai on this runtime
+    assert not plan.graph_capture and plan.prefill + plan.steps == 12

@@ -136,18 +136,21 @@ def plan_check(orig: ModelInfo, rew: ModelInfo, opts: CheckOptions, adapter: Ada
     """The plan of a check, built once (module docstring): the decode and sweep (:func:`_decode`), the captured run
     (``genai``: onnxruntime-genai runs on this runtime, so a capture the rewritten config turns on is checked), the
     embedding tables (written to ``tmp``), the schedules from the graph facts, and every note."""
-    plan = _decode(orig, rew, opts, adapter, sweep)
-    # the output's config turns capture on where the original's did not (optimize does so when capture is ready):
-    # onnxruntime-genai creates its session so, and a session that refuses capture does not load
-    required = opts.ep == "webgpu" and genai and rew.capture_on and not orig.capture_on
-    if required and not opts.graph_capture:
+    # the output's config turns capture on: onnxruntime-genai runs its captured loop, so the check does (the same
+    # decode as --graph-capture); where the original's did not (optimize turns it on when capture is ready), a
+    # session that refuses capture does not load
+    config = opts.ep == "webgpu" and genai and rew.capture_on
+    required = config and not orig.capture_on
+    capture = opts.graph_capture or config
+    plan = _decode(orig, rew, opts, adapter, sweep, capture)
+    if config and not opts.graph_capture:
         plan = dataclasses.replace(plan, notes=(*plan.notes, (
             "the rewritten genai_config.json turns graph capture on (enableGraphCapture=1): the captured run is "
             "checked as onnxruntime-genai makes it, --graph-capture or not")))
     emb_orig, emb_rew = _embeddings(orig, rew, opts.embeddings, tmp)
     rows = [np.load(e, mmap_mode="r").shape[0] for e in {emb_orig, emb_rew} if e]
     plan = with_schedules(plan, graph_facts(orig, rew, plan, rows), opts.schedules)
-    return dataclasses.replace(plan, embeddings=(emb_orig, emb_rew), graph_capture=opts.graph_capture or required,
+    return dataclasses.replace(plan, embeddings=(emb_orig, emb_rew), graph_capture=capture,
                                capture_required=required)
 
 
@@ -163,7 +166,7 @@ def _embeddings(orig: ModelInfo, rew: ModelInfo, option: str | None, tmp: Path) 
 
 
 def _decode(orig: ModelInfo, rew: ModelInfo, opts: CheckOptions, adapter: AdapterInfo | None,
-            sweep: int | None) -> CheckPlan:
+            sweep: int | None, capture: bool = False) -> CheckPlan:
     """The decode, the sweep positions (``sweep`` None: :func:`.sweep.default_positions`, every position where the
     CPU reference can afford it), the table comparison and the tolerance."""
     ep, prefill, steps = opts.ep, opts.prefill, opts.steps
@@ -197,7 +200,7 @@ def _decode(orig: ModelInfo, rew: ModelInfo, opts: CheckOptions, adapter: Adapte
                          f"{switch + PAST_SWITCH - prefill} steps (more than {MAX_CROSSING_STEPS}); positions "
                          f"{', '.join(map(str, sides))} are single steps after a random past instead (the step at "
                          f"each side of the switch, the same past for both graphs)")
-    if opts.graph_capture and end and prefill + steps < min(CAPTURE_TOTAL, end):
+    if capture and end and prefill + steps < min(CAPTURE_TOTAL, end):
         # the captured decode replays one graph at every total: reach CAPTURE_TOTAL, each step against it uncaptured
         steps = min(CAPTURE_TOTAL, end) - prefill
         notes.append(f"graph capture: decoding {prefill + steps} tokens in all, so the captured replays run at every "
