@@ -47,6 +47,8 @@ class Case:
     #: the form's values are the plain graph's (else rounded on the way: int8 codes, bf16): then the variant is checked
     #: against the plain graph too
     exact: bool = True
+    #: optimize's options (``{"text_only": True}``: ``--text-only``), for the variant and the plain graph alike
+    options: tuple = ()
 
 
 @dataclasses.dataclass
@@ -98,19 +100,19 @@ def _compare(reference: Path, candidate: Path, calls) -> oracle.Comparison:
                                calls_run=ones.calls_run + padded.calls_run) if padded.ok else padded
 
 
-def _rewrites(folder: Path, out: Path) -> dict[str, str]:
-    report = rope_passes.optimize(str(folder), str(out), preset=PRESET)
+def _rewrites(folder: Path, out: Path, options: tuple = ()) -> dict[str, str]:
+    report = rope_passes.optimize(str(folder), str(out), preset=PRESET, options=dict(options))
     return {p.pass_name: p.status for p in report.passes}
 
 
-_PLAIN: dict[str, dict[str, str]] = {}
+_PLAIN: dict[tuple[str, tuple], dict[str, str]] = {}
 
 
-def plain_rewrites(base: str, tmp: Path) -> dict[str, str]:
-    """The passes' statuses on the plain corpus graph (memoised per base)."""
-    if base not in _PLAIN:
-        _PLAIN[base] = _rewrites(CORPUS / base, tmp / "plain-out")
-    return _PLAIN[base]
+def plain_rewrites(base: str, tmp: Path, options: tuple = ()) -> dict[str, str]:
+    """The passes' statuses on the plain corpus graph (memoised per base and options)."""
+    if (base, options) not in _PLAIN:
+        _PLAIN[(base, options)] = _rewrites(CORPUS / base, tmp / "plain-out", options)
+    return _PLAIN[(base, options)]
 
 
 #: passes that act on what the others leave (dead int64 plumbing, dead nodes): a form may leave other leftovers (a
@@ -129,7 +131,7 @@ def build(case: Case, tmp: Path) -> tuple[Path, Path, PipelineReport]:
     """(the variant's folder, the output's folder, optimize's report)."""
     variant = _write(case, tmp / "variant", edit=True)
     out = tmp / "out"
-    return variant, out, rope_passes.optimize(str(variant), str(out), preset=PRESET)
+    return variant, out, rope_passes.optimize(str(variant), str(out), preset=PRESET, options=dict(case.options))
 
 
 def judge(case: Case, tmp: Path) -> Verdict:
@@ -139,7 +141,7 @@ def judge(case: Case, tmp: Path) -> Verdict:
     findings = "; ".join(f"{f.outcome}: {f.place}: {f.reason}" for f in mine.findings
                          if f.outcome is not Outcome.NOTE)[:600]
     if case.same:
-        plain = plain_rewrites(case.base, tmp)
+        plain = plain_rewrites(case.base, tmp, case.options)
         if _changed(statuses) != _changed(plain):
             return Verdict(False, "WRONG", f"passes that changed the graph: {sorted(_changed(statuses))}, on the "
                            f"plain graph {sorted(_changed(plain))}: {findings}", statuses)

@@ -69,7 +69,19 @@ def _cases() -> list[Case]:
         cases.append(Case(f"tables-dequant-int8-per-column-op{opset}", PHI3,
                           tables_as("dequant-int8-per-column", opset=opset), "longrope-concat", True, LONGROPE_CALLS,
                           exact=False))
+    cases.extend(EXTRA)
     return cases
+
+
+#: red team 32's remaining classes, one graph each (the case names say which)
+EXTRA = [
+    Case("function-attribute-op13-gather+builder", BASE, mask_chain("gather", "builder", 13, True, axes_attribute=True),
+         "total-seq-on-gpu", True),
+    Case("phi3-function-attribute-op18-gather+builder", PHI3,
+         mask_chain("gather", "builder", 18, True, axes_attribute=True), "total-seq-on-gpu", True, LONGROPE_CALLS),
+    Case("outputs-op18-row-sum-of-ones+where-equal-self", BASE,
+         mask_chain("row-sum-of-ones", "where-equal-self", 18, outputs=True), "total-seq-on-gpu", True),
+]
 
 
 CASES = _cases()
@@ -82,7 +94,7 @@ def test_every_form_is_tried():
     assert all(f"-{f.name}+" in names or f"+{f.name}" in names for f in SAME_TOTAL + SAME_SEQLENS), names
     assert len({c.name for c in CASES}) == len(CASES)
     assert len(CASES) == 3 * 13 + 6 + 5 + 2 * sum(not f.same for f in [*TOTAL_FORMS.values(), *SEQLENS_FORMS.values()]) \
-        + len(TABLE_FORMS) + 2
+        + len(TABLE_FORMS) + 2 + len(EXTRA)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])

@@ -115,6 +115,8 @@ def constant_node_value(node: ir.Node, max_size: int | None = None, *, strings: 
     ``sparse_value``, or a value of more than ``max_size`` elements. The one reader of a Constant's attribute: the
     leaf of :func:`const_array` and of :mod:`rope_passes.proofs.constants`' cone evaluation alike."""
     for name, a in node.attributes.items():
+        if a.is_ref():
+            return None  # a function body's reference to its call's attribute: not one value
         if name == "value":
             if a.type != ir.AttributeType.TENSOR or (max_size is not None and a.value.size > max_size):
                 return None

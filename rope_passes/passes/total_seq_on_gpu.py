@@ -40,9 +40,13 @@ which the ``webgpu-graph`` preset runs right after this one.
 abstractly over their cones, each node in the form its own opset gives it: ``total_sequence_length`` must be the mask's
 width and ``seqlens_k`` its row sums minus one, batch on axis 0. The builder's chains, or the same values through
 ``Squeeze``/``Unsqueeze``/``ReduceSum``/``Split`` with axes as attributes or inputs, ``Shape`` with ``start``/``end``,
-``Slice``/``Split`` (``num_outputs`` too) of the shape, ``Pad`` columns of zeros, ``Identity`` and integer ``Cast``
-chains, ``Add(x, -1)``, or a model-local function (evaluated in place at its own opset; the call node is removed with
-the old chains where nothing else reads it, the function body is left as it was) are all rewritten the same way.
+``Slice``/``Split`` (``num_outputs`` too) of the shape, ``Pad`` columns of zeros, ``Identity`` and integer ``Cast``/
+``CastLike`` chains, ``Add(x, -1)``, ``ReduceMax`` of a one-element shape slice, ``Where(s == s, s - 1, s)``, the row
+sums of ``mask * 0 + 1``, or a model-local function (evaluated in place at its own opset, its reference attributes
+bound to the call's; the call node is removed with the old chains where nothing else reads it, the function body is
+left as it was) are all rewritten the same way. A length that is also a graph output keeps its name and values (read
+from the new chain through an ``Identity``), so the old chain goes; one of another rank keeps its chain (a note).
+Lengths computed in int32 from the mask without ``Shape`` already (this pass's own output) are not matched.
 GroupQueryAttention inside a model-local function is rewritten in the function's body, at the function's opset
 (constants as ``Constant`` nodes), when every call passes the attention mask itself as one parameter (proved for each
 call, the body's chain built from that parameter).
@@ -56,9 +60,10 @@ initializer that is also a graph input can be overridden by the caller and is no
 
 **Refuses** (graph unchanged there, the reason naming the node that broke the proof): a value read from another
 rank-2 integer input than the attention mask; a total that is not the width (another dimension, a padded or sliced
-mask's width, arithmetic on it); a ``seqlens_k`` that is not the row sums minus one (another subtrahend, a sum over
-other axes, ``Pad`` columns of non-zeros, a ``Cast`` of the mask's values to a type other than int32/int64, which
-wraps or rounds them, a shape that moves the batch off dimension 0); a step the proof does not follow (control flow,
+mask's width, arithmetic on it, ``Size(mask) / batch``, which divides by zero for an empty batch); a ``seqlens_k``
+that is not the row sums minus one (another subtrahend, a sum over other axes, ``Pad`` columns of non-zeros, a
+``Cast`` of the mask's values to a type other than int32/int64, which wraps or rounds them, a mask scaled by ``k``
+and divided back, which is not ``sum - 1`` for a row of zeros, a shape that moves the batch off dimension 0); a step the proof does not follow (control flow,
 custom ops, ``Squeeze`` without axes); the two chains reading different masks. ``keepdims=1`` (mobius-onnx's form,
 seqlens_k ``[batch, 1]``) is accepted: GroupQueryAttention reads the same ``batch`` values by flat index. A
 ``total_sequence_length`` that reads no mask shape (the builder's ``_graph`` variant: the largest row sum, on the GPU
@@ -108,6 +113,42 @@ def match_seqlens_k(model: ir.Model, value: ir.Value, mask: str = MASK_INPUT) ->
     return found.mask, found.nodes
 
 
+def _int32_already(nodes: list[ir.Node]) -> bool:
+    """The proved lengths' cones are int32 arithmetic on the mask already: no Shape/Size, no model-local function
+    call, every computed value int32 (constants aside): rewriting would build the same chain again."""
+    computed = [n for n in nodes if n.op_type != "Constant"]
+    return bool(computed) and all(n.op_type in _OWN_OPS and n.domain in ("", "ai.onnx")
+                                  and all(o.dtype == ir.DataType.INT32 for o in n.outputs) for n in computed)
+
+
+#: the ops of the chain :meth:`TotalSeqOnGpuPass._build` writes (and of a graph output's Identity)
+_OWN_OPS = frozenset({"Cast", "ReduceSum", "Sub", "Mul", "Add", "ReduceMax", "Identity"})
+
+
+def _keep_output(graph: ir.Graph, old: ir.Value, new: ir.Value, same_rank: bool, opset: int | None,
+                 report: PassReport) -> None:
+    """``old``, a graph output the new int32 chain computes too (proved equal by value), is read from ``new`` under its
+    own name: the caller reads the same values, and the old chain (on CPU, with its Memcpy) goes. Where the ranks differ
+    (seqlens_k ``[batch, 1]``), the old chain stays for the output, and the report says so."""
+    if not same_rank or old.dtype not in (None, new.dtype):  # GroupQueryAttention reads both lengths as int32
+        report.note(old, f"{old.name!r} is also a graph output, of another shape or type than the int32 chain's: its "
+                    "own chain still computes it (on CPU)")
+        return
+    tape = NodeTape(opset if opset is not None else opset_of(graph))
+    kept = tape.op("Identity", [new], name=f"{new.name}/as_output", output=f"{new.name}/as_output", dtype=new.dtype,
+                   shape=old.shape)
+    if new.producer() is not None:
+        tape.insert_after(graph, new.producer())
+    else:
+        tape.append(graph)
+    name = old.name
+    old.name = f"{name}/rope_passes_replaced"
+    kept.name = name
+    for i, out in enumerate(graph.outputs):
+        if out is old:
+            graph.outputs[i] = kept
+
+
 class TotalSeqOnGpuPass(RopePass):
     name = "total-seq-on-gpu"
     summary = "compute GQA seqlens_k/total_sequence_length from the mask on the GPU (int32, no Shape): no Memcpy"
@@ -146,7 +187,7 @@ class TotalSeqOnGpuPass(RopePass):
                                 or kind)
                         param = here
                     assert param is not None and found is not None
-                    return Proved(param, found.nodes)
+                    return Proved(param, found.nodes, found.rank)
                 return prove
             opset = int(function.opset_imports.get("", function.opset_imports.get("ai.onnx", opset_of(graph) or 18)))
             self._rewrite(function.graph, inner, proof("total"), proof("seqlens"), opset, function.name, report)
@@ -171,6 +212,7 @@ class TotalSeqOnGpuPass(RopePass):
             if key in by_pair:
                 new_seqlens, new_total = by_pair[key]
             else:
+                seq_found = None
                 try:
                     found = prove_total(total)
                     mask, old_nodes = found.mask, found.nodes
@@ -184,6 +226,9 @@ class TotalSeqOnGpuPass(RopePass):
                     if seq_mask is not None and seq_mask is not mask:
                         raise MatchFailure.refuse(f"seqlens_k reads mask {seq_mask.name!r} but total_sequence_length "
                                                   f"reads {mask.name!r}", seqlens)
+                    if _int32_already(old_nodes):  # this pass's own output (or the same values in its form)
+                        raise MatchFailure.absent("seqlens_k/total_sequence_length are computed from the mask in int32 "
+                                                  "already, without Shape", total)
                 except MatchFailure as failure:
                     report.record(failure, gqa)
                     failed.add(key)
@@ -202,6 +247,12 @@ class TotalSeqOnGpuPass(RopePass):
                     total_sequence_length=new_total.name,
                     seqlens_k_rewritten=seq_mask is not None,
                 )
+                outputs = [(total, new_total, found.rank, 0)]
+                if new_seqlens is not None and seq_found is not None:
+                    outputs.append((seqlens, new_seqlens, seq_found.rank, 1))
+                for old, new, rank, new_rank in outputs:  # after the finding: it names the old value as it was
+                    if old.is_graph_output():
+                        _keep_output(graph, old, new, rank == new_rank, opset, report)
             if new_seqlens is not None:
                 gqa.replace_input_with(SEQLENS_K, new_seqlens)
             gqa.replace_input_with(TOTAL_SEQ, new_total)

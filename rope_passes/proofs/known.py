@@ -142,6 +142,10 @@ def known_op(node: ir.Node, ins: list[Known | None], opset: int) -> list[Known]:
                                       dtype=object))]
         start, end = attr(node, "start", 0), attr(node, "end", None)
         return [Known.of(np.array(list(a.shape)[start:end], dtype=object))]
+    if op in _REDUCE and ins[0] is not None:
+        reduced = _reduce(node, ins, opset)
+        if reduced is not None:
+            return [reduced]
     # any other op on numbers: only on whole tensors (a stored pattern is not the tensor: ReduceSum of a
     # ConstantOfShape(Shape(positions)) counts the batch)
     if not varies and all(a.values is not None and a.values.dtype != object and a.pattern == a.shape
@@ -150,6 +154,68 @@ def known_op(node: ir.Node, ins: list[Known | None], opset: int) -> list[Known]:
         if out is not None:
             return [Known.of(v) for v in out]
     return [UNKNOWN_VARYING] * n_out
+
+
+_REDUCE = {"ReduceSum", "ReduceMax", "ReduceMin", "ReduceMean", "ReduceProd"}
+
+
+def _reduce(node: ir.Node, ins: list[Known | None], opset: int) -> Known | None:
+    """A reduction of a value holding call dimensions, or uniform along an axis of a call's extent (a constant
+    broadcast to the mask's shape): axes of one element are moved, uniform axes reduced by their value (``c`` for
+    Max/Min/Mean, ``c * extent`` for Sum: a row of ones sums to the width). None: not such a reduction."""
+    x = ins[0]
+    assert x is not None
+    if x.shape is None or x.pattern is None or x.values is None:
+        return None
+    rank = len(x.shape)
+    if len(ins) > 1 and ins[1] is not None:
+        given = known_values(ins[1])
+        if given is None or given.dtype == object:
+            return None
+        axes = [int(a) for a in given.reshape(-1)]
+    else:
+        axes = [int(a) for a in attr(node, "axes", None) or []]
+    if not axes:
+        if attr(node, "noop_with_empty_axes", 0):
+            return x
+        axes = list(range(rank))
+    summed = sorted({a % rank for a in axes}) if rank else []
+    values = np.asarray(x.values, dtype=object)
+    op = node.op_type
+    for a in summed:
+        extent, uniform = x.shape[a], x.pattern[a] == 1
+        if extent == 1 or uniform:
+            picked = np.take(values, [0], axis=a) if values.shape[a] else values
+            if op == "ReduceSum" and extent != 1:
+                picked = np.vectorize(lambda c, e=extent: _times(c, e), otypes=[object])(picked)
+            elif op == "ReduceProd" and extent != 1:
+                return None
+            values = picked
+        elif values.dtype == object and any(isinstance(e, (Dim, _Opaque)) for e in values.flat):
+            return None  # symbols along an axis of several elements: not followed
+        else:
+            return None  # numbers along a data axis: the plain evaluator's (whole tensors only)
+    keep = attr(node, "keepdims", 1)
+    shape = tuple(1 if i in summed else d for i, d in enumerate(x.shape) if keep or i not in summed)
+    pattern = tuple(1 if i in summed else p for i, p in enumerate(x.pattern) if keep or i not in summed)
+    values = values.reshape(pattern)
+    sym = any(isinstance(e, (Dim, _Opaque)) for e in values.flat)
+    if not sym:
+        values = np.array(values.tolist(), dtype=x.values.dtype).reshape(pattern)
+    if shape == pattern:
+        return Known.of(values)
+    return Known(shape, pattern, values, x.varies or sym)
+
+
+def _times(c: object, extent: object) -> object:
+    """``c`` summed ``extent`` times (a call dimension: only 0 and 1 give a known number)."""
+    if isinstance(extent, int) and not isinstance(c, (Dim, _Opaque)):
+        return c * extent
+    if isinstance(c, (Dim, _Opaque)):
+        return OPAQUE
+    if c == 0:
+        return 0
+    return extent if c == 1 else OPAQUE
 
 
 def _columns(shapes: list[tuple]) -> list[list]:
@@ -253,8 +319,10 @@ def _symbolic(node: ir.Node, arrays: list[np.ndarray | None]) -> list[np.ndarray
         keep = to in (ir.DataType.INT64, ir.DataType.INT32, int(ir.DataType.INT64), int(ir.DataType.INT32))
         return [np.vectorize(lambda x: x if keep or not isinstance(x, (Dim, _Opaque)) else OPAQUE,
                              otypes=[object])(present[0])]
-    if op == "CastLike":
-        present = present[:1]
+    if op == "CastLike":  # the type of its second input: an integer keeps a dimension, as Cast does
+        keep = len(present) > 1 and present[1].dtype.kind in "iu"
+        return [np.vectorize(lambda x: x if keep or not isinstance(x, (Dim, _Opaque)) else OPAQUE,
+                             otypes=[object])(present[0])]
     fn = np.vectorize(lambda *xs: _scalar(op, xs), otypes=[object])
     return [fn(*present)]
 

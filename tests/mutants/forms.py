@@ -30,11 +30,14 @@ I64, I32 = ir.DataType.INT64, ir.DataType.INT32
 
 
 class Writer:
-    """Nodes of one form, written at ``opset`` (constants as Constant nodes: a function holds no initializers)."""
+    """Nodes of one form, written at ``opset`` (constants as Constant nodes: a function holds no initializers);
+    ``ref_axes``: a ReduceSum over axis 1 takes its axes from the function call's attribute ``axes``
+    (``Constant(value_ints=@axes)``, a reference attribute), from opset 13 on."""
 
-    def __init__(self, opset: int, prefix: str) -> None:
+    def __init__(self, opset: int, prefix: str, ref_axes: bool = False) -> None:
         self.opset = opset
         self.prefix = prefix
+        self.ref_axes = ref_axes
         self.nodes: list[ir.Node] = []
 
     def op(self, op_type: str, *inputs: ir.Value | None, outputs: int = 1, **attributes) -> ir.Value:
@@ -55,6 +58,12 @@ class Writer:
         after."""
         if self.opset < 13:
             return self.op(op_type, x, axes=axes, **attributes)
+        if self.ref_axes and op_type == "ReduceSum" and axes == [1]:
+            node = ir.Node("", "Constant", [], [ir.RefAttr("value_ints", "axes", ir.AttributeType.INTS)],
+                           name=f"{self.prefix}/Constant_axes_{len(self.nodes)}")
+            node.outputs[0].name = f"{node.name}/output_0"
+            self.nodes.append(node)
+            return self.op(op_type, x, node.outputs[0], **attributes)
         return self.op(op_type, x, self.const(axes), **attributes)
 
     def split2(self, x: ir.Value) -> list[ir.Value]:
@@ -104,6 +113,12 @@ TOTAL_FORMS = {f.name: f for f in [
                                                       w.const(3), axis=0), to=I32)),
     Form("gather-elements", lambda w, m: w.op("Cast", w.axes_op("Squeeze", w.op(
         "GatherElements", w.op("Shape", m), w.const([1]), axis=0), [0]), to=I32)),
+    Form("castlike", lambda w, m: w.op("CastLike", w.op("Gather", w.op("Shape", m), w.const(1), axis=0),
+                                       w.const(0, np.int32)), since=15),
+    Form("reducemax-shape-slice", lambda w, m: w.op("Cast", w.op("ReduceMax", w.op("Shape", m, start=1, end=2),
+                                                                 keepdims=0), to=I32), since=15),
+    Form("row-sum-of-ones", lambda w, m: w.op("Cast", w.op("ReduceMax", w.axes_op("ReduceSum", w.op(
+        "Add", w.op("Mul", m, w.const(0)), w.const(1)), [1], keepdims=0), keepdims=0), to=I32)),
     # lookalikes
     Form("largest-row-sum", lambda w, m: w.op("Cast", w.op("ReduceMax", w.axes_op("ReduceSum", m, [1], keepdims=0),
                                                            keepdims=0), to=I32), same=False,
@@ -116,11 +131,19 @@ TOTAL_FORMS = {f.name: f for f in [
     Form("float-roundtrip-plus-one", lambda w, m: w.op("Cast", w.op("Add", w.op("Cast", w.op(
         "Gather", w.op("Shape", m), w.const(1), axis=0), to=ir.DataType.FLOAT), w.const(1.0, np.float32)), to=I32),
          same=False, why="the width + 1, through float"),
+    Form("size-div-batch", lambda w, m: w.op("Cast", w.op("Div", w.op("Size", m), w.op(
+        "Gather", w.op("Shape", m), w.const(0), axis=0)), to=I32), same=False,
+         why="Size(mask) / batch: the width for every batch but an empty one, which it divides by zero"),
 ]}
 
 
 def _minus_one(w: Writer, sums: ir.Value) -> ir.Value:
     return w.op("Cast", w.op("Sub", sums, w.const(1)), to=I32)
+
+
+def _where_self(w: Writer, sums: ir.Value) -> ir.Value:
+    """``Where(s == s, s - 1, s)``: s - 1 for every row (an integer equals itself)."""
+    return w.op("Cast", w.op("Where", w.op("Equal", sums, sums), w.op("Sub", sums, w.const(1)), sums), to=I32)
 
 
 SEQLENS_FORMS = {f.name: f for f in [
@@ -135,6 +158,9 @@ SEQLENS_FORMS = {f.name: f for f in [
     Form("pad-zero-columns", lambda w, m: _minus_one(w, w.axes_op("ReduceSum", w.pad(m, 2, 0), [1], keepdims=0))),
     Form("unsqueeze-reshape", lambda w, m: w.op("Cast", w.op("Reshape", w.op("Sub", w.axes_op(
         "Unsqueeze", w.axes_op("ReduceSum", m, [1], keepdims=0), [1]), w.const([[1]])), w.const([-1])), to=I32)),
+    Form("castlike", lambda w, m: w.op("CastLike", w.op("Sub", w.axes_op("ReduceSum", m, [1], keepdims=0),
+                                                        w.const(1)), w.const(0, np.int32)), since=15),
+    Form("where-equal-self", lambda w, m: _where_self(w, w.axes_op("ReduceSum", m, [1], keepdims=0))),
     # lookalikes
     Form("pad-one-column", lambda w, m: _minus_one(w, w.axes_op("ReduceSum", w.pad(m, 1, 1), [1], keepdims=0)),
          same=False, why="a column of ones appended: every row's sum + 1"),
@@ -145,52 +171,106 @@ SEQLENS_FORMS = {f.name: f for f in [
     Form("int8-cast", lambda w, m: _minus_one(w, w.axes_op("ReduceSum", w.op("Cast", w.op(
         "Cast", m, to=ir.DataType.INT8), to=I64), [1], keepdims=0)), same=False,
          why="the mask through int8: a mask value of 300 becomes 44"),
+    Form("float-sum", lambda w, m: w.op("Cast", w.op("Sub", w.axes_op("ReduceSum", w.op(
+        "Cast", m, to=ir.DataType.FLOAT), [1], keepdims=0), w.const(1.0, np.float32)), to=I32), same=False,
+         why="the row sums in float32: inexact past 2^24"),
+    Form("twice-halved", lambda w, m: w.op("Cast", w.op("Div", w.op("Sub", w.axes_op("ReduceSum", w.op(
+        "Mul", m, w.const(2)), [1], keepdims=0), w.const(1)), w.const(2)), to=I32), same=False,
+         why="(2s - 1) / 2: s - 1 for every row but a row of zeros, where integer Div gives 0, not -1"),
 ]}
 
 
-def mask_chain(total: str, seqlens: str, opset: int, function: bool = False):
+def mask_chain(total: str, seqlens: str, opset: int, function: bool = False, *, axes_attribute: bool = False,
+               outputs: bool = False, per_layer: bool = False, width_in_function: bool = False):
     """An edit: the builder's two chains replaced by ``total``/``seqlens`` forms written at ``opset`` (in a
-    model-local function importing ``opset`` when ``function``; else the model's import becomes ``opset``)."""
+    model-local function importing ``opset`` when ``function``; else the model's import becomes ``opset``).
+
+    Where the graph reads the int64 width elsewhere (phi3's LongRoPE switch), it reads ``Cast<int64>(total)``, or
+    with ``width_in_function`` a third output of the function (the switch's condition then reads a value computed
+    inside the function, which only its value proves the total). ``axes_attribute``: the function's
+    ReduceSum axes come from the call's attribute (a reference attribute, opset 13+). ``outputs``: both lengths are
+    also graph outputs (the caller reads them: they must keep their values). ``per_layer``: every
+    GroupQueryAttention gets its own copy of the chains (one value, several chains)."""
     def edit(work: Work) -> list[str]:
         graph = work.graph
         gqas = [n for n in graph if n.op_type == "GroupQueryAttention"]
         mask = graph_input(graph, "attention_mask")
         old = [n for n in graph if (n.name or "").startswith(f"{SUB}/")]
-        work.model.opset_imports[""] = opset  # onnxruntime inlines a function at the model's opset: the same
-        if function:
-            param = ir.Value(name="mask", type=ir.TensorType(I64), shape=ir.Shape(["batch", "total"]))
-            w = Writer(opset, "/lengths")
-            outs = [TOTAL_FORMS[total].build(w, param), SEQLENS_FORMS[seqlens].build(w, param)]
-            body = ir.Graph([param], outs, nodes=w.nodes, opset_imports={"": opset}, name="MaskLengths")
-            work.model.functions[("custom.lengths", "MaskLengths", "")] = ir.Function(
-                "custom.lengths", "MaskLengths", graph=body, attributes=[])
-            work.model.opset_imports["custom.lengths"] = 1
-            call = ir.node("MaskLengths", [mask], domain="custom.lengths", name="/lengths/MaskLengths",
-                           num_outputs=2)
-            for out, name in zip(call.outputs, ("/lengths/total", "/lengths/seqlens"), strict=True):
-                out.name, out.dtype = name, I32
-            nodes, (new_total, new_seqlens) = [call], call.outputs
-        else:
-            w = Writer(opset, "/lengths")
-            new_total, new_seqlens = TOTAL_FORMS[total].build(w, mask), SEQLENS_FORMS[seqlens].build(w, mask)
-            nodes = w.nodes
-        graph.insert_before(gqas[0], nodes)
-        for gqa in gqas:
-            gqa.replace_input_with(5, new_seqlens)
-            gqa.replace_input_with(6, new_total)
         width = next(n for n in old if n.name == f"{SUB}/Gather").outputs[0]
         others = [(u, i) for u, i in width.uses() if u not in old]  # phi3's LongRoPE switch reads the int64 width
+        work.model.opset_imports[""] = opset  # onnxruntime inlines a function at the model's opset: the same
+        wide = None
+        lengths = []
+        for k in range(len(gqas) if per_layer else 1):
+            prefix = f"/lengths{k if k else ''}"
+            if function:
+                param = ir.Value(name="mask", type=ir.TensorType(I64), shape=ir.Shape(["batch", "total"]))
+                w = Writer(opset, prefix, ref_axes=axes_attribute)
+                outs = [TOTAL_FORMS[total].build(w, param), SEQLENS_FORMS[seqlens].build(w, param)]
+                if others and width_in_function:
+                    outs.append(w.op("Gather", w.op("Shape", param), w.const(1), axis=0))
+                key = ("custom.lengths", "MaskLengths", "")
+                if key not in work.model.functions:
+                    body = ir.Graph([param], outs, nodes=w.nodes, opset_imports={"": opset}, name="MaskLengths")
+                    attrs = [ir.Attr("axes", ir.AttributeType.INTS, None)] if axes_attribute else []
+                    work.model.functions[key] = ir.Function("custom.lengths", "MaskLengths", graph=body,
+                                                            attributes=attrs)
+                    work.model.opset_imports["custom.lengths"] = 1
+                call = ir.node("MaskLengths", [mask], domain="custom.lengths", name=f"{prefix}/MaskLengths",
+                               num_outputs=len(outs), attributes={"axes": [1]} if axes_attribute else None)
+                for out, name in zip(call.outputs, ("total", "seqlens", "width"), strict=False):
+                    out.name, out.dtype = f"{prefix}/{name}", I32 if name != "width" else I64
+                nodes, (new_total, new_seqlens) = [call], call.outputs[:2]
+                wide = wide or (call.outputs[2] if others and width_in_function else None)
+            else:
+                w = Writer(opset, prefix)
+                new_total, new_seqlens = TOTAL_FORMS[total].build(w, mask), SEQLENS_FORMS[seqlens].build(w, mask)
+                nodes = w.nodes
+            graph.insert_before(gqas[0], nodes)
+            lengths.append((new_total, new_seqlens))
+        for k, gqa in enumerate(gqas):
+            new_total, new_seqlens = lengths[k if per_layer else 0]
+            gqa.replace_input_with(5, new_seqlens)
+            gqa.replace_input_with(6, new_total)
         if others:
-            w = Writer(opset, "/lengths/int64")
-            wide = w.op("Cast", new_total, to=I64)
-            graph.insert_before(others[0][0], w.nodes)
+            if wide is None:
+                w = Writer(opset, "/lengths/int64")
+                wide = w.op("Cast", lengths[0][0], to=I64)
+                graph.insert_before(others[0][0], w.nodes)
             for user, index in others:
                 user.replace_input_with(index, wide)
+        if outputs:
+            graph.outputs.extend(lengths[0])
         for node in reversed(old):
             graph.remove(node, safe=True)
         graph.sort()
-        return [n.name for n in gqas] + [new_total.name]
+        return [n.name for n in gqas] + [lengths[0][0].name]
     return edit
+
+
+#: ops whose axes (split) an input gives from this opset on, an attribute before
+_AXES_INPUT_SINCE = {"ReduceSum": 13, "Squeeze": 13, "Unsqueeze": 13, "Split": 13, "ReduceMax": 18, "ReduceMin": 18,
+                     "ReduceMean": 18, "ReduceProd": 18}
+
+
+def whole_graph_at(opset: int, edit):
+    """An edit: ``edit``, then every other node of the main graph written as ``opset`` spells it (axes / split from a
+    constant input moved to the attribute where ``opset`` takes one): the whole model at that opset."""
+    def whole(work: Work) -> list[str]:
+        touched = edit(work)
+        for node in list(work.graph):
+            since = _AXES_INPUT_SINCE.get(node.op_type)
+            if node.domain not in ("", "ai.onnx") or since is None or opset >= since or len(node.inputs) < 2 \
+                    or node.inputs[1] is None:
+                continue
+            given = node.inputs[1]
+            tensor = given.const_value or given.producer().attributes["value"].value
+            key = "split" if node.op_type == "Split" else "axes"
+            node.attributes[key] = ir.AttrInt64s(key, [int(a) for a in np.asarray(tensor.numpy()).reshape(-1)])
+            node.replace_input_with(1, None)
+            node.resize_inputs(1)
+        return touched
+    return whole
 
 
 def attention_in_function(total: str, seqlens: str, opset: int):

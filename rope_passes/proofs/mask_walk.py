@@ -1,0 +1,410 @@
+"""One abstract evaluation of a length value's cone for :mod:`rope_passes.proofs.mask_lengths` (the main graph, or one
+call of a model-local function at its own opset, its reference attributes bound to the call's): every value is a
+:class:`~rope_passes.proofs.mask_values.MaskRows`, :class:`~rope_passes.proofs.mask_values.RowSums`,
+:class:`~rope_passes.proofs.known.Known` or :class:`~rope_passes.proofs.mask_values.Broken` (the module docstring of
+:mod:`rope_passes.proofs.mask_lengths` says what each step keeps)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Protocol
+
+import numpy as np
+import onnx_ir as ir
+
+import rope_passes.graph_walk as graph_walk
+from rope_passes.analysis.graph import attr, constant_node_value
+from rope_passes.proofs.constants import Constants
+from rope_passes.proofs.known import OPAQUE, SMALL, UNKNOWN_VARYING, Dim, Known, const, known_op, known_values
+from rope_passes.proofs.mask_values import (
+    INT_TYPES,
+    Broken,
+    MaskRows,
+    RowSums,
+    Val,
+    broken,
+    mask_like,
+    mask_problem,
+    opset_in,
+)
+
+
+class Owner(Protocol):
+    """What a walk reads of the proof it serves (:class:`rope_passes.proofs.mask_lengths.MaskLengths`)."""
+
+    names: frozenset[str]  # the attention mask's possible graph input names
+    constants: Constants  # the one constant evaluator
+    functions: dict[tuple[str, str, str], ir.Function]  # the model-local functions by identifier
+    opset: int  # the model's default-domain opset
+
+MAX_DEPTH = 16  # nested model-local function calls evaluated
+
+
+class Walk:
+    """One abstract evaluation (of the main graph, or of one call of a model-local function: ``seeds``)."""
+
+    def __init__(self, owner: Owner, opset: int, seeds: dict[int, Val], depth: int = 0,
+                 bound: dict[str, ir.Attr] | None = None) -> None:
+        self.owner = owner
+        self.bound = bound or {}  # a function call's attributes, by name (what a body's reference attribute reads)
+        self.depth = depth  # model-local function calls evaluated around this one
+        self.opset = opset
+        self.vals: dict[int, Val] = dict(seeds)
+        self.seeds = set(seeds)
+        self.touched: list[ir.Value] = []  # rank-2 integer graph inputs whose shape or values the cone reads
+        self.read_values = False  # the cone reads such an input's values
+        self.read_shape = False  # the cone reads such an input's shape (Shape / Size)
+        self.widened: list[ir.Node] = []  # Pad nodes that add columns to a view of the mask
+        self.divided: list[ir.Node] = []  # Div / Mod nodes dividing by a call dimension
+        self.mask: ir.Value | None = None  # the attention mask, where the cone reads its shape
+        self.blame: dict[tuple[int, str], ir.Node] = {}  # (id(RowSums), what) -> the node that last moved it
+
+    def blame_name(self, value: ir.Value, what: str = "offset") -> str:
+        node = self.blame.get((id(value), what))
+        return f"{node.op_type} {node.name!r}" if node is not None else "the mask's sum"
+
+    def value(self, root: ir.Value) -> Val:
+        return graph_walk.post_order(root, self.vals, self._leaf, self._outputs, self._constant)
+
+    def _constant(self, v: ir.Value) -> Val | None:
+        """A produced value the one constant evaluator knows (not a Constant node: :meth:`_node` reads those)."""
+        producer = v.producer()
+        array = self.owner.constants(v) if producer is not None and producer.op_type != "Constant" else None
+        if array is None:
+            return None
+        return Known.of(array) if array.size <= SMALL else UNKNOWN_VARYING
+
+    def _outputs(self, node: ir.Node) -> list[Val]:
+        outs = self._node(node)
+        for o, a in zip(node.outputs, outs, strict=True):
+            if isinstance(a, RowSums):  # the nodes that last moved the offset / the axes, for a refusal's words
+                src = next((i for i in node.inputs if i is not None
+                            and isinstance(self.vals.get(id(i)), RowSums)), None)
+                before = self.vals.get(id(src)) if src is not None else None
+                for what in ("offset", "axes"):
+                    same = isinstance(before, RowSums) and getattr(before, what) == getattr(a, what)
+                    inner = self.blame.get((id(o), what))  # a function call: the body's node (set by _call)
+                    self.blame[(id(o), what)] = inner or (self.blame.get((id(src), what), node) if same else node)
+        return outs
+
+    def _leaf(self, v: ir.Value) -> Val:
+        if v.is_graph_input():
+            if mask_like(v):
+                if v not in self.touched:
+                    self.touched.append(v)
+                if mask_problem(v, self.owner.names) is None:
+                    self.mask = v
+                return MaskRows(v, ("b", "t"), Dim(1) if self.mask is v else OPAQUE)
+            return Known(tuple(d if isinstance(d, int) else OPAQUE for d in v.shape) if v.shape is not None else None,
+                         None, None, True)
+        if v.const_value is not None:
+            return const(v.const_value)
+        return Broken(f"{v.name!r} is neither a graph input nor a constant")
+
+    # -- one node -------------------------------------------------------------------------------------------------
+    def _node(self, node: ir.Node) -> list[Val]:
+        n = len(node.outputs)
+        key = (node.domain, node.op_type, getattr(node, "overload", ""))
+        if key in self.owner.functions:
+            return self._call(node, self.owner.functions[key])
+        ins = [None if v is None else self.vals[id(v)] for v in node.inputs]
+        failed = next((a for a in ins if isinstance(a, Broken)), None)
+        if failed is not None:
+            return [failed] * n
+        if node.domain not in ("", "ai.onnx"):
+            return [broken(node, "is a custom op: the proof does not follow it")] * n
+        if any(a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS) for a in node.attributes.values()):
+            return [broken(node, "is control flow: the proof does not follow it")] * n
+        node = self._resolved(node)
+        if node.op_type == "Constant":  # read off the node (a function body's may take its value from the call)
+            array = constant_node_value(node) if node.outputs[0].producer() is not node else \
+                self.owner.constants(node.outputs[0])
+            return [Known.of(array) if array is not None and array.size <= SMALL else UNKNOWN_VARYING]
+        rows = [a for a in ins if isinstance(a, (MaskRows, RowSums))]
+        if not rows:
+            divisor = ins[1] if node.op_type in ("Div", "Mod") and len(ins) > 1 else None
+            if isinstance(divisor, Known) and divisor.values is not None and divisor.values.dtype == object:
+                self.divided.append(node)  # by a call dimension: for a refusal's words
+            return list(known_op(node, ins, self.opset))  # type: ignore[arg-type]
+        self.read_values = self.read_values or node.op_type not in ("Shape", "Size")
+        self.read_shape = self.read_shape or node.op_type in ("Shape", "Size")
+        if len({id(r.source) for r in rows}) > 1:
+            return [broken(node, "mixes two graph inputs' values")] * n
+        if node.op_type in ("Equal", "GreaterOrEqual", "LessOrEqual") and len(ins) == 2 and ins[0] == ins[1]:
+            return [self._uniform(ins[0], True)]  # type: ignore[arg-type]  # x == x: true for every integer
+        if node.op_type == "Where" and len(ins) == 3 and isinstance(ins[0], Known):
+            chosen = self._select(ins)
+            if chosen is not None:
+                return [chosen]
+        if node.op_type in ("Add", "Mul") and len(ins) == 2 and not isinstance(ins[0], (MaskRows, RowSums)):
+            ins = ins[::-1]  # commutative: the rows first
+        x = ins[0]
+        if not isinstance(x, (MaskRows, RowSums)):
+            return [broken(node, "reads the mask's values through an index, shape or second operand")] * n
+        try:
+            return self._rows_op(node, x, ins)
+        except _Unknown as e:
+            return [broken(node, str(e))] * n
+
+    def _call(self, node: ir.Node, function: ir.Function) -> list[Val]:
+        """A model-local function, evaluated in place at its own opset (its inputs bound to the call's values, its
+        attributes to the call's, or the function's defaults: what onnxruntime's inlining substitutes)."""
+        if self.depth >= MAX_DEPTH:
+            return [broken(node, f"calls functions {MAX_DEPTH} deep (recursion?): not evaluated")] * len(node.outputs)
+        opset = opset_in(function.opset_imports, self.opset)
+        seeds = {id(p): self.vals[id(a)] if a is not None else Broken("an absent function input")
+                 for p, a in zip(function.inputs, node.inputs, strict=False)}
+        bound = {a.name: a for a in function.attributes.values() if a.value is not None}
+        bound.update({k: a for k, a in self._resolved(node).attributes.items()})
+        inner = Walk(self.owner, opset, seeds, self.depth + 1, bound)
+        outs = [inner.value(o) for o in function.outputs]
+        self.adopt(inner)
+        for out, body in zip(node.outputs, function.outputs, strict=False):  # refusals name the body's nodes
+            for what in ("offset", "axes"):
+                if (id(body), what) in inner.blame:
+                    self.blame[(id(out), what)] = inner.blame[(id(body), what)]
+        return outs
+
+    def _resolved(self, node: ir.Node) -> ir.Node:
+        """``node`` with its reference attributes (a function body's ``ref_attr_name``) replaced by the call's values,
+        as a detached copy reading nothing (the walk reads its inputs' values itself); ``node`` when it has none."""
+        if not any(a.is_ref() for a in node.attributes.values()):
+            return node
+        attrs = []
+        for name, a in node.attributes.items():
+            if not a.is_ref():
+                attrs.append(a)
+            elif a.ref_attr_name in self.bound:  # an unbound reference is an absent attribute (the ONNX rule)
+                attrs.append(ir.Attr(name, self.bound[a.ref_attr_name].type, self.bound[a.ref_attr_name].value))
+        return ir.Node(node.domain, node.op_type, [], attrs, overload=node.overload, num_outputs=len(node.outputs),
+                       version=node.version, name=node.name)
+
+    def _extents(self, x: Val | None) -> tuple | None:
+        """The extents of ``x`` per axis (``Dim(0)`` the mask's batch, its width, ints; OPAQUE: set per call)."""
+        if isinstance(x, Known):
+            return x.shape
+        if not isinstance(x, (MaskRows, RowSums)):
+            return None
+        own = mask_problem(x.source, self.owner.names) is None
+        return tuple(Dim(0) if a == "b" and own else OPAQUE if a == "b" else
+                     (x.width if isinstance(x, MaskRows) else OPAQUE) if a == "t" else 1 for a in x.axes)
+
+    def _uniform(self, x: MaskRows | RowSums, fill: object) -> Known:
+        """A tensor shaped like ``x`` whose every element is ``fill`` (it no longer reads the mask's values)."""
+        shape = self._extents(x)
+        assert shape is not None
+        ones = (1,) * len(shape)
+        return Known(shape, ones, np.full(ones, fill), False)
+
+    def _select(self, ins: list[Val | None]) -> Val | None:
+        """``Where(c, a, b)`` with ``c`` known true (false) everywhere: ``a`` (``b``), where neither other input
+        broadcasts the choice to another shape (None otherwise: not followed)."""
+        cond = ins[0].values if isinstance(ins[0], Known) else None
+        if cond is None or cond.dtype != bool or not (cond.all() or not cond.any()):
+            return None
+        pick = 1 if cond.all() else 2
+        chosen = self._extents(ins[pick])
+        if chosen is None:
+            return None
+        for other in (ins[0], ins[3 - pick]):
+            shape = self._extents(other)
+            if shape is None or len(shape) > len(chosen):
+                return None
+            for ext, mine in zip(reversed(shape), reversed(chosen)):
+                if ext != 1 and (ext is OPAQUE or ext != mine):
+                    return None
+        return ins[pick]
+
+    def adopt(self, other: Walk) -> None:
+        """What ``other`` (a walk of a function call, or of the call's arguments) found about the inputs it read."""
+        for v in other.touched:
+            if v not in self.touched:
+                self.touched.append(v)
+        self.read_values = self.read_values or other.read_values
+        self.read_shape = self.read_shape or other.read_shape
+        self.mask = self.mask or other.mask
+        self.widened.extend(n for n in other.widened if n not in self.widened)
+        self.divided.extend(n for n in other.divided if n not in self.divided)
+
+    def fresh(self) -> Walk:
+        """A new walk of the same scope (its seeds and what its arguments' walk found), for one more proof."""
+        walk = Walk(self.owner, self.opset, {k: v for k, v in self.vals.items() if k in self.seeds}, self.depth,
+                     self.bound)
+        walk.adopt(self)
+        return walk
+
+    def _rows_op(self, node: ir.Node, x: MaskRows | RowSums, ins: list[Val | None]) -> list[Val]:
+        op = node.op_type
+        if op == "Shape":
+            own = mask_problem(x.source, self.owner.names) is None
+            dims = [Dim(0) if a == "b" and own else OPAQUE if a in ("b", "t") else a for a in x.axes]
+            if isinstance(x, MaskRows):
+                dims = [x.width if a == "t" else d for a, d in zip(x.axes, dims, strict=True)]
+            start, end = attr(node, "start", 0), attr(node, "end", None)
+            return [Known.of(np.array(dims[start:end], dtype=object))]
+        if op == "Size":
+            return [Known((), (), np.array(OPAQUE, dtype=object), True)]
+        if op == "Identity":
+            return [x]
+        if op == "CastLike":  # to the type of its second input
+            target = node.inputs[1].dtype if len(node.inputs) > 1 and node.inputs[1] is not None else None
+            like = known_values(ins[1]) if len(ins) > 1 else None
+            dtype = target if target is not None else ir.DataType.from_numpy(like.dtype) if like is not None \
+                and like.dtype != object else None
+            if dtype not in INT_TYPES:
+                raise _Unknown(f"casts the mask's values like a {dtype.name if dtype else 'value of unknown type'}: "
+                               "values it cannot hold exactly (or rounds) change the sums")
+            return [x]
+        if op == "Cast":
+            if ir.DataType(attr(node, "to")) not in INT_TYPES:
+                raise _Unknown(f"casts the mask's values to {ir.DataType(attr(node, 'to')).name}: values it cannot "
+                               "hold exactly (or rounds) change the sums (a float32 sum is inexact past 2^24)")
+            return [x]
+        if op in ("Unsqueeze", "Squeeze", "Reshape", "Flatten"):
+            return [dataclasses.replace(x, axes=self._reshape(node, x, ins))]
+        if op in ("Add", "Sub", "Mul", "Div") and len(ins) == 2:
+            return [self._arith(node, x, ins)]
+        if isinstance(x, RowSums):
+            raise _Unknown("computes on the row sums beyond adding a constant")
+        if op == "ReduceSum":
+            return [self._reduce(node, x, ins)]
+        if op == "Pad":
+            return [self._pad(node, x, ins)]
+        if op == "Slice":
+            return [self._slice(node, x, ins)]
+        raise _Unknown("reads the mask's values in a way the proof does not follow")
+
+    # -- the steps ------------------------------------------------------------------------------------------------
+    def _ints(self, node: ir.Node, ins: list[Val | None], index: int, name: str) -> list[int] | None:
+        if len(ins) > index and ins[index] is not None:
+            values = known_values(ins[index])
+            if values is None or values.dtype == object:
+                raise _Unknown(f"takes its {name} from a value not known before the call")
+            return [int(v) for v in values.reshape(-1)]
+        value = attr(node, name, None)
+        return None if value is None else [int(v) for v in np.asarray(value).reshape(-1)]
+
+    def _reshape(self, node: ir.Node, x: MaskRows | RowSums, ins: list[Val | None]) -> tuple:
+        axes = list(x.axes)
+        op = node.op_type
+        if op == "Unsqueeze":
+            new = self._ints(node, ins, 1, "axes") or []
+            rank = len(axes) + len(new)
+            for a in sorted(a % rank for a in new):
+                axes.insert(a, 1)
+            return tuple(axes)
+        if op == "Squeeze":
+            drop = self._ints(node, ins, 1, "axes")
+            if drop is None:
+                raise _Unknown("has no axes: it squeezes the batch too when the batch is 1")
+            drop_set = {a % len(axes) for a in drop}
+            if any(axes[a] != 1 for a in drop_set):
+                raise _Unknown("squeezes an axis that is not a unit axis")
+            return tuple(a for i, a in enumerate(axes) if i not in drop_set)
+        if op == "Flatten":
+            cut = int(attr(node, "axis", 1)) % (len(axes) + 1)
+            groups = [axes[:cut], axes[cut:]]
+        else:
+            shape = self._ints(node, ins, 1, "shape")
+            if shape is None or attr(node, "allowzero", 0):
+                raise _Unknown("reshapes to a shape not known")
+            big = [a for a in axes if a != 1]
+            out: list = []
+            for i, entry in enumerate(shape):
+                if entry == 1:
+                    out.append(1)
+                elif (entry == -1 or (entry == 0 and i < len(axes) and axes[i] != 1)) and len(big) == 1:
+                    out.append(big[0])
+                else:
+                    raise _Unknown(f"reshapes {tuple(axes)} to {shape}: not only unit axes moved")
+            if [a for a in out if a != 1] != big:
+                raise _Unknown(f"reshapes {tuple(axes)} to {shape}: not only unit axes moved")
+            return tuple(out)
+        if any(len([a for a in g if a != 1]) > 1 for g in groups):
+            raise _Unknown("flattens the batch with the columns")
+        return tuple(next((a for a in g if a != 1), 1) for g in groups)
+
+    def _arith(self, node: ir.Node, x: MaskRows | RowSums, ins: list[Val | None]) -> Val:
+        other = ins[1]
+        values = known_values(other) if isinstance(other, Known) and not other.varies else None
+        if values is None or values.dtype == object or values.size != 1 or values.dtype.kind not in "iu":
+            name = next((v.name for v in node.inputs if v is not None
+                         and not isinstance(self.vals.get(id(v)), (MaskRows, RowSums))), "?")
+            raise _Unknown(f"combines the mask's values with {name!r}, not an integer constant "
+                           "(an initializer that is also a graph input can be overridden by the caller)")
+        k = int(values.reshape(-1)[0])
+        axes = (1,) * max(0, values.ndim - len(x.axes)) + tuple(x.axes)
+        op = node.op_type
+        if (op in ("Add", "Sub") and k == 0) or (op in ("Mul", "Div") and k == 1):
+            return dataclasses.replace(x, axes=axes)
+        if isinstance(x, RowSums) and op in ("Add", "Sub"):
+            return RowSums(x.source, axes, x.offset + (k if op == "Add" else -k))
+        if op == "Mul" and k == 0:
+            return self._uniform(dataclasses.replace(x, axes=axes), np.zeros((), values.dtype))  # no longer the mask's
+        if isinstance(x, RowSums):
+            raise _Unknown(f"scales the row sums by {k} ({op}): integer arithmetic after it does not give back "
+                           "sum - 1 for every row")
+        if op == "Mul":
+            raise _Unknown(f"multiplies every element of the mask by {k}: its sums are {k} times the row sums, and "
+                           f"integer arithmetic after it does not give back sum - 1 for every row (({k}·s - 1) / {k} "
+                           "is 0, not -1, for a row of zeros)")
+        if op == "Div":
+            raise _Unknown(f"divides every element of the mask by {k}: integer division rounds the values away")
+        raise _Unknown(f"{'adds' if op == 'Add' else 'subtracts'} {k} {'to' if op == 'Add' else 'from'} every "
+                       "element of the mask: every row's sum changes by a multiple of its width")
+
+    def _reduce(self, node: ir.Node, x: MaskRows, ins: list[Val | None]) -> Val:
+        axes = self._ints(node, ins, 1, "axes")
+        if not axes:
+            if attr(node, "noop_with_empty_axes", 0):
+                return x
+            axes = list(range(len(x.axes)))
+        summed = {a % len(x.axes) for a in axes}
+        kinds = {x.axes[a] for a in summed} - {1}
+        if kinds != {"t"}:
+            raise _Unknown(f"sums axes {sorted(summed)} ({', '.join(map(str, sorted(map(str, kinds))))}), "
+                           "not the mask's columns alone")
+        keep = attr(node, "keepdims", 1)
+        out = tuple(1 if i in summed else a for i, a in enumerate(x.axes) if keep or i not in summed)
+        return RowSums(x.source, out, x.extra)
+
+    def _pad(self, node: ir.Node, x: MaskRows, ins: list[Val | None]) -> Val:
+        if str(attr(node, "mode", "constant")) not in ("constant", "b'constant'"):
+            raise _Unknown("pads by copying the mask's values (not mode=constant)")
+        pads = self._ints(node, ins, 1, "pads")
+        rank = len(x.axes)
+        axes = self._ints(node, ins, 3, "axes") or list(range(rank))
+        fill = known_values(ins[2]) if len(ins) > 2 and ins[2] is not None else np.array(attr(node, "value", 0))
+        if pads is None or fill is None or fill.dtype == object or len(pads) != 2 * len(axes):
+            raise _Unknown("pads by amounts or a value not known before the call")
+        value = int(np.asarray(fill).reshape(-1)[0])
+        added = 0
+        for i, a in enumerate(axes):
+            before, after = pads[i], pads[i + len(axes)]
+            if before < 0 or after < 0:
+                raise _Unknown("crops the mask (negative pads)")
+            if before or after:
+                if x.axes[a % rank] != "t":
+                    raise _Unknown("pads along the batch: rows the caller did not send")
+                added += before + after
+        if added:
+            self.widened.append(node)
+        return MaskRows(x.source, x.axes, x.width if not added else OPAQUE, x.extra + added * value)
+
+    def _slice(self, node: ir.Node, x: MaskRows, ins: list[Val | None]) -> Val:
+        starts, ends = self._ints(node, ins, 1, "starts"), self._ints(node, ins, 2, "ends")
+        if starts is None or ends is None:
+            raise _Unknown("slices by bounds not known before the call")
+        axes = self._ints(node, ins, 3, "axes") or list(range(len(starts)))
+        steps = self._ints(node, ins, 4, "steps") or [1] * len(starts)
+        for s, e, st in zip(starts, ends, steps, strict=True):
+            if not (s == 0 and st == 1 and e >= 2**31 - 1):
+                raise _Unknown(f"slices the mask ({s}:{e}:{st} on axes {axes}): some of each row is dropped")
+        return x
+
+
+class _Unknown(Exception):
+    """A step the proof does not follow (the message says why; the node is added by the caller)."""
+
+
+__all__ = ["MAX_DEPTH", "Walk"]
