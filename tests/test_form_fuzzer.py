@@ -18,7 +18,7 @@ from form_fuzz import Case, build, judge
 from mutants import CALLS, LONGROPE_CALLS
 from mutants.forms import BASE, SEQLENS_FORMS, TOTAL_FORMS, attention_in_function, mask_chain
 from mutants.table_forms import BASE as PHI3
-from mutants.table_forms import TABLE_FORMS, tables_as
+from mutants.table_forms import TABLE_FORMS, switch_as, tables_as
 
 pytestmark = pytest.mark.corpus
 
@@ -78,9 +78,15 @@ EXTRA = [
     Case("function-attribute-op13-gather+builder", BASE, mask_chain("gather", "builder", 13, True, axes_attribute=True),
          "total-seq-on-gpu", True),
     Case("phi3-function-attribute-op18-gather+builder", PHI3,
-         mask_chain("gather", "builder", 18, True, axes_attribute=True), "total-seq-on-gpu", True, LONGROPE_CALLS),
+         mask_chain("gather", "builder", 18, True, axes_attribute=True, width_in_function=True), "total-seq-on-gpu",
+         True, LONGROPE_CALLS),
     Case("outputs-op18-row-sum-of-ones+where-equal-self", BASE,
          mask_chain("row-sum-of-ones", "where-equal-self", 18, outputs=True), "total-seq-on-gpu", True),
+    Case("phi3-per-layer-op17-castlike+castlike", PHI3, mask_chain("castlike", "castlike", 17, per_layer=True),
+         "total-seq-on-gpu", True, LONGROPE_CALLS),
+    Case("switch-where", PHI3, switch_as("where"), "longrope-concat", True, LONGROPE_CALLS),
+    Case("switch-function", PHI3, switch_as("function"), "longrope-concat", True, LONGROPE_CALLS),
+    Case("lookalike-switch-where-per-row", PHI3, switch_as("where-per-row"), "longrope-concat", False, LONGROPE_CALLS),
 ]
 
 

@@ -7,7 +7,8 @@ import onnx_ir as ir
 import pytest
 from onnx import TensorProto, helper
 
-from rope_passes.analysis.longrope import if_switch, switch_offset
+from rope_passes.analysis.longrope import if_switch
+from rope_passes.analysis.longrope_switch import switch_offset
 from rope_passes.analysis.patterns import LongRoPESwitchCondition
 from rope_passes.proofs.mask_lengths import MaskLengths
 from rope_passes.report import MatchFailure

@@ -10,7 +10,7 @@ reads the outcome through :meth:`ValuePattern.match_value`, which tells three ca
 * not matched: the structure is not there; the reason names what produces the value instead.
 
 The pattern here is the LongRoPE cache switch's condition (read for its threshold; what it computes is proved by
-value in :func:`rope_passes.analysis.longrope.switch_offset`). GroupQueryAttention's length inputs are proved by value,
+value in :func:`rope_passes.analysis.longrope_switch.switch_offset`). GroupQueryAttention's length inputs are proved by value,
 whatever nodes compute them (:mod:`rope_passes.proofs.mask_lengths`).
 """
 
@@ -69,7 +69,7 @@ class LongRoPESwitchCondition(ValuePattern):
 
     Structure only: ``length`` is bound to whatever Greater compares. That it is the total sequence length, and that
     the condition is ``total > offset`` for one offset, is proved numerically by
-    :func:`rope_passes.analysis.longrope.switch_offset` before anything is rewritten on it.
+    :func:`rope_passes.analysis.longrope_switch.switch_offset` before anything is rewritten on it.
     """
 
     expected = "Greater(total_length, original)"

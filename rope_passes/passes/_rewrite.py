@@ -261,3 +261,12 @@ def drop_unused_input(graph: ir.Graph, value: ir.Value, genai_config: GenaiConfi
         return [], []
     graph.inputs.remove(value)
     return [f"removed graph input {value.name!r}"], genai_config.drop_decoder_input(name_of(value))
+
+
+def inline_functions(model: ir.Model, functions: list[ir.Function]) -> None:
+    """Every call of ``functions`` replaced by the function's body, in place (onnx_ir's inliner; the functions go
+    once no call is left). The caller checks the opset imports agree (the inliner refuses a mismatch)."""
+    from onnx_ir.passes.common import InlinePass
+
+    ids = {f.identifier() for f in functions}
+    InlinePass(criteria=lambda f: f.identifier() in ids)(model)

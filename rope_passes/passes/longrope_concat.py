@@ -25,11 +25,20 @@ concatenated table: right up to ``original`` tokens, wrong after. The output is 
 passes unknown session_options on as session config entries, which onnxruntime ignores); ``lint`` rule RP204 says
 so too. ``tests/test_longrope.py`` pins both the WebGPU match and the CPU mismatch.
 
+**Other spellings of the switch.** ``Where(condition, large, small)`` over two constant tables of one shape (no
+control flow, the short table padded) is proved the same way once the condition is proved one element
+(:func:`rope_passes.proofs.concat_offset.selects_whole_tables`: it picks a whole table), and replaced the same way.
+An ``If`` inside a model-local function whose outputs GroupQueryAttention reads as its caches is proved after the
+calls are inlined (what onnxruntime does at load; only where the function imports the model's opsets), then
+rewritten in the main graph; where nothing is rewritten the calls are put back (the pass refuses, naming the
+function). The condition may read the total through a model-local function or another layer's copy of the chain:
+its leaves are the values proved to be the mask's width by value (:func:`rope_passes.proofs.concat_offset.width_test`).
+
 **Packs Q/K/V** where a GQA reading the caches takes separate query/key/value inputs (the offset would be ignored
 there): one ``Concat(q, k, v, axis=-1)`` becomes its query and key/value are left empty, which is GQA's packed
 layout (it splits num_heads, kv_num_heads, kv_num_heads heads back out): exact, at the cost of one copy per layer.
 
-**The offset is proved**, not read off the constant (:func:`rope_passes.analysis.longrope.switch_offset`): the
+**The offset is proved**, not read off the constant (:func:`rope_passes.analysis.longrope_switch.switch_offset`): the
 condition's cone may read only the total sequence length the GroupQueryAttention nodes get (their
 ``total_sequence_length`` input, through Cast/Identity) and small constants, through elementwise ops; it is evaluated
 exactly for every total 1..rows and must be ``total > o`` for one ``o``, which becomes the offset. So
@@ -59,20 +68,25 @@ table); a session consumer the offset would make wrong (above).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import onnx_ir as ir
 
 from rope_passes.analysis.graph import MS_DOMAIN, const_tensor
-from rope_passes.analysis.longrope import LongRoPE, if_switch, separate_qkv, switch_offset
+from rope_passes.analysis.longrope import LongRoPE, if_switch, separate_qkv, where_switch
+from rope_passes.analysis.longrope_switch import switch_offset
 from rope_passes.passes._concat_offset import OFFSET_KEY, OFFSET_METADATA, WEBGPU_ONLY_KEY, pack_qkv, record_offset
-from rope_passes.passes._rewrite import opset_of, remove_dead
+from rope_passes.passes._rewrite import inline_functions, opset_of, remove_dead
 from rope_passes.passes.base import RopePass
 from rope_passes.proofs.concat_offset import (
     consumer_name,
     hidden_attention,
     offset_consumers,
     packable,
+    selects_whole_tables,
     switch_reads_row_lengths,
+    width_test,
 )
 from rope_passes.proofs.constants import table as constant_table
 from rope_passes.proofs.mask_lengths import MASK_INPUT
@@ -94,6 +108,45 @@ def _branch_tables(outputs: list[ir.Value], target: Place, opset: int | None) ->
             raise MatchFailure.refuse(f"branch output {out.name!r} is not a constant table{by}", target)
         tables.append(arr)
     return tables
+
+
+def _inline_switches(model: ir.Model, report: PassReport) -> list[str]:
+    """Calls of model-local functions holding an ``If`` whose outputs GroupQueryAttention reads as cos/sin caches,
+    inlined into the main graph (what onnxruntime does at load: the model computes the same), so the If is proved
+    and rewritten there. A function importing another opset than the model's is not inlined (its nodes would be read
+    at the model's opset): refused, naming it. The functions' names."""
+    chosen = []
+    for function in model.functions.values():
+        calls = [n for n in model.graph if (n.domain, n.op_type, n.overload) == function.identifier()]
+        if not any(n.op_type == "If" for n in function) or not any(
+                u.op_type == "GroupQueryAttention" and i in (7, 8) for c in calls for o in c.outputs
+                for u, i in o.uses()):
+            continue
+        clash = {d: v for d, v in function.opset_imports.items() if d in model.opset_imports
+                 and model.opset_imports[d] != v}
+        if clash:
+            report.record(MatchFailure.refuse(
+                f"model-local function {function.name!r} holds the If GroupQueryAttention reads its tables from, and "
+                f"imports {clash} where the model imports "
+                f"{ {d: model.opset_imports[d] for d in clash} }: not inlined to prove it", calls[0]))
+            continue
+        chosen.append(function)
+    if chosen:
+        try:
+            inline_functions(model, chosen)
+        except Exception as e:  # noqa: BLE001 - the inliner's refusal (a cycle, a graph attribute): said, rolled back
+            raise MatchFailure.refuse(f"model-local function {chosen[0].name!r} holds the LongRoPE If and cannot be "
+                                      f"inlined to prove it: {e}", chosen[0].name) from None
+    return [f.name for f in chosen]
+
+
+def _table_where(node: ir.Node, users: list[tuple[ir.Node, int]]) -> bool:
+    """A Where read as GQA cos/sin caches (by one reader at least) choosing between two constant tables: a LongRoPE
+    switch without control flow, proved as an If is."""
+    if not any(u.op_type == "GroupQueryAttention" and u.domain == MS_DOMAIN and i in (7, 8) for u, i in users):
+        return False
+    tables = [constant_table(v) if v is not None else None for v in node.inputs[1:3]]
+    return len(tables) == 2 and all(t is not None and t.ndim == 2 for t in tables)
 
 
 class _Proved:
@@ -162,23 +215,34 @@ class LongRoPEConcatPass(RopePass):
     summary = "replace the LongRoPE If(Greater(total, original)) cache switch by [small; large] + concat offset"
 
     def apply(self, model: ir.Model, report: PassReport) -> None:
+        inlined = _inline_switches(model, report)
+        if not self._apply(model, report) and inlined:  # nothing rewritten: the calls go back (the base rolls back)
+            raise MatchFailure.refuse(f"the If in model-local function {inlined[0]!r}, inlined to be proved, is not "
+                                      "rewritten: the call is left as it was", inlined[0])
+
+    def _apply(self, model: ir.Model, report: PassReport) -> bool:
         graph = model.graph
         proved: list[_Proved] = []
         refused: list[ir.Node] = []
+        masks = {self.genai_config.decoder_inputs.get("attention_mask", MASK_INPUT)}
+        is_width = width_test(model, masks)
         for node in list(graph):
-            if node.op_type != "If" or node.domain not in ("", "ai.onnx"):
+            if node.op_type not in ("If", "Where") or node.domain not in ("", "ai.onnx"):
                 continue
-            users = [u for out in node.outputs for u, _ in out.uses()]
-            gqas = list({id(u): u for u in users if u.op_type == "GroupQueryAttention" and u.domain == MS_DOMAIN}
+            users = [(u, i) for out in node.outputs for u, i in out.uses()]
+            gqas = list({id(u): u for u, _ in users if u.op_type == "GroupQueryAttention" and u.domain == MS_DOMAIN}
                         .values())
+            if node.op_type == "Where" and not _table_where(node, users):
+                continue  # a Where of anything but two constant tables read as GQA caches: not a switch
             if not gqas:
                 report.not_matched(node, "If does not feed GroupQueryAttention cos/sin caches")
                 continue
-            switch = if_switch(model, node)
+            switch = if_switch(model, node) if node.op_type == "If" else where_switch(model, node)
             try:
-                offset, tables = self._match(model, switch, gqas)
-                switch_reads_row_lengths(model, gqas, {self.genai_config.decoder_inputs.get("attention_mask",
-                                                                                           MASK_INPUT)})
+                if node.op_type == "Where":
+                    selects_whole_tables(model, node, 2)
+                offset, tables = self._match(model, switch, gqas, is_width)
+                switch_reads_row_lengths(model, gqas, masks)
             except MatchFailure as failure:
                 report.record(failure)
                 refused.append(node)
@@ -187,14 +251,14 @@ class LongRoPEConcatPass(RopePass):
         if not proved:
             if not refused:
                 report.not_matched("<model>", "no If switching GroupQueryAttention cos/sin caches")
-            return
+            return False
         try:
             offset = session_offset(model, proved, refused)
         except MatchFailure as failure:
             for p in proved:  # proved alone, refused for the session: one finding per If, naming the consumer
-                report.record(MatchFailure.refuse(f"If {p.name!r} (total > {p.offset}) not rewritten: "
+                report.record(MatchFailure.refuse(f"{p.node.op_type} {p.name!r} (total > {p.offset}) not rewritten: "
                                                   f"{failure.reason}", failure.place))
-            return
+            return False
         for p in proved:
             packed = [pack_qkv(graph, gqa) for gqa in p.gqas if separate_qkv(gqa)]
             if packed:
@@ -202,16 +266,18 @@ class LongRoPEConcatPass(RopePass):
                             f"axis) for {len(packed)} GroupQueryAttention node(s): {OFFSET_KEY} acts on packed QKV only")
             self._rewrite(graph, p.node, p.tables)
             proved_note = "" if offset == p.threshold else f" (the condition is total > {offset})"
-            report.rewritten(p.name, f"If replaced by concatenated caches [{offset} short; "
+            report.rewritten(p.name, f"{p.node.op_type} replaced by concatenated caches [{offset} short; "
                              f"{p.tables[0].shape[0] - offset} long] rows, offset {offset}{proved_note}",
                              offset=offset, rows=int(p.tables[0].shape[0]), gqa=len(p.gqas))
         record_offset(model, self.genai_config, offset, report)
         if len(proved) > 1:
-            report.note("<model>", f"{len(proved)} If switches, all at total > {offset}: one {OFFSET_KEY} serves "
+            report.note("<model>", f"{len(proved)} switches (If/Where), all at total > {offset}: one {OFFSET_KEY} serves "
                         "every GroupQueryAttention of the session")
+        return True
 
     @staticmethod
-    def _match(model: ir.Model, switch: LongRoPE, gqas: list[ir.Node]) -> tuple[int, list[np.ndarray]]:
+    def _match(model: ir.Model, switch: LongRoPE, gqas: list[ir.Node],
+               is_total: Callable[[ir.Value], bool]) -> tuple[int, list[np.ndarray]]:
         """The offset and the ``[small[:offset]; large]`` tables for the If ``switch``; MatchFailure.refuse if not."""
         node = switch.node
         assert node is not None
@@ -235,7 +301,7 @@ class LongRoPEConcatPass(RopePass):
             packable(gqa, target)  # refuses when separate Q/K/V cannot be packed
         # every total a GQA can be called with indexes the longer table: the condition is proved over all of them
         max_total = max(t.shape[0] for t in then_tables + else_tables if t.ndim >= 1)
-        offset = switch_offset(model, switch, gqas, max_total)
+        offset = switch_offset(model, switch, gqas, max_total, is_total)
         tables = []
         for large, small in zip(then_tables, else_tables):
             if large.ndim != 2 or small.ndim != 2 or large.shape[1] != small.shape[1] or large.dtype != small.dtype:

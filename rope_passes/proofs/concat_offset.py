@@ -12,7 +12,7 @@ cos/sin cache. The separate-Q/K/V rotary path (``FusedQKRotaryEmbedding``) and `
 * :func:`session_concat`: one offset proved for every consumer of a graph that carries concatenated tables, or a
   ``MatchFailure`` naming the consumer that breaks it; :func:`no_layer_honours` reads its failure as "plain RoPE
   everywhere: a configured offset is stale" (``annotate-cache-offset`` and lint RP208/RP209 read it);
-  ``longrope-concat`` proves its ``If`` switches with :func:`rope_passes.analysis.longrope.switch_offset` and the
+  ``longrope-concat`` proves its ``If`` switches with :func:`rope_passes.analysis.longrope_switch.switch_offset` and the
   session with :func:`offset_consumers`;
 * :func:`packable`: can a GQA's separate Q/K/V be packed exactly (the offset acts on packed QKV only)?
 
@@ -22,6 +22,7 @@ Reading a model here never changes it.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import numpy as np
 import onnx_ir as ir
@@ -43,7 +44,7 @@ def switch_reads_row_lengths(model: ir.Model, gqas: list[ir.Node], mask_names: f
     """Refuse unless, for every unpadded row, the total an ``If`` switch reads is the length WebGPU's offset switches on.
 
     The ``If`` switches on the ``total_sequence_length`` its GroupQueryAttention nodes read (what
-    :func:`rope_passes.analysis.longrope.switch_offset` proves the condition a function of). onnxruntime's WebGPU
+    :func:`rope_passes.analysis.longrope_switch.switch_offset` proves the condition a function of). onnxruntime's WebGPU
     kernels switch each row on its own ``seqlens_k[b] + 1`` (``split_packed_qkv_with_rotary_embedding.wgsl``:
     ``total_seqlen = seqlens[b] + 1``). The two are one number for every row of ones exactly when the total is the
     attention mask's width and ``seqlens_k`` its row sums - 1, both proved by value
@@ -65,6 +66,35 @@ def switch_reads_row_lengths(model: ir.Model, gqas: list[ir.Node], mask_names: f
         if width.mask is not rows.mask:
             raise MatchFailure.refuse(f"{why}, and {consumer_name(gqa)} reads them from two masks "
                                       f"({width.mask.name!r}, {rows.mask.name!r})", gqa)
+
+
+def width_test(model: ir.Model, mask_names: frozenset[str] | set[str]) -> Callable[[ir.Value], bool]:
+    """Whether a value is the attention mask's width, by value (:meth:`MaskLengths.total`: through any node forms and
+    model-local functions): the leaves an ``If`` condition may read as the total
+    (:func:`rope_passes.analysis.longrope_switch.switch_offset`'s ``is_total``), sound together with
+    :func:`switch_reads_row_lengths`, which proves every GroupQueryAttention's total is that width."""
+    lengths = MaskLengths(model, mask_names)
+
+    def is_width(value: ir.Value) -> bool:
+        try:
+            lengths.total(value)
+        except MatchFailure:
+            return False
+        return True
+
+    return is_width
+
+
+def selects_whole_tables(model: ir.Model, where: ir.Node, rank: int) -> None:
+    """Refuse unless the ``Where`` ``where`` picks one of two tables of ``rank`` whole: its condition is one element
+    of rank at most ``rank`` (proved by the walk of :class:`MaskLengths`, whatever computes it), so the output is
+    exactly the table it picks, as an ``If`` returns one branch's."""
+    cond = where.inputs[0]
+    shape = MaskLengths(model).shape(cond) if cond is not None else None
+    if shape is None or len(shape) > rank or any(d != 1 for d in shape):
+        raise MatchFailure.refuse(f"the condition {name_of(cond)!r} of Where {where.name!r} is not proved one element (shape "
+                                  f"{'unknown' if shape is None else list(shape)}): it may select rows or broadcast "
+                                  "the tables, not pick one whole table", where)
 
 
 # ------------------------------------------------------------------------------------------------------------

@@ -136,6 +136,83 @@ def tables_as(form: str, only: str | None = None, opset: int | None = None):
     return edit
 
 
+def switch_as(kind: str):
+    """An edit: LongRoPE's ``If`` written another way. ``where``: ``Where(condition, large, small)`` over outer
+    tables, the short one zero-padded to the long one's rows (no control flow: the same choice, row for row);
+    ``where-per-row`` (a lookalike): the condition also compares each row index with 8, so a long call mixes the
+    two tables row by row; ``function``: the condition and the If inside a model-local function
+    ``LongRopeTables(width)`` importing the model's opset (onnxruntime inlines it: the same values)."""
+    def edit(work: Work) -> list[str]:
+        graph = work.graph
+        (if_node,) = [n for n in graph if n.op_type == "If"]
+        cond = if_node.inputs[0]
+        if kind == "function":
+            greater = cond.producer()
+            opset = work.model.opset_imports[""]
+            width = ir.Value(name="width", type=ir.TensorType(ir.DataType.INT64), shape=ir.Shape([]))
+            threshold = ir.node("Constant", [], attributes={"value": greater.inputs[1].const_value
+                                                             or greater.inputs[1].producer().attributes["value"].value},
+                                name="/switch/threshold")
+            inner_cond = ir.node("Greater", [width, threshold.outputs[0]], name="/switch/Greater")
+            inner_if = ir.node("If", [inner_cond.outputs[0]], attributes=dict(if_node.attributes), name="/switch/If",
+                               num_outputs=len(if_node.outputs))
+            for k, out in enumerate(inner_if.outputs):
+                out.name = f"/switch/table_{k}"
+            body = ir.Graph([width], list(inner_if.outputs), nodes=[threshold, inner_cond, inner_if],
+                            opset_imports={"": opset}, name="LongRopeTables")
+            work.model.functions[("custom.switch", "LongRopeTables", "")] = ir.Function(
+                "custom.switch", "LongRopeTables", graph=body, attributes=[])
+            work.model.opset_imports["custom.switch"] = 1
+            call = ir.node("LongRopeTables", [greater.inputs[0]], domain="custom.switch", name="/switch/call",
+                           num_outputs=len(if_node.outputs))
+            graph.insert_before(if_node, call)
+            for old, new in zip(if_node.outputs, call.outputs, strict=True):
+                new.dtype, new.shape = old.dtype, old.shape
+                old.replace_all_uses_with(new)
+                name = old.name
+                old.name = f"{name}/old"
+                new.name = name
+            graph.remove(if_node, safe=True)
+            if not cond.uses():
+                graph.remove(greater, safe=True)
+            graph.sort()
+            return [call.name]
+        tables = [[out.producer().attributes["value"].value.numpy() for out in if_node.attributes[key].value.outputs]
+                  for key in ("then_branch", "else_branch")]
+        w_nodes = []
+        if kind == "where-per-row":
+            rows = np.arange(tables[0][0].shape[0], dtype=np.int64).reshape(-1, 1)
+            index = ir.node("Constant", [], attributes={"value": ir.tensor(rows)}, name="/switch/row_index")
+            eight = ir.node("Constant", [], attributes={"value": ir.tensor(np.array(8, np.int64))}, name="/switch/eight")
+            low = ir.node("Less", [index.outputs[0], eight.outputs[0]], name="/switch/Less")
+            both = ir.node("And", [cond, low.outputs[0]], name="/switch/And")
+            w_nodes = [index, eight, low, both]
+            cond = both.outputs[0]
+        wheres = []
+        for k, (large, small) in enumerate(zip(*tables, strict=True)):
+            padded = np.zeros_like(large)
+            padded[: small.shape[0]] = small
+            values = []
+            for label, table in (("large", large), ("small", padded)):
+                v = ir.Value(name=f"/switch/{label}_{k}", shape=ir.Shape(table.shape),
+                             type=ir.TensorType(ir.DataType.from_numpy(table.dtype)), const_value=ir.tensor(table))
+                graph.register_initializer(v)
+                values.append(v)
+            where = ir.node("Where", [cond, *values], name=f"/switch/Where_{k}")
+            where.outputs[0].dtype, where.outputs[0].shape = if_node.outputs[k].dtype, ir.Shape(large.shape)
+            wheres.append(where)
+        graph.insert_before(if_node, w_nodes + wheres)
+        for old, where in zip(if_node.outputs, wheres, strict=True):
+            old.replace_all_uses_with(where.outputs[0])
+            name = old.name
+            old.name = f"{name}/old"
+            where.outputs[0].name = name
+        graph.remove(if_node, safe=True)
+        graph.sort()
+        return [w.name for w in wheres]
+    return edit
+
+
 def mutants() -> list[Mutant]:
     """Class ``node-form``: each table form in both branches, each lookalike in one; judged against the mutant on
     onnxruntime CPU with the concatenated cache's offset emulated."""
