@@ -4,9 +4,12 @@ LongRoPE's tables as constant values that are not plain constants (``longrope-co
 builder graph gets (capture-ready, outputs equal to the input on onnxruntime CPU); every lookalike whose value
 differs is refused naming a node (:mod:`form_fuzz`, :mod:`mutants.forms`, :mod:`mutants.table_forms`).
 
-The schedule keeps the cost modest (about 40 s): each opset gets two graphs combining one total form and one seqlens
-form (rotating, so every form appears at several opsets) and one with a model-local function; each lookalike once in
-the main graph and once inside a function; each table form once (DequantizeLinear also at opsets 13 and 17).
+The schedule keeps the cost modest (about 60 s at load 8 on 2 cores): each opset gets two graphs combining one total
+form and one seqlens form (rotating, so every form appears at several opsets) and one with a model-local function;
+each lookalike once in the main graph and once inside a function; each table form once (DequantizeLinear also at
+opsets 13 and 17); one graph for each of red team 32's remaining classes (:data:`EXTRA`: a function with attribute
+axes, lengths that are graph outputs, a chain per layer, LongRoPE's switch as a Where or inside a function, legacy
+qwen25_vl at opset 11 folded with ``--text-only``).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from pathlib import Path
 import pytest
 from form_fuzz import Case, build, judge
 from mutants import CALLS, LONGROPE_CALLS
-from mutants.forms import BASE, SEQLENS_FORMS, TOTAL_FORMS, attention_in_function, mask_chain
+from mutants.forms import BASE, SEQLENS_FORMS, TOTAL_FORMS, attention_in_function, mask_chain, whole_graph_at
 from mutants.table_forms import BASE as PHI3
 from mutants.table_forms import TABLE_FORMS, switch_as, tables_as
 
@@ -87,6 +90,8 @@ EXTRA = [
     Case("switch-where", PHI3, switch_as("where"), "longrope-concat", True, LONGROPE_CALLS),
     Case("switch-function", PHI3, switch_as("function"), "longrope-concat", True, LONGROPE_CALLS),
     Case("lookalike-switch-where-per-row", PHI3, switch_as("where-per-row"), "longrope-concat", False, LONGROPE_CALLS),
+    Case("qwen25vl-op11-whole-graph-text-only", QWEN25_VL, whole_graph_at(11, mask_chain("gather", "builder", 11)),
+         "fold-text-mrope", True, options=(("text_only", True),)),
 ]
 
 

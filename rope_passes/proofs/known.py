@@ -288,6 +288,14 @@ def evaluate_node(node: ir.Node, arrays: list[np.ndarray | None], opset: int) ->
     del proto.output[:]
     proto.output.extend(outs)
     feeds = {n: a for n, a in zip(names, arrays, strict=True) if n}
+    if node.op_type in ("Unsqueeze", "Squeeze") and opset < 13 and "axes" in node.attributes:
+        # onnx's reference evaluator runs opset 11's form through its opset-13 kernel and fails on a list attribute:
+        # the same op with the axes as an input (13 changed the form only)
+        (axes,) = [a for a in proto.attribute if a.name == "axes"]
+        feeds["axes"] = np.array(list(axes.ints), dtype=np.int64)
+        proto.attribute.remove(axes)
+        proto.input.append("axes")
+        opset = 13
     versions = [opset]
     first, later = _SAME_LATER.get(node.op_type, (opset + 1, opset))
     if first <= opset < later:
