@@ -141,7 +141,7 @@ def test_fuzzed_output_replays_under_graph_capture(prefix: str, tmp_path: Path):
 @pytest.mark.parametrize("prefix", ["function-op13-", "attention-function-op13-"])
 def test_placement_of_model_local_functions_is_predicted(prefix: str, tmp_path: Path):
     """onnxruntime inlines model-local functions before placing nodes; the static prediction does too
-    (``ort_rewrites.inline_functions``): the fuzzed input is blocked by the same 2 Memcpy a real capture session
+    (``ort_rewrites.inline_functions``): the fuzzed input is blocked by as many Memcpy as a real capture session
     reports, the output is capture-ready in both (before, a function call was 'capture unknown')."""
     from rope_passes.analysis.placement import predict_placement
     from rope_passes.runtime.placement_probe import probe_placement
@@ -151,4 +151,5 @@ def test_placement_of_model_local_functions_is_predicted(prefix: str, tmp_path: 
     for model, ready in ((variant / "model.onnx", False), (out / "model.onnx", True)):
         static, probe = predict_placement(model), probe_placement(model, graph_capture=True)
         assert static.capture_ok is probe.capture_ok is ready, (static.verdict(), probe.verdict())
-        assert len(static.memcpy) == len(probe.memcpy) == (0 if ready else 2)
+        assert len(static.memcpy) == len(probe.memcpy)
+        assert (len(static.memcpy) == 0) is ready  # the input's forms place 2 or more chain values on CPU
