@@ -283,13 +283,6 @@ class GenaiConfig:
                 out.update({k: str(v) for k, v in options.items()})
         return out
 
-    def all_provider_options(self) -> dict[str, str]:
-        """Every provider's options merged (later entries win), as strings."""
-        out: dict[str, str] = {}
-        for _name, options in self._provider_entries():
-            out.update({k: str(v) for k, v in options.items()})
-        return out
-
     @property
     def concat_offset(self) -> int | None:
         """The ``multiRotaryCacheConcatOffset`` in effect (0 or absent: None): the WebGPU provider options' (the first

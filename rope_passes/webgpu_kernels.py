@@ -142,7 +142,3 @@ class KernelTable:
         if found is None and (domain, op) in self.no_kernel_ops:
             return frozenset()
         return found
-
-    def as_mapping(self) -> dict[KernelKey, frozenset[str]]:
-        """The base-opset table as a plain ``{(domain, op, key): modes}`` map."""
-        return dict(self.base)

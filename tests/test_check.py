@@ -400,7 +400,7 @@ def test_bad_reference_logits_is_a_usage_error(tmp_path):
 @pytest.mark.corpus
 @pytest.mark.webgpu
 def test_tolerance_follows_the_original_precision():
-    from rope_passes.check.compare import precision_of
+    from rope_passes.analysis.graph import precision_of
     from rope_passes.io import load_model
 
     assert precision_of(load_model(GENAI / "current/llama/cpu_fp32/model.onnx")) == "fp32"

@@ -28,7 +28,7 @@ from test_check_clients import _ids, _mutate, logits_plus_half_when, witness
 
 from rope_passes.check.compare import Comparison, Tolerance
 from rope_passes.check.core import NOT_EQUIVALENT, check
-from rope_passes.check.schedule_runs import compare_calls
+from rope_passes.check.evidence.schedules import compare_calls
 from rope_passes.check.schedules import SHARED, Schedule
 
 pytestmark = [pytest.mark.corpus, pytest.mark.webgpu]

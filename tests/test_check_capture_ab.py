@@ -13,12 +13,22 @@ from conftest import GENAI
 
 from rope_passes.check.backends import RunBackend
 from rope_passes.check.compare import TOLERANCES
-from rope_passes.check.evidence import capture_ab, kinds
+from rope_passes.check.evidence import Evidence, capture_ab, parts
+from rope_passes.check.models import ModelInfo
+from rope_passes.check.plan import CheckOptions, CheckPlan
 from rope_passes.check.runner import execute_run
 from rope_passes.check.spec import OK, RunKey, RunResult, RunSpec
-from rope_passes.check.verdict import Evidence, decide
+from rope_passes.check.verdict import decide
 
 STEPS = 4
+
+
+def _evidence(runs: list[RunResult]) -> Evidence:
+    from pathlib import Path
+
+    info = ModelInfo(Path("m"), None, "fp32", {}, None, False)
+    plan = CheckPlan(8, STEPS, (), TOLERANCES["fp32"], None, (), frozenset(), None, graph_capture=True)
+    return Evidence(plan, CheckOptions(), info, info, runs)
 
 
 def _steps(shift_at: int | None = None, shift: float = 0.5) -> list[dict[str, np.ndarray]]:
@@ -59,7 +69,7 @@ class _ReplayWrongBackend(RunBackend):
 def _spec() -> RunSpec:
     key = RunKey("rewritten", "webgpu", capture=True)
     spec = RunSpec(label=str(key), model="m.onnx", ep="webgpu", prefill=8, steps=STEPS, graph_capture=True)
-    spec.parts = {k.NAME: data for k in kinds() if (data := k.parts(None, spec)) is not None}
+    spec.parts = parts(None, spec)
     return spec
 
 
@@ -75,7 +85,7 @@ def test_a_replay_that_differs_is_its_own_verdict_line():
     result = execute_run(_spec(), backend)
     assert result.status == OK and backend.opened == [True, False]  # the captured run, then the same uncaptured
     assert len(result.parts["capture-ab"]) == STEPS + 1
-    (c,) = capture_ab.compare({result.key: result}, TOLERANCES["fp32"])
+    (c,) = capture_ab.compare(_evidence([result]))
     assert c.counts and c.status == "compared" and not c.ok
     d = c.first_failure
     assert d.step == 2 and d.output == "logits" and d.max_abs == pytest.approx(0.5, abs=1e-6)
@@ -86,26 +96,19 @@ def test_a_replay_that_differs_is_its_own_verdict_line():
 
 def test_a_replay_that_agrees_passes_and_decides_nothing_else():
     result = execute_run(_spec(), _ReplayWrongBackend(wrong=None))
-    (c,) = capture_ab.compare({result.key: result}, TOLERANCES["fp32"])
+    (c,) = capture_ab.compare(_evidence([result]))
     assert c.ok and len(c.diffs) == STEPS + 1 and all(d.max_abs == 0.0 for d in c.diffs)
     assert capture_ab.failure_line(c) is None
 
 
 def test_the_verdict_counts_the_ab():
-    from pathlib import Path
-
-    from rope_passes.check.models import ModelInfo
     from rope_passes.check.report import NOT_EQUIVALENT
 
     captured = execute_run(_spec(), _ReplayWrongBackend(wrong=3))
     plain = RunResult(str(RunKey("rewritten", "webgpu")), OK, steps=_steps())
     orig = RunResult(str(RunKey("original", "webgpu")), OK, steps=_steps())
-    info = ModelInfo(Path("m"), None, "fp32", {}, None, False)
-    ev = Evidence(runs=[orig, plain, captured], ep="webgpu", orig=info, rew=info, prefill=8, steps=STEPS,
-                  tolerance=TOLERANCES["fp32"], graph_capture=True, reference_logits=None, positions=[],
-                  tables=None, reference_python=None, fallback_python=None, fallback_wanted=None, notes=[])
-    comparisons = capture_ab.compare({r.key: r for r in ev.runs}, TOLERANCES["fp32"])
-    verdict, _, _ = decide(ev, comparisons)
+    ev = _evidence([orig, plain, captured])
+    verdict, _, _ = decide(ev, capture_ab.compare(ev))
     assert verdict == NOT_EQUIVALENT
 
 

@@ -38,13 +38,13 @@ def _evidence(runs):
     from pathlib import Path
 
     from rope_passes.check.compare import TOLERANCES
+    from rope_passes.check.evidence import Evidence
     from rope_passes.check.models import ModelInfo
-    from rope_passes.check.verdict import Evidence
+    from rope_passes.check.plan import CheckOptions, CheckPlan
 
     info = ModelInfo(Path("m"), None, "fp32", {}, None, False)
-    return Evidence(runs=runs, ep="webgpu", orig=info, rew=info, prefill=4, steps=2, tolerance=TOLERANCES["fp32"],
-                    graph_capture=False, reference_logits=None, positions=[], tables=None,
-                    reference_python=None, fallback_python=None, fallback_wanted=None, notes=[])
+    plan = CheckPlan(4, 2, (), TOLERANCES["fp32"], None, (), frozenset(), None)
+    return Evidence(plan, CheckOptions(), info, info, runs)
 
 
 def _agreeing(actual, reference):

@@ -58,13 +58,13 @@ def _evidence(runs, graph_capture=False):
     from pathlib import Path
 
     from rope_passes.check.compare import TOLERANCES
+    from rope_passes.check.evidence import Evidence
     from rope_passes.check.models import ModelInfo
-    from rope_passes.check.verdict import Evidence
+    from rope_passes.check.plan import CheckOptions, CheckPlan
 
     info = ModelInfo(Path("m"), None, "fp16", {}, None, False)
-    return Evidence(runs=runs, ep="webgpu", orig=info, rew=info, prefill=4, steps=2, tolerance=TOLERANCES["fp16"],
-                    graph_capture=graph_capture, reference_logits=None, positions=[], tables=None,
-                    reference_python=None, fallback_python=None, fallback_wanted=None, notes=[])
+    plan = CheckPlan(4, 2, (), TOLERANCES["fp16"], None, (), frozenset(), None, graph_capture=graph_capture)
+    return Evidence(plan, CheckOptions(), info, info, runs)
 
 
 def _agreeing(actual, reference):

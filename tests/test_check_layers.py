@@ -2,7 +2,7 @@
 
 CI-sized: the 2-layer corpus models cut after layer 1 (a copy in tmp_path: the cut is written beside the model).
 A change in the cos/sin rows layer 0 reads is caught; a change that only layer 1 reads is, by design, not looked at
-(docs/performance.md, "check at real size"; rope_passes/check/layers.py); equivalent graphs pass; the cut reads the model's own data file, no weight
+(docs/performance.md, "check at real size"; rope_passes/cut.py); equivalent graphs pass; the cut reads the model's own data file, no weight
 byte copied. Budget (2 cores): ~40 s.
 """
 
@@ -22,7 +22,7 @@ from conftest import GENAI, TORCH, genai_models
 
 from rope_passes.check.core import EQUIVALENT, NOT_EQUIVALENT, check
 from rope_passes.check.decode import DecoderSpec, run_decode, token_ids
-from rope_passes.check.layers import cut_model, cut_pair
+from rope_passes.cut import cut_model, cut_pair
 from rope_passes.errors import UsageError
 from rope_passes.io import load_bundle, save_bundle
 

@@ -9,7 +9,7 @@ than the original there (within the tolerance). Built from comparisons directly:
 from __future__ import annotations
 
 from rope_passes.check.compare import TOLERANCES, Comparison, OutputDiff
-from rope_passes.check.verdict import _runtime_own_error
+from rope_passes.check.evidence.decode import own_error
 
 FP32 = TOLERANCES["fp32"]
 
@@ -25,18 +25,18 @@ def _comparisons(rew_cpu: float, orig_cpu: float, rew_web: float = 0.0) -> list[
 
 def test_the_runtimes_own_error_does_not_count_against_the_rewrite():
     comps = _comparisons(rew_cpu=5.0e-4, orig_cpu=5.0e-4)  # bit-identical on the runtime, both 5e-4 from CPU
-    _runtime_own_error(comps, "rewritten@webgpu")
+    own_error(comps, "rewritten@webgpu")
     cross = comps[1]
     assert not cross.counts and "the runtime itself is 0.0005 from the CPU EP" in cross.reason
 
 
 def test_an_error_of_the_rewrite_s_own_still_counts():
     further = _comparisons(rew_cpu=9.0e-4, orig_cpu=5.0e-4)  # 4e-4 further than the original: its own
-    _runtime_own_error(further, "rewritten@webgpu")
+    own_error(further, "rewritten@webgpu")
     assert further[1].counts and not further[1].reason
     differs = _comparisons(rew_cpu=5.0e-4, orig_cpu=5.0e-4, rew_web=3e-4)  # not equal to its original on WebGPU
-    _runtime_own_error(differs, "rewritten@webgpu")
+    own_error(differs, "rewritten@webgpu")
     assert differs[1].counts
     fine = _comparisons(rew_cpu=5.0e-4, orig_cpu=5.0e-6)  # the runtime is right on the original: the rewrite's
-    _runtime_own_error(fine, "rewritten@webgpu")
+    own_error(fine, "rewritten@webgpu")
     assert fine[1].counts

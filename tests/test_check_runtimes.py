@@ -14,11 +14,11 @@ import onnx_ir as ir
 import pytest
 from conftest import GENAI
 
-from rope_passes.check.core import check_runtimes
-from rope_passes.check.report import COULD_NOT_RUN, EQUIVALENT, NOT_EQUIVALENT
-from rope_passes.check.runtimes import fallback_interpreter, interpreter, runtimes_for, worst
+from rope_passes.check.core import check_runtimes, interpreter
+from rope_passes.check.report import COULD_NOT_RUN, EQUIVALENT, NOT_EQUIVALENT, worst
 from rope_passes.cli import main
 from rope_passes.io import load_bundle, save_bundle
+from rope_passes.runtimes.choose import fallback_interpreter, runtimes_for
 from rope_passes.runtimes.descriptors import WEBGPU_127, WEBGPU_PLUGIN
 from rope_passes.runtimes.installed import RUNTIMES, default_runtime, python_for
 

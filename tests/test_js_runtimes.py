@@ -23,14 +23,14 @@ from conftest import GENAI
 from onnx import TensorProto, helper
 
 from rope_passes.check.backends.web import computes_in_fp16, host_for
-from rope_passes.check.core import check
+from rope_passes.check.core import check, interpreter
 from rope_passes.check.report import EQUIVALENT, NOT_EQUIVALENT
-from rope_passes.check.runtimes import CHOICES, interpreter, resolve
 from rope_passes.cli import RUNTIMES, TABLE_RUNTIMES, main
 from rope_passes.errors import UsageError
 from rope_passes.io import load_bundle, save_bundle
 from rope_passes.runtime import web
 from rope_passes.runtimes import DESCRIPTORS, WEB, descriptor
+from rope_passes.runtimes.choose import CHOICES, runtime_of
 
 REPO = Path(__file__).resolve().parents[1]
 NODE = "onnxruntime-node"
@@ -73,7 +73,7 @@ def test_every_runtime_is_one_descriptor_read_by_the_cli_and_the_checker():
     for r in DESCRIPTORS:
         module = importlib.import_module(r.backend)  # every backend module has the three names the checker reads
         assert isinstance(module.WHAT, str) and callable(module.missing) and callable(module.backend), r.backend
-        assert resolve(r.name) == r.name and all(resolve(a) == r.name for a in r.aliases)
+        assert runtime_of(r.name).name == r.name and all(runtime_of(a).name == r.name for a in r.aliases)
         assert (REPO / "rope_passes" / "runtime_tables" / f"{r.name}.json").is_file() == r.table, r.name
     assert descriptor("web") is descriptor(WEB) and descriptor("nothing") is None
 

@@ -90,12 +90,12 @@ def test_spelled_out_choices_agree_with_their_sources():
     """The parsers spell out a few choice lists (importing their sources would import onnx_ir): they must stay the
     same lists."""
     from rope_passes import cli
-    from rope_passes.check.runtimes import CHOICES
     from rope_passes.cli import check_cmd, lint_cmd, optimize_cmd
     from rope_passes.io import WEIGHT_MODES
     from rope_passes.lint.core import Severity
     from rope_passes.lint.formats import FORMATS
     from rope_passes.plan import PRESETS
+    from rope_passes.runtimes.choose import CHOICES
     from rope_passes.runtimes.installed import RUNTIMES
 
     assert tuple(RUNTIMES) == cli.RUNTIMES

@@ -15,13 +15,14 @@ import pytest
 from conftest import GENAI
 from onnx import TensorProto, helper, numpy_helper, save
 
-from rope_passes.check.core import check
+from rope_passes.check.core import check, interpreter
 from rope_passes.check.report import EQUIVALENT, NOT_EQUIVALENT
-from rope_passes.check.runtimes import WEB, interpreter, resolve
 from rope_passes.cli import main
 from rope_passes.errors import UsageError
 from rope_passes.io import load_bundle, save_bundle
 from rope_passes.runtime import web
+from rope_passes.runtimes import WEB
+from rope_passes.runtimes.choose import runtime_of
 
 #: a builder folder WebGPU runs in the browser: fp32 (SwiftShader has no shader-f16, so an fp16 graph cannot run)
 MODEL = "current/llama/cpu_fp32"
@@ -63,7 +64,7 @@ def test_web_runtime_is_named_and_refused_without_its_setup(monkeypatch, tmp_pat
 
     from rope_passes.runtime.web import WEB_RUNTIME_ENV
 
-    assert resolve("web") == resolve("onnxruntime-web") == WEB
+    assert runtime_of("web").name == runtime_of("onnxruntime-web").name == WEB
     monkeypatch.setenv(WEB_RUNTIME_ENV, str(tmp_path / "nothing"))
     if shutil.which("node") is None:
         with pytest.raises(UsageError, match="browser runtime is not set up.*no node"):

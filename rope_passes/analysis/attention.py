@@ -14,6 +14,7 @@ from rope_passes.analysis.graph import (
     graph_inputs_of,
     ints,
     iter_nodes,
+    nodes_of,
     op_domain,
     small_const,
 )
@@ -141,3 +142,20 @@ def rotary_groups(model: ir.Model) -> list[RotaryGroup]:
             cos_input=cos.name if present(cos) else None, sin_input=sin.name if present(sin) else None,
         ))
     return out
+
+
+def attention_layout(model: ir.Model) -> list[tuple]:
+    """How each attention node gets its inputs and positions: per GroupQueryAttention (sorted) its do_rotary, rotary
+    layout and which inputs it is given (packed or separate Q/K/V, position_ids, fused norms; trailing inputs left
+    out or given as "" are the same call). Another kernel path reads padding its own way (measured: separate vs
+    packed Q/K/V differ by 1.65 on a left-padded row on WebGPU), so two graphs with the same list compute a padded
+    row the same way (a difference there is a rewrite's), and they share a software adapter's error past its cap
+    (batch 1; measured on lavapipe: Phi-3 vs its concatenated-cache output, 2-token calls after pasts of 23..37,
+    bit-equal)."""
+    out = []
+    for node in nodes_of(model, "GroupQueryAttention", MS_DOMAIN):
+        given = [i is not None for i in node.inputs]
+        while given and not given[-1]:
+            given.pop()
+        out.append((attr(node, "do_rotary", 0), attr(node, "rotary_interleaved", 0), tuple(given)))
+    return sorted(out)

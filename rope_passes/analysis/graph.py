@@ -207,3 +207,17 @@ def is_vector(shape: ir.ShapeProtocol) -> bool:
 def table_like(tensor: ir.TensorProtocol | None) -> bool:
     """A 2D floating-point tensor: the shape of a cos/sin table."""
     return tensor is not None and len(tensor.shape) == 2 and tensor.dtype.is_floating_point()
+
+
+def precision_of(model: ir.Model) -> str:
+    """fp32 / fp16 / bf16 from the graph's first float output; int4 when it has MatMulNBits (``model``: onnx_ir)."""
+    if any(n.op_type == "MatMulNBits" for n in model.graph):
+        return "int4"
+    for out in model.graph.outputs:
+        if out.dtype == ir.DataType.FLOAT16:
+            return "fp16"
+        if out.dtype == ir.DataType.BFLOAT16:
+            return "bf16"
+        if out.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE):
+            return "fp32"
+    return "fp32"

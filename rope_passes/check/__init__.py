@@ -4,10 +4,9 @@
     report.verdict, report.exit_code, report.first_failure
 
 ``rope_passes.check`` is the function :func:`.core.check` (bound in ``rope_passes/__init__.py``); this package holds
-its parts, by stage: :mod:`.plan` (the options and the frozen plan), :mod:`.runs` / :mod:`.runner` (the runs,
-each a :class:`.spec.RunKey`), :mod:`.verdict` / :mod:`.report`; and by kind of evidence: :mod:`.evidence` (one
-module each; the decode, :mod:`.sweep`, :mod:`.schedules` and :mod:`.table_diff` still run and compare in the
-stages). Sessions come from :mod:`rope_passes.runtime`; nothing here creates one.
+its parts: :mod:`.plan` (the options and the frozen plan), :mod:`.runs` / :mod:`.runner` (the runs, each a
+:class:`.spec.RunKey`), :mod:`.evidence` (the comparisons, one module per kind of evidence), :mod:`.verdict` /
+:mod:`.report`. Sessions come from :mod:`rope_passes.runtime`; nothing here creates one.
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 
-def __getattr__(name: str) -> Any:  # lazy: importing rope_passes.check.runtimes must not pull in the whole checker
+def __getattr__(name: str) -> Any:  # lazy: importing a part must not pull in the whole checker
     if name in ("check", "check_runtimes", "EquivalenceReport", "CheckOptions"):
         from rope_passes.check import core
 

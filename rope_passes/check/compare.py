@@ -1,19 +1,9 @@
-"""Step-by-step, output-by-output comparison of two decode runs, with tolerances chosen by precision.
+"""Output-by-output comparison of two runs' calls, with tolerances chosen by precision (:data:`TOLERANCES`; the
+measurements behind them: docs/checker.md, "Tolerances").
 
 An element passes when ``|a - b| <= atol + rtol * |b|`` (``b`` the reference side), like ``numpy.allclose``.
 Reported per output and step: ``max_abs = max |a - b|`` and ``max_rel = max_abs / max |b|`` (the error relative to
 the reference's scale; an element-wise ratio explodes on the many near-zero logits and says nothing).
-
-Default tolerances (see docs/checker.md for the measurements behind them):
-
-* fp32: atol 1e-4, rtol 1e-4. Measured on the corpus: fp32 WebGPU vs CPU <= 5e-6, CPU vs Hugging Face <= 5e-6; an
-  exact rewrite is bit-identical or within float reassociation. A RoPE error (one cos row off by 1e-3) is far above.
-* fp16: atol 1e-1, rtol 2e-2. fp16 has an 11-bit significand (eps 9.8e-4); logits of magnitude ~4 carry 4e-3 of
-  rounding each, and the error grows along a decode through the fp16 KV cache: the corpus's fp16 WebGPU vs CPU
-  logits differ by <= 0.03 after an 8-token prefill and by up to 0.078 after 17 tokens (phi3 webgpu_fp16_graph).
-* bf16: atol 2e-1, rtol 4e-2 (8-bit significand, eps 7.8e-3: eight times fp16's).
-* int4 (MatMulNBits): compared only against its own original on the same EP, with the fp16 tolerance: the corpus's
-  int4 WebGPU vs CPU logits differ by up to 0.14 (different dequantisation order), which says nothing about a rewrite.
 """
 
 from __future__ import annotations
@@ -43,10 +33,8 @@ TOLERANCES = {
 }
 
 
-#: fp16 graphs, rewritten vs original on onnxruntime's CPU EP (same runtime): the CPU kernels accumulate in fp32, so
-#: a correct rewrite moves fp16 logits by at most 0.0049 on every corpus folder (folds into GroupQueryAttention,
-#: lowered MRotaryEmbedding: docs/checker.md), while a 1 % error inside one layer moves them by 0.03; the end-to-end
-#: fp16 tolerance (0.1) is for WebGPU's fp16 kernels, whose own difference between the two graphs reaches 0.03
+#: fp16 graphs, rewritten vs original on onnxruntime's CPU EP (same runtime): its kernels accumulate in fp32, so a
+#: correct rewrite moves fp16 logits by at most 0.0049 there, a 1 % error inside one layer by 0.03 (docs/checker.md)
 CPU_SAME_RUNTIME = {"fp16": Tolerance(2e-2, 4e-3, "fp16")}
 
 
@@ -55,22 +43,6 @@ def cpu_tolerance(tolerance: Tolerance) -> Tolerance:
     ``tolerance`` for fp16 (:data:`CPU_SAME_RUNTIME`) where ``tolerance`` is the default, else ``tolerance``."""
     tighter = CPU_SAME_RUNTIME.get(tolerance.precision)
     return tighter if tighter is not None and tolerance == TOLERANCES.get(tolerance.precision) else tolerance
-
-
-def precision_of(model: Any) -> str:
-    """fp32 / fp16 / bf16 from the graph's first float output; int4 when it has MatMulNBits (``model``: onnx_ir)."""
-    import onnx_ir as ir
-
-    if any(n.op_type == "MatMulNBits" for n in model.graph):
-        return "int4"
-    for out in model.graph.outputs:
-        if out.dtype == ir.DataType.FLOAT16:
-            return "fp16"
-        if out.dtype == ir.DataType.BFLOAT16:
-            return "bf16"
-        if out.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE):
-            return "fp32"
-    return "fp32"
 
 
 @dataclasses.dataclass
@@ -82,6 +54,11 @@ class OutputDiff:
     ok: bool
     reason: str = ""  # shape mismatch, missing output, non-finite values
     schedule: str = ""  # kind "schedule": the schedule's name (``step`` is then its call)
+
+    @classmethod
+    def failed(cls, step: int, reason: str, output: str = "(run)", schedule: str = "") -> OutputDiff:
+        """A failure without numbers: a call that raised (output ``(run)``), a missing output, a shape mismatch."""
+        return cls(step, output, float("inf"), float("inf"), False, reason, schedule)
 
     def to_dict(self) -> dict[str, Any]:
         return {"step": self.step, "output": self.output, "max_abs": _num(self.max_abs),
@@ -95,16 +72,15 @@ def _num(x: float) -> float | str:
 
 def diff_arrays(actual: np.ndarray, reference: np.ndarray, tol: Tolerance, step: int, output: str) -> OutputDiff:
     if actual.shape != reference.shape:
-        return OutputDiff(step, output, float("inf"), float("inf"), False,
-                          f"shape {list(actual.shape)} != reference {list(reference.shape)}")
+        return OutputDiff.failed(step, f"shape {list(actual.shape)} != reference {list(reference.shape)}", output)
     a = np.asarray(actual, dtype=np.float64)
     b = np.asarray(reference, dtype=np.float64)
     if a.size == 0:
         return OutputDiff(step, output, 0.0, 0.0, True)
     nan_a, nan_b = ~np.isfinite(a), ~np.isfinite(b)
     if (nan_a != nan_b).any():
-        return OutputDiff(step, output, float("inf"), float("inf"), False,
-                          f"{int((nan_a != nan_b).sum())} non-finite values where the reference has none (or back)")
+        return OutputDiff.failed(step, f"{int((nan_a != nan_b).sum())} non-finite values where the reference has none "
+                                 "(or back)", output)
     finite = ~nan_a
     err = np.abs(a - b)[finite]
     ref = np.abs(b)[finite]
@@ -143,6 +119,13 @@ class Comparison:
     def first_failure(self) -> OutputDiff | None:
         return next((d for d in self.diffs if not d.ok), None)
 
+    def settle(self, notes: list[str], nothing: str) -> Comparison:
+        """Its reason from ``notes``; skipped where nothing was compared (``nothing``: why, when no note says)."""
+        self.reason = "; ".join(notes)
+        if not self.diffs:
+            self.status, self.reason = "skipped", self.reason or nothing
+        return self
+
     def worst(self) -> dict[str, OutputDiff]:
         """Per output, the step with the largest error (failures first)."""
         out: dict[str, OutputDiff] = {}
@@ -180,47 +163,9 @@ def compare_steps(
             continue
         for name, ref in reference[step].items():
             if name not in actual[step]:
-                comparison.diffs.append(OutputDiff(step, name, float("inf"), float("inf"), False,
-                                                   "output missing from this run"))
+                comparison.diffs.append(OutputDiff.failed(step, "output missing from this run", name))
                 continue
             comparison.diffs.append(diff_arrays(actual[step][name], ref, comparison.tolerance, step, name))
     if len(actual) != len(reference):
         comparison.reason = f"{len(actual)} vs {len(reference)} steps ran; compared {n}"
-    return comparison
-
-
-def compare_reference_logits(
-    actual: Sequence[Mapping[str, np.ndarray]],
-    reference: np.ndarray,
-    prefill: int,
-    comparison: Comparison,
-    logits: str = "logits",
-) -> Comparison:
-    """Compare a run's logits with a ``[rows, vocab]`` reference (batch 0).
-
-    Rows are either one per position (``prefill + steps`` rows, row t = logits after token t, like the corpus's
-    ``ref_S8.npy``; fewer rows compare a prefix) or one per call (``steps + 1`` rows, the last position of each call,
-    like ``ref_long.npy``).
-    """
-    n_steps = len(actual) - 1
-    positions = [actual[0][logits][0]] + [a[logits][0, -1:] for a in actual[1:]]
-    per_position = np.concatenate(positions)
-    if reference.shape[0] == n_steps + 1 and prefill > 1:
-        rows = [(k, np.concatenate([positions[0][-1:]] + positions[1:])[k:k + 1], reference[k:k + 1])
-                for k in range(n_steps + 1)]
-        comparison.reason = "reference rows are the last position of each call"
-    else:
-        m = min(reference.shape[0], per_position.shape[0])
-        rows = []
-        for k in range(n_steps + 1):
-            lo, hi = (0, prefill) if k == 0 else (prefill + k - 1, prefill + k)
-            hi = min(hi, m)
-            if lo < hi:
-                rows.append((k, per_position[lo:hi], reference[lo:hi]))
-        comparison.reason = f"reference rows are positions 0..{reference.shape[0] - 1}; compared {m} rows"
-    for k, a, b in rows:
-        comparison.diffs.append(diff_arrays(a.astype(np.float32), b.astype(np.float32), comparison.tolerance, k,
-                                            logits))
-    if not rows:
-        comparison.status = "skipped"
     return comparison

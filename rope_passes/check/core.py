@@ -2,43 +2,58 @@
 (docs/checker.md says what runs, what is compared and what decides the verdict.)
 
 One pass, each stage once: read both models (:func:`.models.read_model`), build the frozen plan
-(:func:`.plan.plan_check`: decode, sweep, schedules, embeddings, the captured run, notes), make the runs
-(:func:`.runs.all_runs`: the original on CPU and WebGPU, the rewritten graph on both, the captured run; each a
-:class:`.spec.RunKey`, in its own subprocess unless ``isolate=False``; the original on the runtime's fallback where
-it loads nowhere here), explore (``budget``, :mod:`.explore`), compare (:mod:`.verdict`, :mod:`.comparisons`, the
-kinds of :mod:`.evidence`), decide (:func:`.verdict.decide`).
-
-``runtime`` (``--runtime``, :mod:`.runtimes`): the WebGPU runtime every run uses; :func:`check_runtimes` checks on
-several (``"all"``), one report each. ``layers=N`` (``--layers N``): both graphs are first cut after decoder layer N
-(:mod:`.layers`) and the cut graphs are compared as above.
+(:func:`.plan.plan_check`), make the runs (:func:`.runs.all_runs`), explore (``budget``, :mod:`.explore`), compare
+(each kind of :mod:`.evidence`), decide (:func:`.verdict.decide`). ``runtime`` (``--runtime``): the WebGPU runtime
+every run uses; :func:`check_runtimes` checks on several (``"all"``), one report each. ``layers=N``: both graphs are
+first cut after decoder layer N (:mod:`rope_passes.cut`) and the cut graphs are compared as above.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from rope_passes.check.comparisons import cpu_comparisons, schedule_comparisons
-from rope_passes.check.constants import compare_constants
-from rope_passes.check.evidence import kinds
+from rope_passes.check.evidence import Evidence, compare_all
 from rope_passes.check.explore import command_line, explore
 from rope_passes.check.fit import runtime_fit
-from rope_passes.check.layers import cut_pair, default_sweep, describe
 from rope_passes.check.models import ModelInfo, load_reference, read_model, rotation_tables_of
 from rope_passes.check.plan import MAX_CROSSING_STEPS, PAST_SWITCH, CheckOptions, plan_check
 from rope_passes.check.report import COULD_NOT_RUN, EQUIVALENT, EXIT_CODES, NOT_EQUIVALENT, EquivalenceReport
 from rope_passes.check.runs import all_runs
-from rope_passes.check.runtimes import fallback_interpreter, interpreter, resolve, runtime_of, runtimes_for
 from rope_passes.check.table_diff import TableComparison, compare_tables
-from rope_passes.check.verdict import Evidence, compare_all, decide
+from rope_passes.check.verdict import decide
+from rope_passes.cut import cut_pair, describe
+from rope_passes.errors import UsageError
 from rope_passes.runtime.adapter import adapter_info
-from rope_passes.runtimes import NATIVE_BACKEND, descriptor
+from rope_passes.runtimes import NATIVE_BACKEND
+from rope_passes.runtimes.choose import fallback_interpreter, runtime_of, runtimes_for
+from rope_passes.runtimes.installed import python_for
 
 __all__ = ["COULD_NOT_RUN", "EQUIVALENT", "EXIT_CODES", "MAX_CROSSING_STEPS", "NOT_EQUIVALENT", "PAST_SWITCH",
-           "CheckOptions", "EquivalenceReport", "ModelInfo", "check", "check_runtimes", "rotation_tables"]
+           "CheckOptions", "EquivalenceReport", "ModelInfo", "check", "check_runtimes", "interpreter", "rotation_tables"]
+
+
+#: default sweep positions with --layers: at real size every call runs N real layers, and a 128k table's last
+#: positions attend over a random past of 128k tokens; 4 keep a LongRoPE switch's two sides and the table's last row
+#: (the rotation tables themselves are still compared at every position). On a software WebGPU adapter: none (below)
+LAYERS_SWEEP = 4
+
+
+def default_sweep(ep: str) -> tuple[int, str]:
+    """The sweep size ``check(layers=...)`` uses when none is given, and the note that says why when it is 0.
+
+    A software adapter (lavapipe) runs a single-token step of 2 real 7B layers in 4-15 s and a step after a 128k
+    past in over a minute: the sweep's far positions alone would take minutes per WebGPU run."""
+    adapter = adapter_info() if ep == "webgpu" else None
+    if adapter is not None and adapter.software:
+        return 0, ("--layers on a software WebGPU adapter: no position sweep by default (a step after a long past "
+                   "takes minutes at real width there; --sweep N adds one); rows past the decode are checked by the "
+                   "rotation tables (every position), when both graphs' tables are read")
+    return LAYERS_SWEEP, ""
 
 
 def rotation_tables(original: str | Path | ModelInfo, rewritten: str | Path | ModelInfo, *, ep: str = "webgpu",
@@ -77,34 +92,27 @@ def check(original: str | Path, rewritten: str | Path, options: CheckOptions | N
                 c.reason = c.reason.replace(old, found.command)
         report.wall_s = time.perf_counter() - start
         return report
-    runtime = resolve(opts.runtime)
-    here = interpreter(runtime)  # None: this process's runtime
+    desc = runtime_of(opts.runtime)
+    runtime, here = desc.name, interpreter(desc.name)  # here None: this process's runtime
+    elsewhere = f"runs in its own interpreter ({here})" if here else (
+        f"runs through its backend ({desc.backend})" if desc.backend != NATIVE_BACKEND else None)
     orig, rew = read_model(original), read_model(rewritten)
     ref_logits = None if opts.reference_logits is None else load_reference(opts.reference_logits)
     adapter = adapter_info() if opts.ep == "webgpu" else None
     fallback = fallback_interpreter(runtime) if opts.fallback_python == "auto" else opts.fallback_python
     with tempfile.TemporaryDirectory(prefix="rope-check-") as tmpdir:
-        plan = plan_check(orig, rew, opts, adapter, sweep, Path(tmpdir), runtime_of(runtime).genai)
+        plan = plan_check(orig, rew, opts, adapter, sweep, Path(tmpdir), desc.genai)
         runs, fallback_used = all_runs(orig, rew, plan, opts, adapter, here, runtime, fallback)
-        exploration = None
-        if opts.budget > 0:
-            exploration = explore(orig, rew, plan, opts, original, rewritten, runtime, _not_here(runtime, here))
+        exploration = explore(orig, rew, plan, opts, original, rewritten, runtime, elsewhere) if opts.budget > 0 \
+            else None
     notes = list(plan.notes)  # the plan's, then what the runs and comparisons say
     if opts.reference_python:
         versions = sorted({r.runtime for r in runs if r.key.original and r.runtime})
         notes.append(f"the original ran under {opts.reference_python} "
                      f"({', '.join(versions) or 'no onnxruntime result'})")
 
-    evidence = Evidence(runs=runs, ep=opts.ep, orig=orig, rew=rew, prefill=plan.prefill, steps=plan.steps,
-                        tolerance=plan.tolerance, graph_capture=plan.graph_capture, reference_logits=ref_logits,
-                        positions=list(plan.positions), tables=plan.tables, reference_python=opts.reference_python,
-                        fallback_python=fallback_used, fallback_wanted=fallback, notes=notes,
-                        capture_required=plan.capture_required,
-                        fallback_runtime=runtime_of(runtime).fallback if fallback_used else None)
-    comparisons = (compare_all(evidence) + cpu_comparisons(evidence) + schedule_comparisons(evidence, plan)
-                   + ([compare_constants(orig, rew)] if opts.tables else []))  # tables=False: what runs only
-    by_key = {r.key: r for r in runs}
-    comparisons += [c for kind in kinds() for c in kind.compare(by_key, plan.tolerance)]
+    evidence = Evidence(plan, opts, orig, rew, runs, notes, ref_logits, fallback_used, fallback)
+    comparisons = compare_all(evidence)
     if exploration is not None:
         comparisons.append(exploration.comparison(plan.tolerance))
     verdict, reason, reference = decide(evidence, comparisons)
@@ -118,21 +126,32 @@ def check(original: str | Path, rewritten: str | Path, options: CheckOptions | N
                              fix=runtime_fit(original, orig, rew, runtime) or "")
 
 
-def _not_here(runtime: str, here: str | None) -> str | None:
-    """Why ``runtime``'s sessions are not this process's (None: they are): another interpreter, or a backend."""
-    if here is not None:
-        return f"runs in its own interpreter ({here})"
-    found = descriptor(runtime)
-    if found is not None and found.backend != NATIVE_BACKEND:
-        return f"runs through its backend ({found.backend})"
-    return None
+def interpreter(runtime: str) -> str | None:
+    """The interpreter that runs ``runtime``'s sessions: None for this one (the runtime installed here), else the
+    path of the other runtime's. Raises UsageError, saying how to set it up, when there is none (for a runtime that
+    is no Python installation, the browser: when its backend says it is not set up; its CPU runs use this
+    interpreter)."""
+    desc = runtime_of(runtime)
+    if desc.python is None:
+        from rope_passes.check.backends import backend_module
+
+        why = backend_module(desc).missing()
+        if why is not None:
+            raise UsageError(f"{backend_module(desc).WHAT} is not set up here: {why}")
+        return None
+    python = python_for(desc.name)
+    if python is None:
+        raise UsageError(f"no Python interpreter with {desc.name} here: run {desc.python.setup} (makes "
+                         f"{desc.python.venv}/), or set ${desc.python.variable} to one")
+    same = Path(python).absolute() == Path(sys.executable).absolute()
+    return None if same else python
 
 
 def check_runtimes(original: str | Path, rewritten: str | Path, runtime: str | None = "all",
                    **options: Any) -> list[EquivalenceReport]:
-    """:func:`check` once per runtime of ``runtime`` (``"all"``: both WebGPU runtimes, :mod:`.runtimes`), each on its
-    own interpreter; every interpreter is looked up before the first check runs. Exit code: the worst verdict's
-    (:func:`.runtimes.worst`)."""
+    """:func:`check` once per runtime of ``runtime`` (``"all"``: both WebGPU runtimes), each on its own interpreter;
+    every interpreter is looked up before the first check runs. Exit code: the worst verdict's
+    (:func:`.report.worst`)."""
     names = runtimes_for(runtime)
     for name in names:
         interpreter(name)

@@ -1,23 +1,14 @@
-"""``check --budget 60s --seed N``: random schedules until the budget is spent; the first that differs is shrunk.
-
-After the check's own runs, both graphs are loaded in this process on CPU (and on WebGPU with ``--ep webgpu``: a
-crash of the EP ends the checker here, unlike the isolated runs), and schedules are drawn from
-``numpy.random.RandomState(N)`` (:func:`.schedules.random_schedule`: batch 1-4, left or right padding, prompts of 1
-token to past every switch, chunked or not, up to four calls after it, ids across the vocabulary). Each is run on
-both graphs on every EP it fits (WebGPU on a software adapter: calls of at most 8 tokens) and compared with the
-schedule comparison (:func:`.schedule_runs.compare_calls`: what a caller reads, the check's tolerance). The first
-schedule that differs is shrunk (:func:`.schedules.shrink`: fewer rows, fewer and shorter calls, shorter prompts)
-to the smallest that still differs on the same EP, and the report prints it as a command line that reruns it:
-``rope-passes check ORIGINAL REWRITTEN --schedule '<schedule>'`` (exit 1 there too). The same seed draws the same
-schedules; how many fit in the budget depends on the machine.
-
-The sessions are the runtime's the check runs on: exploration runs only where that runtime is this process's own
-(``check --runtime R`` with R another interpreter's, or a runtime driven through a backend such as the browser, says
-so in the random comparison's reason and draws nothing, rather than exploring on another runtime).
+"""``check --budget 60s --seed N`` (docs/checker.md): after the check's own runs, random schedules
+(:func:`.schedules.random_schedule`) on both graphs, in sessions of this process, on every EP each fits, compared as
+the schedules are (:func:`.evidence.schedules.compare_calls`), until the budget is spent; the first that differs is
+shrunk (:func:`.schedules.shrink`) and printed as a command line that reruns it (``--schedule``). Only where the
+check's runtime is this process's own: another interpreter's, or a backend's (the browser), draws nothing and says
+so.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import shlex
 import time
@@ -27,9 +18,11 @@ import numpy as np
 
 from rope_passes.check.compare import Comparison, OutputDiff, Tolerance
 from rope_passes.check.decode import DecoderSpec
+from rope_passes.check.evidence import concat_offset
+from rope_passes.check.evidence.schedules import compare_calls, padded_rows_kept
 from rope_passes.check.models import ModelInfo
 from rope_passes.check.plan import CheckOptions, CheckPlan
-from rope_passes.check.schedule_runs import differs
+from rope_passes.check.schedule_runs import AGAIN, ROW, run_reference, run_schedule
 from rope_passes.check.schedules import Schedule, fits, random_schedule, shrink
 from rope_passes.check.spec import ORIGINAL, REWRITTEN, RunKey
 
@@ -113,6 +106,29 @@ def _sessions(orig: ModelInfo, rew: ModelInfo, emb_orig: str | None, emb_rew: st
     return pairs
 
 
+def differs(schedule: Schedule, pair: tuple[Any, DecoderSpec, Any, DecoderSpec], tolerance: Tolerance,
+            vocab: int) -> OutputDiff | None:
+    """The first output that differs on ``schedule`` between the two sessions of ``pair`` ((actual session, spec,
+    reference session, spec); the reference run twice and row by row, as the check's reference runs are); a call
+    that raises on the actual side only is a difference."""
+    sa, da, sb, db = pair
+    made: dict[str, list[dict[str, np.ndarray]]] = {}
+    with contextlib.suppress(Exception):  # the reference cannot run it all: compare the calls before
+        run_reference(sb, db, schedule, vocab, made)
+    ref = made.get(schedule.name, [])
+    rows = padded_rows_kept(schedule, ref, {b: made.get(f"{schedule.name}{ROW}{b}", [])
+                                            for b in range(schedule.batch)}, tolerance)
+    got: list[dict[str, np.ndarray]] = []
+    try:
+        run_schedule(sa, da, schedule, got)
+    except Exception as exc:  # noqa: BLE001 - a call that raises only on the actual side is a difference
+        if len(got) < len(ref):
+            return OutputDiff.failed(len(got), " ".join(str(exc).split())[:300], schedule=schedule.name)
+    c = Comparison("actual", "reference", tolerance, True, kind="schedule")
+    compare_calls(schedule, got, ref, c, again=made.get(schedule.name + AGAIN, []), rows=rows)
+    return c.first_failure
+
+
 def explore(orig: ModelInfo, rew: ModelInfo, plan: CheckPlan, opts: CheckOptions, original: Any,
             rewritten: Any, runtime: str | None = None, elsewhere: str | None = None) -> Exploration:
     """Random schedules for ``opts.budget`` seconds (module docstring) on ``runtime``, which runs in this process
@@ -134,12 +150,12 @@ def explore(orig: ModelInfo, rew: ModelInfo, plan: CheckPlan, opts: CheckOptions
         out.reason = "not decoders: no schedules to draw"
         return out
     out.pairs = [name for name, _ in pairs]
-    offsets = [m.longrope.switch for m in (orig, rew) if m.longrope is not None and m.longrope.kind == "concat"]
+    offset = concat_offset(orig, rew)
 
     def usable(s: Schedule, name: str) -> bool:
         if RunKey.parse(name.partition(" vs ")[0]).ep == "webgpu":
             return fits(s, plan.max_call)
-        return not offsets or s.width + sum(s.then) <= min(offsets)  # CPU: no concat offset
+        return not offset or s.width + sum(s.then) <= offset  # CPU: no concat offset
 
     rng = np.random.RandomState(opts.seed)
     facts = plan.facts
@@ -150,16 +166,16 @@ def explore(orig: ModelInfo, rew: ModelInfo, plan: CheckPlan, opts: CheckOptions
         for name, pair in pairs:
             if not usable(s, name):
                 continue
-            d = differs(s, [pair], plan.tolerance, facts.vocab)
+            d = differs(s, pair, plan.tolerance, facts.vocab)
             if d is None:
                 continue
             out.found, out.pair = s, name
 
             def still(c: Schedule, pair: Any = pair, name: str = name) -> bool:
-                return usable(c, name) and differs(c, [pair], plan.tolerance, facts.vocab) is not None
+                return usable(c, name) and differs(c, pair, plan.tolerance, facts.vocab) is not None
 
             out.shrunk, out.tries = shrink(s, still)
-            out.diff = differs(out.shrunk, [pair], plan.tolerance, facts.vocab) or d
+            out.diff = differs(out.shrunk, pair, plan.tolerance, facts.vocab) or d
             out.diff.schedule = out.shrunk.name
             out.command = command_line(original, rewritten, opts, dataclasses.replace(out.shrunk))
             out.wall_s = time.perf_counter() - start

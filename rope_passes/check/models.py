@@ -1,9 +1,7 @@
-"""What the checker reads from the two models before running anything, read once through
-:func:`rope_passes.io.load_bundle` (onnx_ir, weights lazy; the genai_config as :class:`~rope_passes.config.
-GenaiConfig`): precision, WebGPU options, LongRoPE switch, inputs, what the model accepts (its vocabulary, context,
-genai loop: :mod:`rope_passes.analysis.genai_contract`), its rotation tables (:mod:`rope_passes.analysis.
-rotation_tables`), and the helpers that prepare their inputs (embeddings, reference logits). The raw genai_config
-dict travels only to a run's subprocess (:class:`.spec.RunSpec`)."""
+"""What the checker reads from the two models before running anything, each read once through
+:func:`rope_passes.io.load_bundle` (:class:`ModelInfo`; the facts themselves come from :mod:`rope_passes.analysis`),
+and the helpers that prepare their inputs (embeddings, reference logits). The raw genai_config dict travels only to
+a run's subprocess (:class:`.spec.RunSpec`)."""
 
 from __future__ import annotations
 
@@ -14,10 +12,11 @@ from typing import Any
 
 import numpy as np
 
+from rope_passes.analysis.attention import attention_layout as layout_of
 from rope_passes.analysis.genai_contract import GenaiLoop, cache_rows, genai_loop, stated_vocab
+from rope_passes.analysis.graph import precision_of
 from rope_passes.analysis.longrope import LongRoPESwitch
 from rope_passes.analysis.rotation_tables import Evaluators, GraphTables, graph_tables
-from rope_passes.check.compare import precision_of
 from rope_passes.check.decode import embedding_table
 from rope_passes.config import GRAPH_CAPTURE_OPTION, GenaiConfig
 from rope_passes.errors import UsageError
@@ -61,9 +60,7 @@ class ModelInfo:
 
     @property
     def capture_on(self) -> bool:
-        """Whether the model's genai_config.json turns WebGPU graph capture on (:attr:`GenaiConfig.graph_capture`:
-        onnxruntime-genai then creates its session with ``enableGraphCapture=1``, and a session that refuses capture
-        fails to load)."""
+        """Whether the model's genai_config.json turns WebGPU graph capture on (:attr:`GenaiConfig.graph_capture`)."""
         return self.genai_config.graph_capture is True
 
     def to_dict(self) -> dict[str, Any]:
@@ -152,23 +149,5 @@ def embedding_for(info: ModelInfo, other: ModelInfo, option: str | None, tmp: Pa
 
 
 def attention_layout(info: Any) -> list[tuple] | None:
-    """How each attention node gets its inputs and positions: per GroupQueryAttention (sorted) its do_rotary, rotary
-    layout and which inputs it is given (packed or separate Q/K/V, position_ids, fused norms: another kernel path
-    reads padding its own way, measured: separate vs packed Q/K/V differ by 1.65 on a left-padded row on WebGPU);
-    None when the model is not at hand. Two graphs with the same list compute a
-    padded row the same way (the same kernel reads the same padding), so a difference there is the rewrite's; and
-    they share a software adapter's error past its cap (``GraphFacts.same_kernels``: batch 1 runs every call on
-    WebGPU; not a batch, where a concatenated LongRoPE cache's offset is each row's, the original's If the batch's;
-    measured on lavapipe: Phi-3 vs its concatenated-cache output, 2-token calls after pasts of 23..37, bit-equal)."""
-    model = getattr(info, "model", None)
-    if model is None:
-        return None
-    from rope_passes.analysis.graph import MS_DOMAIN, attr, nodes_of
-
-    out = []
-    for node in nodes_of(model, "GroupQueryAttention", MS_DOMAIN):
-        given = [i is not None for i in node.inputs]  # packed or separate Q/K/V, position_ids, fused norms
-        while given and not given[-1]:  # trailing inputs left out or given as "": the same call
-            given.pop()
-        out.append((attr(node, "do_rotary", 0), attr(node, "rotary_interleaved", 0), tuple(given)))
-    return sorted(out)
+    """:func:`rope_passes.analysis.attention.attention_layout` of ``info``'s model (None: not at hand)."""
+    return None if getattr(info, "model", None) is None else layout_of(info.model)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from rope_passes.check.compare import Comparison, OutputDiff
@@ -108,7 +109,8 @@ class EquivalenceReport:
             lines.append(f"rotation tables: {self.tables.diffs[0].line()}")  # not ok: there is a first
         from rope_passes.check.evidence import kinds
 
-        lines += [line for kind in kinds() for c in self.comparisons if (line := kind.failure_line(c))]
+        lines += [line for kind in kinds() if hasattr(kind, "failure_line") for c in self.comparisons
+                  if (line := kind.failure_line(c))]
         return lines
 
     @property
@@ -148,3 +150,10 @@ class EquivalenceReport:
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=1)
+
+
+def worst(reports: Sequence[EquivalenceReport]) -> str:
+    """The worst verdict (``check --runtime all``'s exit): not equivalent (found a difference), else could not run,
+    else equivalent on the tables alone, else equivalent."""
+    order = (NOT_EQUIVALENT, COULD_NOT_RUN, EQUIVALENT_TABLES_ONLY, EQUIVALENT)
+    return min((r.verdict for r in reports), key=order.index)

@@ -6,9 +6,9 @@ A run is described by a :class:`RunSpec` (plain data, JSON-serialisable) so the 
 segfault on some graphs (and under graph capture); in a subprocess a crash is a reported result
 (``status="crashed"``, with the signal), not the end of the checker.
 
-The worker prints ``STEP k`` after each call (``SWEEP k`` after each sweep position) so the parent can drive a
-progress bar, writes every output of every step to ``step<k>.npz`` (of every swept position to ``sweep<p>.npz``) and
-the outcome to ``result.json``. Under another interpreter (``python=``: the other WebGPU runtime's, from
+The worker prints ``<what> k`` after each call (``step``, ``sweep`` or ``schedules``: :data:`Progress`) so the
+parent can drive a progress bar, writes every output of every call to ``arrays.npz`` (where each belongs: in
+``result.json``, with the outcome). Under another interpreter (``python=``: the other WebGPU runtime's, from
 :func:`rope_passes.runtimes.installed.python_for`) the worker runs with this repository on its ``PYTHONPATH``
 (:func:`rope_passes.runtimes.installed.child_env`). Every session, on either runtime, comes from
 :func:`rope_passes.runtime.sessions.create_session` (the plugin EP registered once per process, no silent CPU
@@ -18,6 +18,7 @@ fallback).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import signal
@@ -25,7 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -50,9 +51,12 @@ if TYPE_CHECKING:
     from rope_passes.check.backends import RunBackend
 
 
-def execute_run(spec: RunSpec, backend: RunBackend | None = None, *, on_step: Callable[[int], None] | None = None,
-                on_sweep: Callable[[int], None] | None = None,
-                on_schedule: Callable[[int], None] | None = None) -> RunResult:
+#: progress of a run: ``(what, k)`` after its ``k``-th call of ``what`` (``step`` of the decode, ``sweep`` position,
+#: ``schedules``)
+Progress = Callable[[str, int], None]
+
+
+def execute_run(spec: RunSpec, backend: RunBackend | None = None, progress: Progress | None = None) -> RunResult:
     """Run ``spec`` in this process on ``backend`` (default: onnxruntime here, :class:`.backends.native.
     NativeBackend`); every failure becomes a status with a one-line reason. The one run loop of every runtime: open
     a session (or a capture driver), the decode, then the schedules and the sweep (:mod:`.backends`)."""
@@ -60,6 +64,8 @@ def execute_run(spec: RunSpec, backend: RunBackend | None = None, *, on_step: Ca
         from rope_passes.check.backends.native import NativeBackend
 
         backend = NativeBackend()
+    say = progress or (lambda what, k: None)
+    on_step = functools.partial(say, "step")
     start = time.perf_counter()
     try:
         label = backend.start()
@@ -98,16 +104,15 @@ def execute_run(spec: RunSpec, backend: RunBackend | None = None, *, on_step: Ca
             else:
                 feeds = random_feeds(dspec, spec.seed)
                 result.steps = [dict(zip(dspec.outputs, session.run(dspec.outputs, feeds)))]
-                if on_step:
-                    on_step(0)
+                on_step(0)
     except UsageError as exc:  # e.g. a capture output dimension the checker cannot size: no run happened
         result.status, result.reason = NOT_RUN, _one_line(exc)
     except Exception as exc:  # noqa: BLE001
         result.status, result.reason = RUN_FAILED, _one_line(exc)
         result.failed_step = len(result.steps)
     if dspec is not None and dspec.is_decoder and (result.ok or backend.after_failure):
-        _schedules(spec, backend, session, dspec, result, on_schedule)
-        _sweep(spec, session, dspec, result, on_sweep)
+        _schedules(spec, backend, session, dspec, result, functools.partial(say, "schedules"))
+        _sweep(spec, session, dspec, result, functools.partial(say, "sweep"))
     if result.status in (OK, RUN_FAILED):
         _parts(spec, backend, table, result)
     backend.close(driver if driver is not None else session, result)
@@ -116,7 +121,7 @@ def execute_run(spec: RunSpec, backend: RunBackend | None = None, *, on_step: Ca
 
 
 def _schedules(spec: RunSpec, backend: RunBackend, session: Any, dspec: DecoderSpec, result: RunResult,
-               on_schedule: Callable[[int], None] | None) -> None:
+               on_schedule: Callable[[int], None]) -> None:
     """Every schedule of ``spec`` (a reference's twice and row by row where the backend makes those)."""
     from rope_passes.check.schedule_runs import run_reference, run_schedule
     from rope_passes.check.schedules import from_spec
@@ -131,8 +136,7 @@ def _schedules(spec: RunSpec, backend: RunBackend, session: Any, dspec: DecoderS
                 run_schedule(session, dspec, schedule, result.schedules.setdefault(data["name"], []))
         except Exception as exc:  # noqa: BLE001 - a call that raises is a result; the calls before it are kept
             result.schedule_errors[data["name"]] = _one_line(exc)
-        if on_schedule is not None:
-            on_schedule(k)
+        on_schedule(k)
 
 
 def _parts(spec: RunSpec, backend: RunBackend, table: np.ndarray | None, result: RunResult) -> None:
@@ -146,8 +150,7 @@ def _parts(spec: RunSpec, backend: RunBackend, table: np.ndarray | None, result:
             result.part_errors[name] = _one_line(exc)
 
 
-def _sweep(spec: RunSpec, session: Any, dspec: DecoderSpec, result: RunResult,
-           on_sweep: Callable[[int], None] | None) -> None:
+def _sweep(spec: RunSpec, session: Any, dspec: DecoderSpec, result: RunResult, on_sweep: Callable[[int], None]) -> None:
     from rope_passes.check.sweep import run_sweep
 
     for k, position in enumerate(spec.sweep):
@@ -157,15 +160,11 @@ def _sweep(spec: RunSpec, session: Any, dspec: DecoderSpec, result: RunResult,
         for name, value in result.sweep.get(position, {}).items():
             if name.startswith(PRESENT_PREFIX) and value.ndim == 4 and value.shape[2] > 1:
                 result.sweep[position][name] = np.ascontiguousarray(value[:, :, -1:, :])
-        if on_sweep is not None:
-            on_sweep(k)
+        on_sweep(k)
 
 
-def run_isolated(
-    spec: RunSpec, on_step: Callable[[int], None] | None = None, timeout: float = 600, python: str | None = None,
-    on_sweep: Callable[[int], None] | None = None, env_extra: dict[str, str] | None = None,
-    runtime: str | None = None, on_schedule: Callable[[int], None] | None = None,
-) -> RunResult:
+def run_isolated(spec: RunSpec, progress: Progress | None = None, timeout: float = 600, python: str | None = None,
+                 env_extra: dict[str, str] | None = None, runtime: str | None = None) -> RunResult:
     """Run ``spec`` in a subprocess; a segfault or a hang is a result (``crashed`` / ``timed-out``).
 
     ``python``: the interpreter to run it with (another onnxruntime installation), in the environment
@@ -190,12 +189,9 @@ def run_isolated(
             try:
                 assert proc.stdout is not None
                 for line in proc.stdout:
-                    if line.startswith("STEP ") and on_step is not None:
-                        on_step(int(line.split()[1]))
-                    elif line.startswith("SWEEP ") and on_sweep is not None:
-                        on_sweep(int(line.split()[1]))
-                    elif line.startswith("SCHEDULE ") and on_schedule is not None:
-                        on_schedule(int(line.split()[1]))
+                    what, _, k = line.partition(" ")
+                    if progress is not None and what in ("step", "sweep", "schedules"):
+                        progress(what, int(k))
                     if time.perf_counter() - start > timeout:
                         raise subprocess.TimeoutExpired(proc.args, timeout)
                 rc = proc.wait(timeout=max(1.0, timeout - (time.perf_counter() - start)))
@@ -224,71 +220,46 @@ def run_isolated(
             log = err_path.read_text(errors="replace")
             replays = log.count("Replaying the captured")
             data["notes"].append(f"onnxruntime logged {replays} replays of the captured graph")
-        steps = []
-        for k in range(data.pop("n_steps")):
-            with np.load(Path(tmp) / f"step{k}.npz") as z:
-                steps.append({name: z[name] for name in z.files})
-        data.pop("steps_run", None)
-        sweep = {}
-        for p in data.pop("sweep_positions"):
-            with np.load(Path(tmp) / f"sweep{p}.npz") as z:
-                sweep[p] = {name: z[name] for name in z.files}
+        homes: dict[str, Any] = {"steps": [{} for _ in range(data.pop("n_steps"))],
+                                 "sweep": {p: {} for p in data.pop("sweep_positions")},
+                                 "schedules": {n: [{} for _ in range(k)] for n, k in data.pop("schedules_run").items()},
+                                 "parts": {n: [{} for _ in range(k)] for n, k in data.pop("parts_run").items()}}
+        with np.load(Path(tmp) / "arrays.npz") as z:
+            for i, (home, *at, name) in enumerate(data.pop("arrays")):
+                place = homes[home]
+                for key in at:
+                    place = place[key]
+                place[name] = z[f"a{i}"]
         errors = {int(p): e for p, e in data.pop("sweep_errors").items()}
-        schedules = {}
-        for i, (name, n) in enumerate(data.pop("schedules_run").items()):
-            calls = []
-            for k in range(n):
-                with np.load(Path(tmp) / f"schedule{i}_{k}.npz") as z:
-                    calls.append({name: z[name] for name in z.files})
-            schedules[name] = calls
-        parts = {}
-        for i, (name, n) in enumerate(data.pop("parts_run").items()):
-            parts[name] = [_npz(Path(tmp) / f"part{i}_{k}.npz") for k in range(n)]
-        return RunResult(steps=steps, sweep=sweep, sweep_errors=errors, schedules=schedules, parts=parts, **data)
+        return RunResult(sweep_errors=errors, **homes, **data)
 
 
-def _npz(path: Path) -> dict[str, np.ndarray]:
-    with np.load(path) as z:
-        return {name: z[name] for name in z.files}
+def _places(result: RunResult) -> Iterator[tuple[list[Any], dict[str, np.ndarray]]]:
+    """Where every call's outputs of ``result`` belong (``["steps", k]``, ``["sweep", p]``, ``["schedules", name,
+    k]``, ``["parts", name, k]``), and the outputs."""
+    yield from ((["steps", k], outs) for k, outs in enumerate(result.steps))
+    yield from ((["sweep", p], outs) for p, outs in result.sweep.items())
+    for home, calls in (("schedules", result.schedules), ("parts", result.parts)):
+        yield from (([home, name, k], outs) for name, made in calls.items() for k, outs in enumerate(made))
 
 
 def _worker(spec_path: str, out_dir: str) -> int:
     spec = RunSpec(**json.loads(Path(spec_path).read_text()))
     if os.environ.get("ROPE_PASSES_CHECK_WORKER_FAULT") == spec.label:  # test hook: an EP segfault, simulated
         os.kill(os.getpid(), signal.SIGSEGV)
-
-    def on_step(k: int) -> None:
-        print(f"STEP {k}", flush=True)
-
-    def on_sweep(k: int) -> None:
-        print(f"SWEEP {k}", flush=True)
-
-    def on_schedule(k: int) -> None:
-        print(f"SCHEDULE {k}", flush=True)
-
-    def save(path: str, outs: dict[str, np.ndarray]) -> None:  # npz has no bfloat16: such outputs travel as float32
-        arrays: dict[str, Any] = {n: (v.astype(np.float32) if v.dtype.name == "bfloat16" else v)
-                                  for n, v in outs.items()}  # Any: numpy's stub would read ** as allow_pickle
-        np.savez(path, **arrays)
-
     from rope_passes.check.backends.native import NativeBackend
 
-    result = execute_run(spec, NativeBackend(capture_log=True), on_step=on_step, on_sweep=on_sweep,
-                         on_schedule=on_schedule)
-    for k, outs in enumerate(result.steps):
-        save(os.path.join(out_dir, f"step{k}.npz"), outs)
-    for p, outs in result.sweep.items():
-        save(os.path.join(out_dir, f"sweep{p}.npz"), outs)
-    for i, calls in enumerate(result.schedules.values()):
-        for k, outs in enumerate(calls):
-            save(os.path.join(out_dir, f"schedule{i}_{k}.npz"), outs)
-    for i, calls in enumerate(result.parts.values()):
-        for k, outs in enumerate(calls):
-            save(os.path.join(out_dir, f"part{i}_{k}.npz"), outs)
+    result = execute_run(spec, NativeBackend(capture_log=True), lambda what, k: print(f"{what} {k}", flush=True))
+    arrays: dict[str, Any] = {}  # Any: numpy's stub would read ** as allow_pickle
+    index: list[list[Any]] = []
+    for at, outs in _places(result):
+        for name, value in outs.items():  # npz has no bfloat16: such outputs travel as float32
+            arrays[f"a{len(index)}"] = value.astype(np.float32) if value.dtype.name == "bfloat16" else value
+            index.append([*at, name])
+    np.savez(os.path.join(out_dir, "arrays.npz"), **arrays)
     data = result.to_dict()
     data.pop("steps_run")
-    data["wall_s"] = result.wall_s
-    data["n_steps"] = len(result.steps)
+    data.update(wall_s=result.wall_s, n_steps=len(result.steps), arrays=index)
     Path(out_dir, "result.json").write_text(json.dumps(data))
     return 0
 

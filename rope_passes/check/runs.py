@@ -1,24 +1,16 @@
-"""The runs of a check (each a :class:`.runner.RunSpec`, in its own subprocess unless ``isolate=False``):
-
-1. ``original@cpu``: the reference (onnxruntime's CPU EP is the best-tested implementation of these ops);
-2. ``original@webgpu``: the same graph on WebGPU, the baseline error of the EP itself;
-3. ``rewritten@webgpu``: the graph under test (``ep="cpu"``: ``rewritten@cpu`` only);
-4. ``rewritten@cpu`` (with ``ep="webgpu"``): the graph under test on CPU too, so a rewrite that is only right on
-   WebGPU (a value WebGPU happens to tolerate) shows against ``original@cpu``;
-5. ``rewritten@webgpu+capture`` with ``graph_capture=True``: under ``enableGraphCapture=1`` (:mod:`.capture`).
-
-Every run but the captured one makes the decode, the schedules its EP takes (:meth:`.plan.CheckPlan.for_ep`) and the
-sweep. When the original loads nowhere here and the rewritten graph runs, the original runs on the second WebGPU
-runtime (``original@webgpu:plugin``, ``original@cpu:plugin``).
+"""The runs of a check (docs/checker.md, "What runs"), each a :class:`.spec.RunSpec` in its own subprocess unless
+``isolate=False``: ``original@cpu`` (the reference), ``original@webgpu``, ``rewritten@webgpu`` (``ep="cpu"``:
+``rewritten@cpu`` only), ``rewritten@cpu``, and ``rewritten@webgpu+capture`` when the plan makes the captured run.
+Every run but the captured one makes the decode, the schedules its EP takes (:meth:`.plan.CheckPlan.for_ep`) and
+the sweep. When the original loads nowhere here and the rewritten graph runs, the original runs on the runtime's
+fallback (``original@webgpu:plugin``, ``original@cpu:plugin``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from rope_passes.check.backends import backend_for
 from rope_passes.check.client_schedules import for_graph
-from rope_passes.check.evidence import kinds
+from rope_passes.check.evidence import parts
 from rope_passes.check.models import ModelInfo
 from rope_passes.check.plan import CheckOptions, CheckPlan
 from rope_passes.check.runner import LOAD_FAILED, RunResult, RunSpec, execute_run, run_isolated
@@ -40,30 +32,26 @@ def run_spec(key: RunKey, info: ModelInfo, emb: str | None, plan: CheckPlan, opt
                    schedules=[] if capture else [for_graph(s, info.loop).spec() for s in plan.for_ep(ep)],
                    schedules_twice=plan.facts.vocab if plan.facts is not None and key.original else 0,
                    vocab=plan.facts.vocab if plan.facts is not None else None)
-    spec.parts = {k.NAME: data for k in kinds() if (data := k.parts(plan, spec)) is not None}
+    spec.parts = parts(plan, spec)
     return spec
 
 
 def execute(spec: RunSpec, opts: CheckOptions, adapter: AdapterInfo | None, python: str | None,
             runtime: str | None = None) -> RunResult:
     """One run, isolated unless ``opts.isolate`` is off (another interpreter always is), with progress."""
-    total = spec.steps + 1
+    sizes = {"step": spec.steps + 1, "sweep": len(spec.sweep), "schedules": len(spec.schedules)}
 
-    def callback(label: str, n: int) -> Callable[[int], None]:
-        return lambda k: opts.say(label, k, n)
+    def progress(what: str, k: int) -> None:
+        opts.say(spec.label if what == "step" else f"{spec.label} {what}", k, sizes[what])
 
-    on_step = callback(spec.label, total)
-    on_sweep = callback(f"{spec.label} sweep", len(spec.sweep))
-    on_schedule = callback(f"{spec.label} schedules", len(spec.schedules))
-    opts.say(spec.label, -1, total)
+    progress("step", -1)
     backend = backend_for(runtime, spec)  # a run this process drives (the browser's WebGPU runs: .backends)
     if backend is not None:
-        return execute_run(spec, backend, on_step=on_step, on_sweep=on_sweep, on_schedule=on_schedule)
+        return execute_run(spec, backend, progress)
     if opts.isolate or python:
         env = {ALLOW_SOFTWARE_ADAPTER: "1"} if python and adapter is not None and adapter.software else {}
-        return run_isolated(spec, on_step, opts.timeout, python=python, on_sweep=on_sweep, env_extra=env,
-                            runtime=runtime, on_schedule=on_schedule)
-    return execute_run(spec, on_step=on_step, on_sweep=on_sweep, on_schedule=on_schedule)
+        return run_isolated(spec, progress, opts.timeout, python=python, env_extra=env, runtime=runtime)
+    return execute_run(spec, None, progress)
 
 
 def all_runs(orig: ModelInfo, rew: ModelInfo, plan: CheckPlan, opts: CheckOptions, adapter: AdapterInfo | None,

@@ -21,7 +21,7 @@ a failure names a schedule that reruns as is.
 issue 26 in :mod:`.client_schedules`); :func:`random_schedule` draws one for ``check --budget``, :func:`shrink`
 makes a differing one as small as it stays differing.
 
-Only what a caller reads is compared (:func:`.schedule_runs.compare_calls`): the real tokens' rows and the real
+Only what a caller reads is compared (:func:`.evidence.schedules.compare_calls`): the real tokens' rows and the real
 cache rows of ``present.*`` below the tokens so far; padding and rows past the sequence are read by no one.
 """
 

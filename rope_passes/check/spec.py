@@ -59,9 +59,6 @@ class RunKey:
         """Run on another runtime than the check's (the original's fallback)."""
         return self.runtime is not None
 
-    def on(self, ep: str) -> RunKey:
-        return dataclasses.replace(self, ep=ep)
-
 
 @dataclasses.dataclass
 class RunSpec:

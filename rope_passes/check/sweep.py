@@ -21,7 +21,6 @@ from typing import Any, cast
 
 import numpy as np
 
-from rope_passes.check.compare import Comparison, OutputDiff, diff_arrays
 from rope_passes.check.decode import DecoderSpec, InputSpec, _dim, id_range, step_feeds
 
 #: sweep positions of ``--sweep`` without a number's default rule when the model is too large for every position
@@ -125,42 +124,6 @@ def run_sweep(session: Any, spec: DecoderSpec, positions: Sequence[int], seed: i
     return results
 
 
-def compare_sweep(actual: Any, reference: Any, comparison: Comparison, only: Callable[[int], bool] | None = None
-                  ) -> Comparison:
-    """Fill ``comparison`` (kind "sweep") from two runs' sweeps; ``OutputDiff.step`` is the position.
-
-    A position where the actual run raised and the reference did not is a ``(run)`` failure; positions the
-    reference could not run (or ``only`` leaves out) are not compared, and the reason says so.
-    """
-    positions = sorted(set(actual.sweep) | set(actual.sweep_errors))
-    skipped = []
-    for p in positions:
-        if only is not None and not only(p):
-            continue
-        if p in reference.sweep_errors or p not in reference.sweep:
-            skipped.append(p)
-            continue
-        if p in actual.sweep_errors:
-            comparison.diffs.append(OutputDiff(p, "(run)", float("inf"), float("inf"), False,
-                                               f"{actual.label} failed at this position: {actual.sweep_errors[p]}"))
-            continue
-        for name, ref in reference.sweep[p].items():
-            got = actual.sweep[p].get(name)
-            if got is None:
-                comparison.diffs.append(OutputDiff(p, name, float("inf"), float("inf"), False,
-                                                   "output missing from this run"))
-            else:
-                comparison.diffs.append(diff_arrays(got, ref, comparison.tolerance, p, name))
-    if skipped:
-        comparison.reason = (f"{reference.label} could not run position(s) {spans(skipped)}"
-                             + (f": {reference.sweep_errors[skipped[0]]}" if skipped[0] in reference.sweep_errors
-                                else ""))
-    if not comparison.diffs:
-        comparison.status = "skipped"
-        comparison.reason = comparison.reason or "no position to compare"
-    return comparison
-
-
 def spans(values: Sequence[int]) -> str:
     out: list[str] = []
     start: int | None = None
@@ -178,5 +141,5 @@ def spans(values: Sequence[int]) -> str:
     return ", ".join(out)
 
 
-__all__ = ["DEFAULT_SWEEP", "SWEEP_BYTES", "SWEEP_MAX", "compare_sweep", "default_positions", "run_sweep", "spans",
+__all__ = ["DEFAULT_SWEEP", "SWEEP_BYTES", "SWEEP_MAX", "default_positions", "run_sweep", "spans",
            "sweep_feeds", "sweep_positions"]

@@ -1,6 +1,6 @@
 """Compare the cos/sin rows two graphs read at every position, at the tables' own precision.
 
-For each rotation site (:mod:`.tables`) the totals are cut where either graph switches tables, and in each such
+For each rotation site (:mod:`rope_passes.analysis.rotation_tables`) the totals are cut where either graph switches tables, and in each such
 range every position ``0..T-1`` is compared row by row. An element passes when it differs by at most ``ulps``
 units in the last place of the coarser of the two table types (both rounded to it first): an fp16 table must be
 exact or 1 ulp off (~5e-4 at 1.0), an fp32 one within ~1.2e-7, far below the end-to-end logits tolerance, so a

@@ -1,209 +1,22 @@
-"""From runs to a verdict: which comparisons are made (decode steps, sweep positions), which count, what the
-reference was, and the verdict with its one-line reason.
+"""From the comparisons (:mod:`.evidence`) to a verdict with its one-line reason, the notes the runs leave, and the
+reference the rewritten graph was compared with, in one line (:func:`decide`).
 
-Counted: the rewritten run vs the original on the same EP, vs the original on CPU (not for int4; a concatenated
-LongRoPE original only up to its offset on CPU), the same two for the sweep positions, the captured run vs the
-plain one, the reference logits, and the rotation tables. When the original does not load on onnxruntime-webgpu
-1.27 but on the second WebGPU runtime (onnxruntime + the ``onnxruntime-ep-webgpu`` plugin EP, run in its own
-interpreter: :mod:`rope_passes.runtimes.installed`), its runs there (``original@webgpu:plugin``,
-``original@cpu:plugin``) are the references.
+When the original does not load on onnxruntime-webgpu 1.27 but on the second WebGPU runtime (onnxruntime + the
+``onnxruntime-ep-webgpu`` plugin EP, run in its own interpreter: :mod:`rope_passes.runtimes.installed`), its runs
+there (``original@webgpu:plugin``, ``original@cpu:plugin``) are the references.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from typing import TypeGuard
-
-import numpy as np
-
-from rope_passes.check.compare import (
-    TOLERANCES,
-    Comparison,
-    OutputDiff,
-    Tolerance,
-    compare_reference_logits,
-    compare_steps,
-)
-from rope_passes.check.models import ModelInfo
+from rope_passes.check.compare import Comparison
+from rope_passes.check.evidence import Evidence, ran
 from rope_passes.check.report import COULD_NOT_RUN, EQUIVALENT, EQUIVALENT_TABLES_ONLY, NOT_EQUIVALENT
-from rope_passes.check.runner import CRASHED, NOT_RUN, NOT_STARTED, OK, RUN_FAILED, TIMED_OUT, RunResult
-from rope_passes.check.spec import ORIGINAL, REWRITTEN, RunKey
-from rope_passes.check.sweep import compare_sweep
-from rope_passes.check.table_diff import TableComparison
-
-
-@dataclasses.dataclass
-class Evidence:
-    runs: list[RunResult]
-    ep: str
-    orig: ModelInfo
-    rew: ModelInfo
-    prefill: int
-    steps: int
-    tolerance: Tolerance
-    graph_capture: bool
-    reference_logits: np.ndarray | None
-    positions: list[int]
-    tables: TableComparison | None
-    reference_python: str | None
-    fallback_python: str | None  # the second runtime's interpreter, when the original ran there
-    fallback_wanted: str | None  # the one that would have been used
-    notes: list[str]
-    #: the rewritten genai_config turns capture on and the original's did not (a Python runtime): a captured session
-    #: that does not load is a defect of the output, not a fact about capture
-    capture_required: bool = False
-    #: the runtime the original ran on instead (the check runtime's fallback), when it did
-    fallback_runtime: str | None = None
-
-    @property
-    def by(self) -> dict[RunKey, RunResult]:
-        return {r.key: r for r in self.runs}
-
-    @property
-    def rewritten_key(self) -> RunKey:
-        return RunKey(REWRITTEN, self.ep)
-
-    @property
-    def captured_key(self) -> RunKey:
-        return RunKey(REWRITTEN, "webgpu", capture=True)
-
-    @property
-    def concat_offset(self) -> int | None:
-        lr = self.orig.longrope
-        return lr.switch if lr is not None and lr.kind == "concat" else None
-
-
-#: the comparison reference of ``--reference-logits``
-REFERENCE_LOGITS = "reference-logits"
+from rope_passes.check.spec import CRASHED, NOT_RUN, NOT_STARTED, OK, ORIGINAL, REWRITTEN, RUN_FAILED, TIMED_OUT, RunKey
 
 
 def _short(reason: str) -> str:
     text = reason.split("failed:", 1)[1].strip() if "failed:" in reason else reason
     return text if len(text) <= 200 else text[:197] + "..."
-
-
-def _ran(run: RunResult | None) -> TypeGuard[RunResult]:
-    return run is not None and (run.ok or bool(run.steps))
-
-
-def compare_all(ev: Evidence) -> list[Comparison]:
-    by, ep, rew_key = ev.by, ev.ep, ev.rewritten_key
-    int4 = ev.orig.precision == "int4"
-    ref_tol = ev.tolerance if not int4 else TOLERANCES["fp16"]
-    offset = ev.concat_offset
-    cpu_steps = [k for k in range(ev.steps + 1) if ev.prefill + k <= offset] if offset else None
-    comparisons: list[Comparison] = []
-
-    def add(actual: RunKey, reference: RunKey, counts: bool, tol: Tolerance, only: list[int] | None = None,
-            why_not: str = "") -> None:
-        c = Comparison(str(actual), str(reference), tol, counts)
-        a, b = by.get(actual), by.get(reference)
-        if why_not:
-            c.status, c.reason = "skipped", why_not
-        elif not _ran(a) or not _ran(b):
-            bad = next(r for r in (a, b) if not _ran(r))
-            c.status, c.reason = "skipped", f"{bad.label if bad else actual} did not run" + (
-                f" ({bad.status})" if bad else "")
-        else:
-            compare_steps(a.steps, b.steps, c, only)
-            if a.failed_step is not None and a.failed_step < len(b.steps) and (only is None or a.failed_step in only):
-                c.diffs.append(OutputDiff(a.failed_step, "(run)", float("inf"), float("inf"), False,
-                                          f"{actual} failed at this step: {a.reason}"))
-            if b.failed_step is not None:
-                c.reason = f"{reference} failed at step {b.failed_step}: compared the steps before it"
-            if only is not None:
-                c.reason = (c.reason + "; " if c.reason else "") + f"steps {only[0]}..{only[-1]} only" if only else \
-                    "no step before the LongRoPE offset"
-                if not only:
-                    c.status = "skipped"
-        comparisons.append(c)
-
-    def add_sweep(actual: RunKey, reference: RunKey, counts: bool, tol: Tolerance, why_not: str = "") -> None:
-        c = Comparison(str(actual), str(reference), tol, counts, kind="sweep")
-        a, b = by.get(actual), by.get(reference)
-        if why_not:
-            c.status, c.reason = "skipped", why_not
-        elif a is None or b is None or a.status == "load-failed" or b.status == "load-failed":
-            bad = next(r for r in (a, b) if r is None or r.status == "load-failed")
-            c.status, c.reason = "skipped", f"{bad.label if bad else actual} did not run"
-        else:
-            only = (lambda p: p + 1 <= offset) if offset and reference.original and reference.ep == "cpu" else None
-            compare_sweep(a, b, c, only)
-            if only is not None:
-                c.reason = (c.reason + "; " if c.reason else "") + f"positions below the LongRoPE offset {offset} only"
-        comparisons.append(c)
-
-    int4_why = "int4: compared with its own original on the same EP only"
-    runtimes = [None] + ([ev.fallback_runtime] if ev.fallback_python else [])
-    for runtime in runtimes:
-        web, cpu = RunKey(ORIGINAL, "webgpu", runtime), RunKey(ORIGINAL, "cpu", runtime)
-        if ep == "webgpu":
-            add(rew_key, web, True, ev.tolerance)
-            add(rew_key, cpu, not int4, ref_tol, cpu_steps, int4_why if int4 else "")
-            add(web, cpu, False, ref_tol, cpu_steps)
-        else:
-            add(rew_key, cpu, True, ev.tolerance)
-        if runtime is None:
-            if ev.graph_capture:
-                add(ev.captured_key, rew_key, True, ev.tolerance)
-            if ev.reference_logits is not None:
-                c = Comparison(str(rew_key), REFERENCE_LOGITS,
-                               ref_tol if ev.orig.precision != "fp32" else TOLERANCES["fp32"], True)
-                r = by[rew_key]
-                if r.ok:
-                    compare_reference_logits(r.steps, ev.reference_logits, ev.prefill, c)
-                else:
-                    c.status, c.reason = "skipped", f"{rew_key} did not run ({r.status})"
-                comparisons.append(c)
-    if ep == "webgpu" and (note := _runtime_own_error(comparisons, rew_key)):
-        ev.notes.append(note)
-    if ev.positions:
-        for runtime in runtimes:
-            web, cpu = RunKey(ORIGINAL, "webgpu", runtime), RunKey(ORIGINAL, "cpu", runtime)
-            if ep == "webgpu":
-                add_sweep(rew_key, web, True, ev.tolerance)
-                add_sweep(rew_key, cpu, not int4, ref_tol, int4_why if int4 else "")
-                if runtime is None:  # the runtime's own error on the original (for information; see below)
-                    add_sweep(web, cpu, False, ref_tol)
-            else:
-                add_sweep(rew_key, cpu, True, ev.tolerance)
-    if ep == "webgpu" and ev.positions and (note := _runtime_own_error(comparisons, rew_key, "sweep")):
-        ev.notes.append(note)
-    return comparisons
-
-
-def _runtime_own_error(comparisons: list[Comparison], rew_key: RunKey, kind: str = "decode") -> str:
-    """``rewritten@webgpu vs original@cpu`` is the check that WebGPU computes what the CPU EP does. Where the runtime
-    itself is that far from the CPU EP on the *original* (the same step and output of ``original@webgpu vs
-    original@cpu``: e.g. the browser's WebGPU on an explicit mRoPE rotation, 5e-4 on fp32 logits), a rewritten graph
-    that equals its original on the same runtime (``rewritten@webgpu vs original@webgpu`` passed, counted) and is
-    no further from the CPU EP than the original (within the tolerance) adds no error of its own: that comparison is
-    then not counted, and says why (returned, for the report's notes; "" when it still counts). Any step (or sweep
-    position) the rewritten graph is further off still counts."""
-    by = {(c.actual, c.reference, c.kind): c for c in comparisons}
-    web, cpu = str(RunKey(ORIGINAL, "webgpu")), str(RunKey(ORIGINAL, "cpu"))
-    cross = by.get((str(rew_key), cpu, kind))
-    same = by.get((str(rew_key), web, kind))
-    own = by.get((web, cpu, kind))
-    if cross is None or same is None or own is None or cross.ok or not cross.counts or not (same.ok and same.counts):
-        return ""
-    if own.status != "compared":
-        return ""
-    theirs = {(d.step, d.output): d for d in own.diffs}
-    worst_own = worst_rew = 0.0
-    for d in cross.diffs:
-        if d.ok:
-            continue
-        o = theirs.get((d.step, d.output))
-        if o is None or d.reason or not (d.max_abs <= o.max_abs + cross.tolerance.atol):
-            return ""
-        worst_own, worst_rew = max(worst_own, o.max_abs), max(worst_rew, d.max_abs)
-    cross.counts = False
-    why = (f"not counted: the runtime itself is {worst_own:.2g} from the CPU EP on the original at the same "
-           f"{'positions' if kind == 'sweep' else 'steps'}, and the rewritten graph, equal to its original on this "
-           f"runtime, is {worst_rew:.2g} (no error of its own)")
-    cross.reason = (cross.reason + "; " if cross.reason else "") + why
-    return f"{cross.name}: {why}"
 
 
 def _capture_note(ev: Evidence) -> None:
@@ -242,14 +55,14 @@ def _run_notes(ev: Evidence) -> None:
             ev.notes.append(f"{r.label}: {len(r.sweep_errors)} sweep position(s) raised, the first {first}: "
                             f"{r.sweep_errors[first]}")
     if primary and not any(o.ok for o in primary):
-        where = ev.reference_python or primary[0].runtime or "this onnxruntime"
+        where = ev.opts.reference_python or primary[0].runtime or "this onnxruntime"
         line = f"the original does not run here ({where}): {primary[0].reason}"
-        fallback_ok = [r for r in ev.runs if r.key.elsewhere and _ran(r)]
+        fallback_ok = [r for r in ev.runs if r.key.elsewhere and ran(r)]
         if fallback_ok:
             line += f"; it ran on {fallback_ok[0].runtime} ({ev.fallback_python}) instead"
         elif ev.reference_logits is None:
             line += "; give --reference-logits FILE.npy to check the rewritten graph"
-            if ev.fallback_wanted is None and not ev.reference_python:
+            if ev.fallback_wanted is None and not ev.opts.reference_python:
                 line += ", or set up the second runtime (scripts/setup-plugin-runtime.sh)"
         ev.notes.append(line)
 
@@ -258,14 +71,14 @@ def _reference(ev: Evidence) -> str:
     by = ev.by
     parts: list[str] = []
     keys = [RunKey(ORIGINAL, e) for e in (("webgpu", "cpu") if ev.ep == "webgpu" else ("cpu",))]
-    here = [k for k in keys if _ran(by.get(k))]
-    there = [k2 for k in keys if ev.fallback_runtime and _ran(by.get(k2 := RunKey(ORIGINAL, k.ep,
+    here = [k for k in keys if ran(by.get(k))]
+    there = [k2 for k in keys if ev.fallback_runtime and ran(by.get(k2 := RunKey(ORIGINAL, k.ep,
                                                                                     ev.fallback_runtime)))]
-    failed = next((by[k] for k in keys if k in by and not _ran(by[k])), None)
+    failed = next((by[k] for k in keys if k in by and not ran(by[k])), None)
     if here:
         line = f"the original on {by[here[0]].runtime} ({', '.join(k.ep for k in here)})"
-        if ev.reference_python:
-            line += f" under {ev.reference_python}"
+        if ev.opts.reference_python:
+            line += f" under {ev.opts.reference_python}"
         if failed is not None:
             line += f"; it does not run on {failed.key.ep} here: {_short(failed.reason)}"
         parts.append(line)
@@ -276,7 +89,7 @@ def _reference(ev: Evidence) -> str:
                      f"{_short(failed.reason) if failed else '?'}")
     if ev.reference_logits is not None:
         parts.append("the given reference logits")
-    tables = ev.tables
+    tables = ev.plan.tables
     if tables is not None and tables.status == "compared":
         what = f"the rotation tables of both graphs (every position 0..{tables.positions - 1})"
         if not here and not there:
@@ -327,8 +140,8 @@ def decide(ev: Evidence, comparisons: list[Comparison]) -> tuple[str, str, str]:
     rew = by[rew_key]
     counted = [c for c in comparisons if c.counts and c.status == "compared"]
     originals = [r for r in ev.runs if r.key.original]
-    tables = ev.tables if ev.tables is not None and ev.tables.status == "compared" else None
-    capture = by.get(ev.captured_key) if ev.graph_capture else None
+    tables = ev.plan.tables if ev.plan.tables is not None and ev.plan.tables.status == "compared" else None
+    capture = by.get(ev.captured_key) if ev.plan.graph_capture else None
     reason = ""
     if any(not c.ok for c in counted) or (tables is not None and not tables.ok):
         verdict = NOT_EQUIVALENT
@@ -349,13 +162,13 @@ def decide(ev: Evidence, comparisons: list[Comparison]) -> tuple[str, str, str]:
     elif not rew.ok and (original := by.get(RunKey(ORIGINAL, ep))) is not None and original.ok:
         verdict, reason = NOT_EQUIVALENT, f"the original runs on {ep} but the rewritten graph does not"
         ev.notes.append(reason)
-    elif ev.capture_required and rew.ok and by[ev.captured_key].status == "load-failed":
+    elif ev.plan.capture_required and rew.ok and by[ev.captured_key].status == "load-failed":
         # the output's config turns capture on (the original's did not): onnxruntime-genai cannot create its session
         verdict, reason = NOT_EQUIVALENT, ("the rewritten genai_config.json sets enableGraphCapture=1 but onnxruntime "
                                            "refuses graph capture for the rewritten graph: "
                                            f"{_short(by[ev.captured_key].reason)}")
         ev.notes.append(reason)
-    elif ev.graph_capture and rew.ok and by[ev.captured_key].status not in ("ok", "load-failed"):
+    elif ev.plan.graph_capture and rew.ok and by[ev.captured_key].status not in ("ok", "load-failed"):
         # only when the plain run ran: a capture run that fails as the plain one does says nothing about capture
         verdict, reason = NOT_EQUIVALENT, "the rewritten graph's session accepts graph capture but does not run under it"
         ev.notes.append(reason)
@@ -369,7 +182,7 @@ def decide(ev: Evidence, comparisons: list[Comparison]) -> tuple[str, str, str]:
         if tables is not None:  # the runtime asked for did not start: whether the original loads is unknown
             reason = f"no reference: {next(r.reason for r in originals if r.reason.startswith(NOT_STARTED))}"
         else:
-            why_tables = ev.tables.reason if ev.tables is not None else "not compared (tables=False)"
+            why_tables = ev.plan.tables.reason if ev.plan.tables is not None else "not compared (tables=False)"
             reason = (f"no reference: the original runs nowhere here and its rotation tables are not comparable "
                       f"({why_tables})")
     elif all(RunKey.parse(c.reference).graph == REWRITTEN for c in counted):
@@ -380,4 +193,4 @@ def decide(ev: Evidence, comparisons: list[Comparison]) -> tuple[str, str, str]:
     return verdict, reason, _reference(ev)
 
 
-__all__ = ["REFERENCE_LOGITS", "Evidence", "compare_all", "decide", "reference_failure"]
+__all__ = ["decide", "reference_failure"]

@@ -1,6 +1,6 @@
 """``rope-passes check ORIGINAL REWRITTEN``: same function, step by step, on CPU and WebGPU (exit 0 / 1 / 2).
 
-``--runtime onnxruntime-webgpu|onnxruntime-ep-webgpu|all`` (:mod:`rope_passes.check.runtimes`): the WebGPU runtime
+``--runtime onnxruntime-webgpu|onnxruntime-ep-webgpu|all`` (:mod:`rope_passes.runtimes.choose`): the WebGPU runtime
 the runs use, each in its own interpreter; ``all``: one check and one verdict per runtime, exit the worst."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ if TYPE_CHECKING:  # rich and the checker: imported when the command runs (``--h
     from rich.console import Console
     from rich.progress import TaskID
 
-#: :data:`rope_passes.check.runtimes.CHOICES`: every runtime descriptor's names (rope_passes.runtimes imports nothing
+#: :data:`rope_passes.runtimes.choose.CHOICES`: every runtime descriptor's names (rope_passes.runtimes imports nothing
 #: heavy), then all
 RUNTIME_CHOICES = (*check_names(), "all")
 
@@ -97,11 +97,11 @@ def run(args: argparse.Namespace) -> int:
     from rich.markup import escape
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from rope_passes.check.core import check
+    from rope_passes.check.core import check, interpreter
     from rope_passes.check.decode import parse_dims
-    from rope_passes.check.report import EXIT_CODES
-    from rope_passes.check.runtimes import interpreter, runtimes_for, worst
+    from rope_passes.check.report import EXIT_CODES, worst
     from rope_passes.check.schedules import parse
+    from rope_passes.runtimes.choose import runtimes_for
 
     tolerance = {k: v for k, v in (("atol", args.atol), ("rtol", args.rtol)) if v is not None}
     if any(v < 0 for v in tolerance.values()):

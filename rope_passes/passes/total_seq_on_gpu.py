@@ -99,20 +99,6 @@ def _function_gqas(model: ir.Model) -> list[tuple[ir.Function, list[ir.Node]]]:
     return found
 
 
-def match_total_seq(model: ir.Model, value: ir.Value, mask: str = MASK_INPUT) -> tuple[ir.Value, list[ir.Node]]:
-    """``value`` proved to be the width of the graph input ``mask`` → (mask, the cone's nodes). Raises
-    MatchFailure."""
-    found = MaskLengths(model, (mask,)).total(value)
-    return found.mask, found.nodes
-
-
-def match_seqlens_k(model: ir.Model, value: ir.Value, mask: str = MASK_INPUT) -> tuple[ir.Value, list[ir.Node]]:
-    """``value`` proved to be the row sums of the graph input ``mask`` minus one → (mask, nodes). Raises
-    MatchFailure."""
-    found = MaskLengths(model, (mask,)).seqlens(value)
-    return found.mask, found.nodes
-
-
 def _int32_already(nodes: list[ir.Node]) -> bool:
     """The proved lengths' cones are int32 arithmetic on the mask already: no Shape/Size, no model-local function
     call, every computed value int32 (constants aside): rewriting would build the same chain again."""
@@ -314,5 +300,4 @@ class TotalSeqOnGpuPass(RopePass):
         return seqlens_k, total
 
 
-__all__ = ["BF16_GQA_NOTE", "SEQLENS_K", "TOTAL_SEQ", "TotalSeqOnGpuPass", "bf16_gqa", "match_seqlens_k",
-           "match_total_seq", "note_bf16"]
+__all__ = ["BF16_GQA_NOTE", "SEQLENS_K", "TOTAL_SEQ", "TotalSeqOnGpuPass", "bf16_gqa", "note_bf16"]

@@ -17,8 +17,6 @@ one way is never trusted while the same number spelled another way is refused.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import numpy as np
 import onnx_ir as ir
 
@@ -148,11 +146,6 @@ def scalar(value: ir.Value | None, max_size: int = MAX_SIZE) -> int | float | bo
     return array.reshape(-1)[0].item()
 
 
-def all_constant(values: Iterable[ir.Value | None]) -> bool:
-    evaluate = Constants()
-    return all(v is None or evaluate(v) is not None for v in values)
-
-
 #: the most elements a cos/sin table computed from constants is evaluated to (a 128k-position, 128-column table)
 TABLE_MAX = 1 << 24
 
@@ -170,4 +163,4 @@ def table(value: ir.Value | None, opset: int | None = None) -> np.ndarray | None
     return Constants(TABLE_MAX, opset)(value)
 
 
-__all__ = ["MAX_SIZE", "TABLE_MAX", "Constants", "all_constant", "constant", "scalar", "table"]
+__all__ = ["MAX_SIZE", "TABLE_MAX", "Constants", "constant", "scalar", "table"]

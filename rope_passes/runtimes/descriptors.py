@@ -7,7 +7,7 @@ Light on purpose (no onnx_ir, no onnxruntime): the CLI's parsers build their ``-
 * :mod:`.probed` (what a runtime loads, runs and reads, from ``runtime_tables/<name>.json``: a runtime with
   :attr:`Runtime.table` has one) and :mod:`.installed` (:attr:`Runtime.python`, :attr:`Runtime.distributions`);
 * :mod:`rope_passes.cli` (``--runtime`` choices of optimize, lint, inspect and check);
-* :mod:`rope_passes.check.runtimes` (names and aliases resolved, interpreters looked up, ``--runtime all``) and
+* :mod:`.choose` (names and aliases resolved, ``--runtime all``), :func:`rope_passes.check.core.interpreter` and
   :mod:`rope_passes.check.backends` (:attr:`Runtime.backend`: the module that runs the checker's runs on it).
 
 Adding a runtime: a descriptor in :data:`DESCRIPTORS`, and its backend module (docs/architecture.md, "Adding a

@@ -22,7 +22,7 @@ WHAT = "onnxruntime"
 
 
 def missing() -> str | None:
-    """A Python runtime is there when its interpreter is (:func:`rope_passes.check.runtimes.interpreter`)."""
+    """A Python runtime is there when its interpreter is (:func:`rope_passes.check.core.interpreter`)."""
     return None
 
 

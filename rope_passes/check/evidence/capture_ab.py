@@ -20,8 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from rope_passes.check.compare import Comparison, OutputDiff, Tolerance, compare_steps
-from rope_passes.check.spec import RunKey, RunResult, RunSpec
+from rope_passes.check.compare import Comparison, OutputDiff, compare_steps
+from rope_passes.check.evidence import Evidence
+from rope_passes.check.spec import RunResult, RunSpec
 
 NAME = "capture-ab"
 #: the comparison's reference side: ``<the captured run> uncaptured``
@@ -45,13 +46,13 @@ def run(backend: Any, spec: RunSpec, table: np.ndarray | None, data: Any) -> lis
     return steps
 
 
-def compare(runs: dict[RunKey, RunResult], tolerance: Tolerance) -> list[Comparison]:
+def compare(ev: Evidence) -> list[Comparison]:
     """Each captured run against its own uncaptured steps (counted)."""
     out = []
-    for key, captured in runs.items():
+    for key, captured in ev.by.items():
         if not key.capture:
             continue
-        c = Comparison(str(key), f"{key} {UNCAPTURED}", tolerance, True, kind=NAME)
+        c = Comparison(str(key), f"{key} {UNCAPTURED}", ev.plan.tolerance, True, kind=NAME)
         uncaptured = captured.parts.get(NAME)
         if NAME in captured.part_errors:
             c.status, c.reason = "skipped", f"the uncaptured steps did not run: {captured.part_errors[NAME]}"
@@ -60,8 +61,7 @@ def compare(runs: dict[RunKey, RunResult], tolerance: Tolerance) -> list[Compari
         else:
             compare_steps(captured.steps, uncaptured, c)
             if captured.failed_step is not None and captured.failed_step < len(uncaptured):
-                c.diffs.append(OutputDiff(captured.failed_step, "(run)", float("inf"), float("inf"), False,
-                                          f"the replay failed at this step: {captured.reason}"))
+                c.diffs.append(OutputDiff.failed(captured.failed_step, f"the replay failed at this step: {captured.reason}"))
         out.append(c)
     return out
 

@@ -15,8 +15,9 @@ from typing import Any
 import numpy as np
 
 from rope_passes.check.compare import Comparison, OutputDiff, Tolerance
-from rope_passes.check.models import ModelInfo
+from rope_passes.check.evidence import Evidence
 
+NAME = "constants"
 #: the largest initializer read for the comparison (bytes)
 MAX_BYTES = 64 << 20
 #: the tolerance the comparison prints: ulps of the stored type
@@ -29,15 +30,17 @@ def _ulps(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.abs(a.astype(np.float64) - b.astype(np.float64)) / np.maximum(spacing, np.finfo(b.dtype).smallest_subnormal)
 
 
-def compare_constants(orig: ModelInfo, rew: ModelInfo) -> Comparison:
-    """``constants: rewritten vs original``: one :class:`OutputDiff` per shared initializer whose values differ
-    (``max_abs`` the largest difference, ``max_rel`` the largest in ulps); skipped when nothing is shared."""
-    c = Comparison("rewritten", "original", Tolerance(0.0, 0.0, f"stored type, <= {ULPS:g} ulp"), True,
-                   kind="constants")
-    if orig.model is None or rew.model is None:
+def compare(ev: Evidence) -> list[Comparison]:
+    """``constants: rewritten vs original`` (``tables=False``: none): one :class:`OutputDiff` per shared initializer
+    whose values differ (``max_abs`` the largest difference, ``max_rel`` the largest in ulps); skipped when nothing is
+    shared."""
+    if not ev.opts.tables:
+        return []
+    c = Comparison("rewritten", "original", Tolerance(0.0, 0.0, f"stored type, <= {ULPS:g} ulp"), True, kind=NAME)
+    if ev.orig.model is None or ev.rew.model is None:
         c.status, c.reason = "skipped", "a model was not read"
-        return c
-    a, b = orig.model.graph.initializers, rew.model.graph.initializers
+        return [c]
+    a, b = ev.orig.model.graph.initializers, ev.rew.model.graph.initializers
     shared, large = 0, 0
     for name in sorted(set(a) & set(b)):
         va, vb = a[name].const_value, b[name].const_value
@@ -56,7 +59,7 @@ def compare_constants(orig: ModelInfo, rew: ModelInfo) -> Comparison:
     if not shared:
         c.status = "skipped"
     c.counts = not c.ok  # a changed constant is a difference; equal constants vouch for nothing the runs did not
-    return c
+    return [c]
 
 
 def _diff(name: str, x: np.ndarray, y: np.ndarray) -> OutputDiff:
@@ -81,4 +84,4 @@ def _diff(name: str, x: np.ndarray, y: np.ndarray) -> OutputDiff:
                       False, f"{int(changed.sum())} element(s) differ; the first at {list(map(int, first))}")
 
 
-__all__ = ["MAX_BYTES", "ULPS", "compare_constants"]
+__all__ = ["MAX_BYTES", "NAME", "ULPS", "compare"]

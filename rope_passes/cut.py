@@ -1,4 +1,5 @@
-"""``check --layers N``: compare two decoders on their first ``N`` layers only (real-size models in minutes).
+"""A decoder cut after its first ``N`` layers, weights read in place: what ``check --layers N`` compares
+(real-size models in minutes).
 
 A RoPE rewrite is per layer: every layer rotates its own Q and K with the same tables, so a rewrite that is wrong
 anywhere is wrong in layer 0 already. Cutting both graphs after decoder layer ``N`` keeps the check exact for the
@@ -48,27 +49,7 @@ from rope_passes.analysis.layers import layer_in
 from rope_passes.errors import UsageError
 from rope_passes.io import resolve_model_path
 
-__all__ = ["LAYERS_SWEEP", "Cut", "cut_model", "cut_pair", "default_sweep", "hidden_name", "node_layer"]
-
-#: default sweep positions with --layers: at real size every call runs N real layers, and a 128k table's last
-#: positions attend over a random past of 128k tokens; 4 keep a LongRoPE switch's two sides and the table's last row
-#: (the rotation tables themselves are still compared at every position). On a software WebGPU adapter: none (below)
-LAYERS_SWEEP = 4
-
-
-def default_sweep(ep: str) -> tuple[int, str]:
-    """The sweep size ``check(layers=...)`` uses when none is given, and the note that says why when it is 0.
-
-    A software adapter (lavapipe) runs a single-token step of 2 real 7B layers in 4-15 s and a step after a 128k
-    past in over a minute: the sweep's far positions alone would take minutes per WebGPU run."""
-    from rope_passes.runtime.adapter import adapter_info
-
-    adapter = adapter_info() if ep == "webgpu" else None
-    if adapter is not None and adapter.software:
-        return 0, ("--layers on a software WebGPU adapter: no position sweep by default (a step after a long past "
-                   "takes minutes at real width there; --sweep N adds one); rows past the decode are checked by the "
-                   "rotation tables (every position), when both graphs' tables are read")
-    return LAYERS_SWEEP, ""
+__all__ = ["Cut", "cut_model", "cut_pair", "describe", "hidden_name", "node_layer"]
 
 _PRESENT = re.compile(r"^present\.(\d+)\.")
 #: the ops whose first two inputs the builder's residual stream enters as (residual, sublayer output)
