@@ -129,6 +129,7 @@ def test_client_schedules_come_from_the_graph_facts():
     schedule prints as one line that parses back, layout included; each graph runs the layout it takes."""
     from rope_passes.analysis.genai_contract import GenaiLoop
     from rope_passes.check.client_schedules import client_schedules, for_graph
+    from rope_passes.check.schedule_runs import earlier_conversation
     from rope_passes.check.schedules import PLAIN, SHARED, STATIC, GraphFacts, parse
 
     facts = GraphFacts(vocab=300, switches=(32,), windows=(16,), context=256, max_length=256, static_mask=True,
@@ -161,6 +162,9 @@ def test_client_schedules_come_from_the_graph_facts():
     assert {s.name for s in client_schedules(GraphFacts(vocab=300))} == {"batch-rows", "second-turn",
                                                                         "left-padded-4", "right-padded-4",
                                                                         "batch-5", "batch-6", "batch-7"}
+    # a new conversation on genai's buffers after one that filled them (max_length 256): stale rows at 5..255
+    second = by["genai-second-conversation"]
+    assert second.earlier == 256 and earlier_conversation(second).call_sizes == [5, 251]
     # every batch size 1..8; decode steps after a right-padded prompt; the capture loop to total 64
     assert {1, 2, 3, 4, 5, 6, 7, 8} <= {s.batch for s in client_schedules(facts)} | {1, 2, 3}
     assert by["right-padded-4"].then == (1, 1)

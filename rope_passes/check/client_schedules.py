@@ -1,22 +1,21 @@
 """The schedules every ``check`` runs besides :func:`.schedules.default_schedules` (issue 26): what the model's
 real client sends, and calls at every threshold the graph has.
 
-* **the genai loop** (a genai folder whose config says ``past_present_share_buffer``, :class:`rope_passes.analysis.genai_contract.GenaiLoop`):
-  a prompt and decode steps on shared ``max_length`` past/present buffers (at most :data:`SHARED_MAX` rows) with a
-  growing mask of ones (how onnxruntime-genai runs every builder model), and the same with a ``max_length`` mask of
-  ones then zeros (its capture loop: the decode steps after a non-empty past) for a graph that reads its total
-  length from the mask's sum; and a **second conversation** on the same buffers (``genai-second-conversation``,
+* **the genai loop** (a genai folder whose config says ``past_present_share_buffer``, :class:`rope_passes.analysis.
+  genai_contract.GenaiLoop`): a prompt and decode steps on shared ``max_length`` past/present buffers (at most
+  :data:`SHARED_MAX` rows) with a growing mask of ones (how onnxruntime-genai runs every builder model), and the same
+  with a ``max_length`` mask of ones then zeros (its capture loop) for a graph that reads its total length from the
+  mask's sum; and a **second conversation** on the same buffers (``genai-second-conversation``,
   ``genai-capture-second-conversation``): genai keeps its buffers across generators of one model, so a new prompt
-  starts at past length 0 over the rows an earlier, longer conversation left there (:data:`EARLIER_MORE` more
-  tokens than the new one). Each
-  graph runs a schedule in the layout its own config and graph take (:func:`for_graph`), and only what a caller reads
-  is compared (the real tokens, ``present.*`` trimmed to the tokens so far);
-* **batched prompts and chat turns** (every model): ``batch-rows``, a batch of :data:`BATCH_ROWS` equal prompts;
-  ``batch-5`` .. ``batch-7`` (every batch size 1..8 is sent at least once);
-  ``left-padded-4`` / ``right-padded-4``, four rows of four different lengths padded as onnxruntime-genai (left) and
-  transformers.js (right) pad (by 2, 4, 6 and by 1, 2, 3: every padding 1..6 in a batch of four), then decode steps (after a right-padded prompt the mask keeps its zeros in the middle:
-  both clients append a 1 per step);
-  ``second-turn``, user messages of :data:`SECOND_TURNS` tokens after a past, a decode step between them;
+  starts at past length 0 over the rows an earlier conversation left, one that filled them (``max_length`` tokens,
+  the context at most: the most a client leaves). Each graph runs a schedule in the layout its own config and graph
+  take (:func:`for_graph`); only what a caller reads is compared (the real tokens, ``present.*`` to the tokens so far);
+* **batched prompts and chat turns** (every model): ``batch-rows``, :data:`BATCH_ROWS` equal prompts; ``batch-5`` ..
+  ``batch-7`` (every batch size 1..8 is sent); ``left-padded-4[b]`` / ``right-padded-4[b]``: on each side, every
+  padding ``1..w-1`` of prompts up to ``w = 7`` tokens (the prefill cap at most), three padded rows and a ``w`` row per
+  batch of four, padded as onnxruntime-genai (left) and transformers.js (right) pad, then decode steps (after a
+  right-padded prompt the mask keeps its zeros in the middle: both clients append a 1 per step); ``second-turn``,
+  user messages of :data:`SECOND_TURNS` tokens after a past, a decode step between them;
 * **positions ahead of the cache** (a graph that rotates by the ``position_ids`` its caller sends: exporter, optimum,
   transformers.js layouts): a prompt and calls after it whose positions start :data:`AHEAD` past the cache's length;
 * **thresholds** (:func:`boundary_schedules`), read from the graph: each LongRoPE switch and sliding window ``t``
@@ -42,7 +41,7 @@ from rope_passes.check.schedules import LEFT, PLAIN, RIGHT, SHARED, STATIC, Grap
 AHEAD = 5
 #: rows of ``batch-rows`` (equal prompts, no padding)
 BATCH_ROWS = 8
-#: an earlier conversation is this many tokens longer than the second one (its rows past the new one's stay)
+#: the captured run's earlier conversation is this many tokens longer than the checked one (its rows past it stay)
 EARLIER_MORE = 4
 #: the user messages of ``second-turn``: multi-token calls after a past, past the software adapter's prefill cap (a
 #: CPU EP schedule there) and well beyond it
@@ -69,21 +68,23 @@ def client_schedules(facts: GraphFacts, seed: int = 1) -> list[Schedule]:
     v, pad, out = facts.vocab, facts.pad, []
     n = min(5, facts.max_call or 5)
     length = min(facts.max_length, SHARED_MAX) if facts.max_length is not None else None
+    # genai keeps its buffers across generators: an earlier conversation can have filled them (to max_length, the
+    # context at most), and a new one starts at past length 0 over every row it left
+    earlier = min(length, facts.context or length) if length is not None else 0
     if length is not None and length >= n + 4:
         out.append(Schedule("genai-shared-buffers", (n,), (_draw(rng, v, n + 3),), then=(1, 1, 1), pad=pad,
                             kv=SHARED, max_length=length))
-        if length >= n + 4 + EARLIER_MORE:
+        if earlier > n + 4:
             out.append(Schedule("genai-second-conversation", (n,), (_draw(rng, v, n + 3),), then=(1, 1, 1), pad=pad,
-                                kv=SHARED, max_length=length, earlier=n + 3 + EARLIER_MORE))
+                                kv=SHARED, max_length=length, earlier=earlier))
         if facts.static_mask:
             # the capture loop's replays: single steps to total CAPTURE_TOTAL (where the buffers hold it), each compared
             steps = max(4, min(length, CAPTURE_TOTAL) - n)
             out.append(Schedule("genai-capture-steps", (n,), (_draw(rng, v, n + steps),), then=(1,) * steps,
                                 pad=pad, kv=STATIC, max_length=length))
-            if length >= n + 4 + EARLIER_MORE:
+            if earlier > n + 4:
                 out.append(Schedule("genai-capture-second-conversation", (n,), (_draw(rng, v, n + 4),),
-                                    then=(1, 1, 1, 1), pad=pad, kv=STATIC, max_length=length,
-                                    earlier=n + 4 + EARLIER_MORE))
+                                    then=(1, 1, 1, 1), pad=pad, kv=STATIC, max_length=length, earlier=earlier))
     if facts.takes_positions:
         out.append(Schedule("positions-ahead", (4,), (_draw(rng, v, 7),), then=(1, 2), pad=pad, ahead=AHEAD))
     # a server's batched prompts: BATCH_ROWS equal rows, no padding (a batch of at least 3, 4, ... rows)

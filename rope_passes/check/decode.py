@@ -224,6 +224,14 @@ def _dim(spec: InputSpec, axis: int, known: Mapping[str, int], what: str) -> int
     )
 
 
+def past_shape(spec: DecoderSpec, i: InputSpec, batch: int, rows: int) -> tuple[int, int, int, int]:
+    """``[batch, kv_heads, rows, head]`` for the past input ``i`` (the head size from genai_config when symbolic)."""
+    known = dict(spec.dims)
+    if spec.head_size and isinstance(i.shape[3], str):
+        known.setdefault(i.shape[3], spec.head_size)
+    return batch, _dim(i, 1, spec.dims, "number of KV heads"), rows, _dim(i, 3, known, "head size")
+
+
 def step_feeds(
     spec: DecoderSpec,
     tokens: np.ndarray,
@@ -267,12 +275,7 @@ def step_feeds(
             else:
                 if past_len:
                     raise UsageError(f"no cache for {name} at past length {past_len}")
-                kv_heads = _dim(i, 1, spec.dims, "number of KV heads")
-                known = dict(spec.dims)
-                if spec.head_size and isinstance(i.shape[3], str):
-                    known.setdefault(i.shape[3], spec.head_size)
-                head = _dim(i, 3, known, "head size")
-                feeds[name] = np.zeros((tokens.shape[0], kv_heads, 0, head), dtype)
+                feeds[name] = np.zeros(past_shape(spec, i, tokens.shape[0], 0), dtype)
         else:
             raise UsageError(f"the decoder input {name!r} is not one the checker knows how to synthesise")
     return feeds

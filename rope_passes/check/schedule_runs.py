@@ -41,13 +41,14 @@ def run_schedule(session: Any, spec: DecoderSpec, schedule: Schedule,
 
 def earlier_conversation(schedule: Schedule) -> Schedule:
     """The conversation a ``schedule.earlier`` leaves in the buffers: ``earlier`` tokens (the schedule's own ids
-    backwards, cycled), its prompt as long as the schedule's first call (so it fits where that does), then single
-    steps."""
+    backwards, cycled), a prompt as long as the schedule's first call, then one call of the rest (a chat's next
+    turn). What it leaves need not be right (past a software adapter's cap it is not): a graph reads none of it."""
     row = schedule.ids[0][::-1]
     first = min(schedule.call_sizes[0], schedule.earlier)
     ids = tuple(row[k % len(row)] for k in range(schedule.earlier))
+    rest = schedule.earlier - first
     return dataclasses.replace(schedule, name=schedule.name + "#earlier", lengths=(first,), ids=(ids,), padding=LEFT,
-                               chunk=None, then=(1,) * (schedule.earlier - first), earlier=0)
+                               chunk=None, then=(rest,) if rest else (), earlier=0)
 
 
 def _run_calls(session: Any, spec: DecoderSpec, schedule: Schedule, length: int | None,

@@ -16,12 +16,13 @@ between, ``n`` in all.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, cast
 
 import numpy as np
 
-from rope_passes.check.decode import DecoderSpec, InputSpec, _dim, id_range, step_feeds
+from rope_passes.check.decode import DecoderSpec, InputSpec, id_range, past_shape, step_feeds
 
 #: sweep positions of ``--sweep`` without a number's default rule when the model is too large for every position
 DEFAULT_SWEEP = 32
@@ -98,12 +99,7 @@ def sweep_feeds(spec: DecoderSpec, position: int, seed: int = 0) -> dict[str, np
         past = {}
         for name in sorted(spec.past_names):
             i = cast(InputSpec, spec.input(name))  # a past name is an input
-            kv_heads = _dim(i, 1, spec.dims, "number of KV heads")
-            known = dict(spec.dims)
-            if spec.head_size and isinstance(i.shape[3], str):
-                known.setdefault(i.shape[3], spec.head_size)
-            head = _dim(i, 3, known, "head size")
-            past[name] = rng.standard_normal((1, kv_heads, position, head)).astype(i.dtype)
+            past[name] = rng.standard_normal(past_shape(spec, i, 1, position)).astype(i.dtype)
     return step_feeds(spec, token, position, past)
 
 
@@ -125,19 +121,11 @@ def run_sweep(session: Any, spec: DecoderSpec, positions: Sequence[int], seed: i
 
 
 def spans(values: Sequence[int]) -> str:
-    out: list[str] = []
-    start: int | None = None
-    prev = 0  # read only once start is set
-    for v in sorted(values):
-        if start is None:
-            start = prev = v
-        elif v == prev + 1:
-            prev = v
-        else:
-            out.append(f"{start}" if start == prev else f"{start}..{prev}")
-            start = prev = v
-    if start is not None:
-        out.append(f"{start}" if start == prev else f"{start}..{prev}")
+    """``[1, 2, 3, 7]`` -> ``"1..3, 7"``."""
+    out = []
+    for _, run in itertools.groupby(enumerate(sorted(values)), lambda kv: kv[1] - kv[0]):
+        first, *rest = [v for _, v in run]
+        out.append(f"{first}..{rest[-1]}" if rest else f"{first}")
     return ", ".join(out)
 
 
