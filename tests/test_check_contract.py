@@ -159,9 +159,12 @@ def test_client_schedules_come_from_the_graph_facts():
     turns = by["second-turn"].call_sizes
     assert any(n > 8 for n in turns[1:]) and turns[0] < 8  # user messages past the prefill cap, after a past
     # nothing in the graph: only what every caller does (batched prompts, chat turns)
-    assert {s.name for s in client_schedules(GraphFacts(vocab=300))} == {"batch-rows", "second-turn",
-                                                                        "left-padded-4", "right-padded-4",
-                                                                        "batch-5", "batch-6", "batch-7"}
+    assert {s.name for s in client_schedules(GraphFacts(vocab=300))} == {
+        "batch-rows", "second-turn", "left-padded-4", "right-padded-4", "left-padded-4b", "right-padded-4b",
+        "batch-5", "batch-6", "batch-7"}
+    for side in ("left", "right"):  # every padding 1..6 of prompts up to 7 tokens, on each side, in a batch of four
+        padded = [s for s in by.values() if s.padding == side and s.batch == 4 and len(set(s.lengths)) == 4]
+        assert {max(s.lengths) - n for s in padded for n in s.lengths} >= set(range(7)), side
     # a new conversation on genai's buffers after one that filled them (max_length 256): stale rows at 5..255
     second = by["genai-second-conversation"]
     assert second.earlier == 256 and earlier_conversation(second).call_sizes == [5, 251]

@@ -94,18 +94,16 @@ def client_schedules(facts: GraphFacts, seed: int = 1) -> list[Schedule]:
     for size in OTHER_BATCHES:
         out.append(Schedule(f"batch-{size}", (3,) * size, tuple(_draw(rng, v, 4) for _ in range(size)), then=(1,),
                             pad=pad))
-    # four rows of four lengths, padded as genai (left) and transformers.js (right) pad, then decode steps
+    # batches of four rows of four lengths, padded as genai (left) and transformers.js (right) pad, then decode
+    # steps (after a right-padded prompt the mask keeps its zeros in the middle: both clients append a 1 per step):
+    # on each side every padding 1..w-1 a batch of prompts up to w tokens can have, three per batch beside a w row
     w = min(7, facts.max_call or 7)
-    rows = (w, max(1, w - 4), max(1, w - 2), 1)
-    out.append(Schedule("left-padded-4", rows, tuple(_draw(rng, v, k + 3) for k in rows), LEFT, then=(1, 1, 1),
-                        pad=pad))
-    # decode steps after the right-padded prompt (the mask keeps the padding's zeros in the middle): transformers.js
-    # sends them, and so does onnxruntime-genai, which appends a 1 to whatever mask the prompt had
-    then = (1, 1)
-    # padded by 1, 2, 3 where the left-padded rows are padded by 2, 4, 6: every padding 1..6 in a batch of four rows
-    rows = (w, max(1, w - 3), max(1, w - 1), max(1, w - 2))
-    out.append(Schedule("right-padded-4", rows, tuple(_draw(rng, v, k + sum(then)) for k in rows), RIGHT, then=then,
-                        pad=pad))
+    groups = -(-(w - 1) // 3)
+    for side, then in ((LEFT, (1, 1, 1)), (RIGHT, (1, 1))):
+        for g in range(groups):
+            rows = (w, *(w - p for p in range(1 + g, w, groups)))
+            out.append(Schedule(f"{side}-padded-4" + "bcd"[g - 1:g], rows,
+                                tuple(_draw(rng, v, k + sum(then)) for k in rows), side, then=then, pad=pad))
     # a chat's later turns: user messages of SECOND_TURNS tokens after a past (onnxruntime-genai's append_tokens)
     turns = tuple(x for k in SECOND_TURNS for x in (1, k))
     out.append(Schedule("second-turn", (n,), (_draw(rng, v, n + sum(turns) + 1),), then=(*turns, 1), pad=pad))
