@@ -158,7 +158,7 @@ PROBES = {
                        dict(ids=_ids(1), mask=[[1] * 254], past_rows=253, past_real=253), "end-256-steps"),
     "longrope-straddle": (GENAI / PHI3, longrope_by_first_position,
                           dict(ids=_ids(4), mask=[[1] * 34], past_rows=30, past_real=30),
-                          dict(ids=_ids(1), mask=[[1] * 34], past_rows=33, past_real=33), "switch-32-straddle"),
+                          dict(ids=_ids(1), mask=[[1] * 34], past_rows=33, past_real=33), "near-32-calls-4+2"),
     "positions-ahead": (TORCH / "tf5/dynamo/llama/decode.onnx", positions_never_ahead,
                         dict(ids=_ids(3), mask=[[1] * 7], past_rows=4, past_real=4, positions=[[9, 10, 11]]),
                         dict(ids=_ids(3), mask=[[1] * 7], past_rows=4, past_real=4, positions=[[4, 5, 6]]),

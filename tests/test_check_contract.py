@@ -135,11 +135,10 @@ def test_client_schedules_come_from_the_graph_facts():
     facts = GraphFacts(vocab=300, switches=(32,), windows=(16,), context=256, max_length=256, static_mask=True,
                        takes_positions=True, ends=(200, 256))
     by = {s.name: s for s in client_schedules(facts)}
-    assert {"genai-shared-buffers", "genai-capture-steps", "positions-ahead", "switch-32-steps",
-            "switch-32-straddle", "switch-32-straddle-8", "window-16-steps", "end-200-steps", "end-256-steps",
-            "end-256-straddle"} <= set(by)
-    straddle = by["switch-32-straddle"]
-    assert straddle.lengths == (30,) and straddle.then == (4,)  # past 30, 4 new tokens across the switch at 32
+    assert {"genai-shared-buffers", "genai-capture-steps", "positions-ahead", "switch-32-steps", "window-16-steps",
+            "end-200-steps", "end-256-steps", "end-256-straddle"} <= set(by)
+    straddle = by["near-32-calls-4+2"]  # calls of 4 ending at 26, 30, 34, 38: past 30, 4 tokens across the switch
+    assert straddle.lengths == (22,) and straddle.then == (4,) * 4
     totals = np.cumsum([0, *by["switch-32-steps"].call_sizes])[1:]
     assert {31, 32, 33} <= set(totals.tolist())
     end = by["end-256-steps"]
@@ -173,8 +172,8 @@ def test_client_schedules_come_from_the_graph_facts():
     assert by["right-padded-4"].then == (1, 1)
     assert sum(capture.call_sizes) == 64 and set(capture.call_sizes[1:]) == {1}
     # calls of k tokens end at every total near each threshold: 24..40 at the switch 32, 248..256 at the end
-    for t, ends in ((32, range(24, 41)), (256, range(248, 257))):
-        for k in (2, 3, 4):
+    for t, ends, top in ((32, range(24, 41), 8), (256, range(248, 257), 4)):
+        for k in range(2, top + 1):  # every call size up to the prefill cap (8), at the context's end to 4
             got = {int(e) for name, s in by.items() if name.startswith(f"near-{t}-calls-{k}+")
                    for e in np.cumsum(s.call_sizes)[1:]}
             assert set(ends) <= got <= set(range(ends[0], 257)), (t, k, sorted(got))

@@ -19,13 +19,14 @@ real client sends, and calls at every threshold the graph has.
 * **positions ahead of the cache** (a graph that rotates by the ``position_ids`` its caller sends: exporter, optimum,
   transformers.js layouts): a prompt and calls after it whose positions start :data:`AHEAD` past the cache's length;
 * **thresholds** (:func:`boundary_schedules`), read from the graph: each LongRoPE switch and sliding window ``t``
-  (totals above ``t`` read otherwise) gets single steps at totals ``t-1, t, t+1`` and multi-token calls that straddle
-  it (past ``t-2`` + 4 tokens, past ``t-4`` + 8 tokens) and a left-padded batch of a row below and a row above it
-  (lengths 2 and ``t+2``: the batch's total decides, not a row's); the context's end and a table's last row ``t`` get single
-  steps at totals ``t-8..t`` and a call of the last 8 positions; and calls of :data:`CALL_SIZES` tokens after a past
-  end at every total from ``t -`` :data:`NEAR` to ``t +`` :data:`NEAR` (the context's end: to ``t``)
-  (``near-<t>-calls-<k>+<r>``: a prompt, then calls of ``k``, one schedule per start residue ``r``). A threshold past :data:`BOUNDARY_MAX` tokens is left
-  to the sweep's single steps after a random past (a note says so).
+  (totals above ``t`` read otherwise) gets single steps at totals ``t-1, t, t+1`` and a left-padded batch of a row
+  below and a row above it (lengths 2 and ``t+2``: the batch's total decides, not a row's); the context's end and a
+  table's last row ``t`` get single steps at totals ``t-8..t`` and a call of the last 8 positions; and at each, calls
+  of every size ``k = 2..`` :data:`NEAR` (the software adapter's prefill cap at most; the context's end:
+  ``..`` :data:`END_CALLS`) after a past end at every total from ``t -`` :data:`NEAR` to ``t +`` :data:`NEAR` (the
+  context's end: to ``t``) (``near-<t>-calls-<k>+<r>``: a prompt, then calls of ``k``, one schedule per start
+  residue ``r``: ``k`` schedules per size). A threshold past :data:`BOUNDARY_MAX` tokens is
+  left to the sweep's single steps after a random past (a note says so).
 """
 
 from __future__ import annotations
@@ -51,9 +52,12 @@ SECOND_TURNS = (12, 30)
 CAPTURE_TOTAL = 64
 #: batch sizes no other schedule has (with them every batch of 1..BATCH_ROWS rows is sent at least once)
 OTHER_BATCHES = (5, 6, 7)
-#: the multi-token calls that end at every total near each threshold (:func:`boundary_schedules`), and how near
-CALL_SIZES = (2, 3, 4)
+#: calls of 2..NEAR tokens (the software adapter's prefill cap; a smaller cap bounds them) end at every total within
+#: NEAR of each threshold (:func:`boundary_schedules`)
 NEAR = 8
+#: at the context's end calls of 2..END_CALLS tokens (each of those schedules sends a prompt of nearly the context:
+#: 0.17 s on lavapipe for 245 tokens, times the four WebGPU passes; the last 8 positions in one call: end-<t>-straddle)
+END_CALLS = 4
 #: the largest threshold the boundary schedules reach by a prompt (longer: the sweep stands in)
 BOUNDARY_MAX = 1024
 #: the most rows a genai schedule's shared buffers get (a real model's max_length of 131072 would be GBs per call at
@@ -128,9 +132,7 @@ def boundary_schedules(facts: GraphFacts, rng: np.random.RandomState | None = No
     for kind, t in sorted(set(crossings), key=lambda c: c[1]):
         if t > BOUNDARY_MAX:
             continue
-        add(f"{kind}-{t}-steps", t - 2, (1, 1, 1))  # totals t-1, t, t+1
-        add(f"{kind}-{t}-straddle", t - 2, (4,))  # past t-2, positions t-2..t+1 in one call
-        add(f"{kind}-{t}-straddle-8", t - 4, (8,))
+        add(f"{kind}-{t}-steps", t - 2, (1, 1, 1))  # totals t-1, t, t+1 (calls that straddle it: near-t-calls-*)
         # a batch whose rows sit on both sides of it: the batch's total decides, not one row's length
         if room is None or t + 3 <= room:
             rows = (2, t + 2)
@@ -144,8 +146,10 @@ def boundary_schedules(facts: GraphFacts, rng: np.random.RandomState | None = No
         add(f"end-{t}-straddle", t - k, (k,))  # the last k positions in one call
     # calls of k tokens (a chunked prefill's chunks, speculative decoding's k-token steps) ending at every total
     # from t - NEAR to t + NEAR (the context's end: to t) of every threshold: one schedule per k and start residue
+    cap = min(NEAR, facts.max_call or NEAR)
     near = [(k, t, t + (0 if k_ == "end" else NEAR)) for k_, t in
-            [*crossings, *(("end", t) for t in facts.ends)] if t <= BOUNDARY_MAX for k in CALL_SIZES]
+            [*crossings, *(("end", t) for t in facts.ends)] if t <= BOUNDARY_MAX
+            for k in range(2, (min(cap, END_CALLS) if k_ == "end" else cap) + 1)]
     for k, t, hi in sorted(set(near)):
         lo = t - NEAR
         for r in range(k):
@@ -174,4 +178,4 @@ def for_graph(schedule: Schedule, loop: GenaiLoop) -> Schedule:
                                earlier=schedule.earlier if kv != PLAIN else 0)
 
 
-__all__ = ["AHEAD", "BATCH_ROWS", "CALL_SIZES", "CAPTURE_TOTAL", "NEAR", "OTHER_BATCHES", "EARLIER_MORE", "BOUNDARY_MAX", "SECOND_TURNS", "SHARED_MAX", "boundary_schedules", "client_schedules", "for_graph", "unreached"]
+__all__ = ["AHEAD", "BATCH_ROWS", "CAPTURE_TOTAL", "END_CALLS", "NEAR", "OTHER_BATCHES", "EARLIER_MORE", "BOUNDARY_MAX", "SECOND_TURNS", "SHARED_MAX", "boundary_schedules", "client_schedules", "for_graph", "unreached"]
