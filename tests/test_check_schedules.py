@@ -412,6 +412,9 @@ def test_default_schedules_cover_the_callers():
     assert fits(sched["every-id"], 8) and fits(sched["long-decode"], 8)  # single tokens: WebGPU runs them
     decode = sched["long-decode"]
     assert decode.lengths == (1,) and decode.then == (1,) * 63  # a step at every position 1..63
+    # where the sweep takes every position: a decode step at every one, its ids a fifth at the vocabulary's edges
+    dense = {s.name: s for s in default_schedules(dataclasses.replace(facts, decode_to=256))}["long-decode"]
+    assert dense.then == (1,) * 255 and {497, 498, 499} <= set(dense.ids[0][70:240])
     assert sched["two-rows"].batch == 2
     assert "every-id" not in {s.name for s in default_schedules(GraphFacts(vocab=32000, max_call=8))}
     ids = {i for s in sched.values() for row in s.ids for i in row}

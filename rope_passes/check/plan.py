@@ -25,7 +25,7 @@ from rope_passes.check.client_schedules import BOUNDARY_MAX, CAPTURE_TOTAL, clie
 from rope_passes.check.compare import TOLERANCES, Tolerance
 from rope_passes.check.decode import TOKEN_HIGH
 from rope_passes.check.models import ModelInfo, attention_layout, embedding_for, rotation_tables_of
-from rope_passes.check.schedules import GraphFacts, Schedule, default_schedules, fits, runs_on
+from rope_passes.check.schedules import DENSE_DECODE, GraphFacts, Schedule, default_schedules, runs_on
 from rope_passes.check.spec import ORIGINAL, REWRITTEN, RunKey
 from rope_passes.check.sweep import default_positions, sweep_positions
 from rope_passes.check.table_diff import TableComparison, compare_tables
@@ -107,9 +107,7 @@ class CheckPlan:
 
     def for_ep(self, ep: str) -> list[Schedule]:
         """The schedules a run on ``ep`` makes (:func:`~rope_passes.check.schedules.runs_on`)."""
-        if self.facts is None:
-            return [s for s in self.schedules if ep != "webgpu" or fits(s, self.max_call)]
-        facts = dataclasses.replace(self.facts, max_call=self.max_call)
+        facts = dataclasses.replace(self.facts or GraphFacts(vocab=0), max_call=self.max_call)
         return [s for s in self.schedules if runs_on(s, ep, facts)]
 
 
@@ -302,7 +300,9 @@ def graph_facts(orig: ModelInfo, rew: ModelInfo, plan: CheckPlan, embedding_rows
                       takes_positions=caller_positions(orig.model) and caller_positions(rew.model),
                       ends=tuple(sorted({c for c in context if end is None or c <= end})),
                       same_kernels=attention_layout(orig) is not None
-                      and attention_layout(orig) == attention_layout(rew))
+                      and attention_layout(orig) == attention_layout(rew),
+                      # where the CPU reference affords every position, every one is a decode step after a real past
+                      decode_to=end if end and set(range(end)) <= set(plan.positions) else DENSE_DECODE)
 
 
 def with_schedules(plan: CheckPlan, facts: GraphFacts, given: Sequence[Schedule] | None) -> CheckPlan:

@@ -44,7 +44,8 @@ LEFT, RIGHT = "left", "right"
 PLAIN, SHARED, STATIC = "plain", "shared", "static"
 #: the longest prompt a default schedule sends in one call to pass a switch or window (longer: the sweep stands in)
 LONG_PROMPT_MAX = 512
-#: a one-token prompt then single steps to this many positions: every position below it is read by a decode step
+#: a one-token prompt then single steps to this many positions (to the context's end where the sweep takes every
+#: position, :attr:`GraphFacts.decode_to`): every position below it is read by a decode step after a real past
 DENSE_DECODE = 64
 EVERY_ID_MAX, EVERY_ID_ROWS = 4096, 256  # vocabularies up to MAX get ``every-id`` (each id once, in ROWS rows)
 
@@ -257,6 +258,7 @@ class GraphFacts:
     takes_positions: bool = False  # a graph rotates by the position_ids its caller sends (analysis.genai_contract)
     ends: tuple[int, ...] = ()  # the context's end and a table's last row before it (no total past the context)
     same_kernels: bool = False  # same attention kernels: batch 1 runs every call on WebGPU (.models.attention_layout)
+    decode_to: int = DENSE_DECODE  # long-decode's last total
 
     def long_prompt(self) -> tuple[int, str]:
         """A prompt length longer than every window and past every switch, and why (capped at LONG_PROMPT_MAX and
@@ -302,9 +304,9 @@ def default_schedules(facts: GraphFacts, seed: int = 0) -> list[Schedule]:
                         tuple(_draw(rng, v, n) for n in (short, max(1, short - 2))), RIGHT, pad=pad))
     out.append(Schedule("two-rows", (short, short), tuple(_draw(rng, v, short + 2) for _ in range(2)), LEFT,
                         then=(1, 1), pad=pad))
-    steps = DENSE_DECODE - 1
+    steps = facts.decode_to - 1
     if facts.context is not None:
-        steps = max(1, min(steps, facts.context - 2))
+        steps = max(1, min(steps, facts.context - 1))
     out.append(Schedule("long-decode", (1,), (_draw(rng, v, 1 + steps),), then=(1,) * steps, pad=pad))
     if v <= EVERY_ID_MAX:
         out.append(every_id(v, pad))
