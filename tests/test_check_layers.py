@@ -9,6 +9,7 @@ byte copied. Budget (2 cores): ~40 s.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -164,5 +165,8 @@ def test_rewritten_model_passes_from_the_cli(tmp_path):
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "hidden_states.1" in done.stdout and "equivalent" in done.stdout
     lines = [ln for ln in done.stderr.splitlines() if ln.startswith("[")]  # --progress: one line per step
-    assert any("original@cpu: started" in ln for ln in lines) and any("rewritten@webgpu: 5/5" in ln for ln in lines)
+    # every step of the decode, however long the plan makes it (an output whose config turns capture on decodes to
+    # CAPTURE_TOTAL, c60bbb1)
+    assert any("original@cpu: started" in ln for ln in lines)
+    assert any(re.search(r"rewritten@webgpu: (\d+)/\1$", ln) for ln in lines), lines
     assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == []  # the cut is cleaned up
