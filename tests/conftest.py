@@ -39,6 +39,10 @@ TORCH = SHARED / "corpus" / "torch"
 #: graphs generated for this project (committed; tests/fixtures/README.md says how): builder 0.18 families and
 #: options beyond the shared corpus, and torch exporters beyond its two
 FIXTURES = REPO / "tests" / "fixtures"
+#: sweep positions for corpus-wide checks whose subject is another run (the captured decode, a family's output):
+#: the exhaustive default sweep (every position 0..context-1, about half a tiny model's check) is the subject of
+#: tests/test_check_sweep.py and of test_check.py's self-consistency on one model per family, not of every check
+SWEEP = 16
 
 
 def genai_models() -> list[str]:

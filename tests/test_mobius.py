@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import onnx_ir as ir
 import pytest
-from conftest import FIXTURES
+from conftest import FIXTURES, SWEEP
 
 from rope_passes.analysis.graph import nodes_of
 from rope_passes.analysis.placement import predict_placement
@@ -159,7 +159,7 @@ def test_rewritten_gives_the_original_bits_on_cpu(optimized, family, mask, call,
 def test_captured_decode_matches_original(optimized, family):
     """The checker's runs: original on CPU and WebGPU, rewritten on WebGPU without and with graph capture."""
     dest, _ = optimized[family]
-    report = check(_folder(family), dest, prefill=8, steps=4, graph_capture=True)
+    report = check(_folder(family), dest, prefill=8, steps=4, graph_capture=True, sweep=SWEEP)
     captured = report.run("rewritten@webgpu+capture")
     assert captured is not None and captured.ok, (captured.status, captured.reason) if captured else None
     assert report.equivalent, report.to_json()[:2000]

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import onnx_ir as ir
 import pytest
-from conftest import GENAI, UNLOADABLE, genai_models
+from conftest import GENAI, SWEEP, UNLOADABLE, genai_models
 
 from rope_passes.analysis.graph import ancestors, nodes_of
 from rope_passes.analysis.placement import predict_placement
@@ -297,7 +297,7 @@ def test_webgpu_graph_output_captures_with_zero_memcpy(optimized, capture_probes
 @pytest.mark.parametrize("rel", CAPTURE_READY)
 def test_captured_decode_matches_original(optimized, rel):
     """The checker's runs: original on CPU and WebGPU, rewritten on WebGPU without and with graph capture."""
-    report = check(GENAI / rel, optimized[rel], prefill=8, steps=4, graph_capture=True)
+    report = check(GENAI / rel, optimized[rel], prefill=8, steps=4, graph_capture=True, sweep=SWEEP)
     captured = report.run("rewritten@webgpu+capture")
     assert captured is not None and captured.ok, (captured.status, captured.reason) if captured else None
     assert report.equivalent, report.to_json()[:2000]
@@ -419,7 +419,7 @@ def test_lowered_mrope_graph_captures_and_keeps_its_bits(genai_corpus, tmp_path)
     rel = "current/qwen35/webgpu_fp32"
     optimize(str(GENAI / rel), str(tmp_path / "lowered"), passes=["lower-mrope", "cleanup"])
     optimize(str(GENAI / rel), str(tmp_path / "graph"), preset="webgpu-graph")
-    report = check(tmp_path / "lowered", tmp_path / "graph", prefill=8, steps=4, graph_capture=True)
+    report = check(tmp_path / "lowered", tmp_path / "graph", prefill=8, steps=4, graph_capture=True, sweep=SWEEP)
     assert report.equivalent, report.to_json()[:2000]
     same_ep = report.comparison("rewritten@webgpu", "original@webgpu")
     assert same_ep.diffs and all(d.max_abs == 0.0 for d in same_ep.diffs)
