@@ -79,11 +79,32 @@ def _gqa_nodes(model: Any) -> list[Any]:
     return [n for n in _nodes(model) if n.op_type == "GroupQueryAttention" and n.domain == "com.microsoft"]
 
 
+def _same_value(value: Any, side: str) -> list[Any]:
+    """``value`` and the values an ``Identity`` chain makes of it: towards the graph's outputs (``side``
+    "outputs") or back towards its inputs ("inputs"). The same tensor by value: onnxruntime-genai binds the name,
+    whatever node writes it (measured: the builder's llama with an Identity before ``present.0.key`` decodes two
+    conversations on genai 0.18's shared buffers within 3.5e-6 of the original)."""
+    out, todo = [value], [value]
+    while todo:
+        v = todo.pop()
+        if side == "outputs":
+            nxt = [n.outputs[0] for n in v.consumers() if n.op_type == "Identity" and n.domain in ("", "ai.onnx")]
+        else:
+            p = v.producer()
+            nxt = [p.inputs[0]] if p is not None and p.op_type == "Identity" and p.domain in ("", "ai.onnx") \
+                and p.inputs[0] is not None else []
+        for n in nxt:
+            if all(n is not seen for seen in out):
+                out.append(n)
+                todo.append(n)
+    return out
+
+
 def config_mismatches(model: Any, cfg: GenaiConfig) -> list[str]:
     """Where a genai folder's ``genai_config.json`` does not describe its graph the way onnxruntime-genai reads it:
     the ``past_key_names``/``past_value_names`` (``present_*``) patterns must name, for each layer, graph inputs
     (outputs) that a GroupQueryAttention reads as past_key/past_value (writes as present_key/present_value), in that
-    role; ``num_key_value_heads``/``num_attention_heads`` must be its ``kv_num_heads``/``num_heads``. Empty when the
+    role, directly or through ``Identity`` (:func:`_same_value`); ``num_key_value_heads``/``num_attention_heads`` must be its ``kv_num_heads``/``num_heads``. Empty when the
     model has no config or no GroupQueryAttention (nothing to bind)."""
     if not cfg or model is None:
         return []
@@ -98,8 +119,10 @@ def config_mismatches(model: Any, cfg: GenaiConfig) -> list[str]:
     for node in gqas:
         for key, (side, index) in slots.items():
             values = node.inputs if side == "inputs" else node.outputs
-            if len(values) > index and values[index] is not None and values[index].name:
-                role[values[index].name] = key
+            if len(values) > index and values[index] is not None:
+                for value in _same_value(values[index], side):
+                    if value.name:
+                        role[value.name] = key
     for key, (side, _) in slots.items():
         pattern = (cfg.decoder_inputs if side == "inputs" else cfg.decoder_outputs).get(key)
         if not pattern or "%d" not in pattern:
