@@ -374,3 +374,16 @@ def test_no_run_label_is_spelled_outside_its_type(tmp_path):
                       'z = "original@webgpu+capture"\n')
     assert sorted(line for line, _ in _label_spellings(sample)) == [2, 3, 4]
     assert _label_spellings(PACKAGE / "check" / "spec.py")
+
+
+MODULE_LINES_MAX = 450  # a module a reader holds at once; the largest today are just under it
+
+
+def test_no_module_is_longer_than_the_house_allows():
+    """Every module of the package stays at or under MODULE_LINES_MAX lines (check/ and its 5k budget: issue 33)."""
+    sizes = {path: len(path.read_text(encoding="utf-8").splitlines()) for path in _modules().values()}
+    assert sizes and max(sizes.values()) > MODULE_LINES_MAX // 2  # the walk reads real modules
+    over = [f"{p.relative_to(PACKAGE.parent)}: {n}" for p, n in sizes.items() if n > MODULE_LINES_MAX]
+    assert not over, "split these modules:\n" + "\n".join(over)
+    check_lines = sum(n for p, n in sizes.items() if "check" in p.relative_to(PACKAGE).parts[:1])
+    assert check_lines < 5000, check_lines

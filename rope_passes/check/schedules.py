@@ -13,13 +13,10 @@ A :class:`Schedule` is a batch of token rows and the calls that feed them:
   own count;
 * ``ids``: every row's real token ids, prompt first.
 
-:meth:`Schedule.calls` spells it out call by call (:class:`Call`: past length, tokens, ids, mask, positions, which
-outputs a caller reads); :meth:`Schedule.text` is one line that :func:`parse` reads back (``check --schedule``), so
-a failure names a schedule that reruns as is.
-
-:func:`default_schedules` is the set every ``check`` runs (the caller classes of issue 20, docs/checker.md; those of
-issue 26 in :mod:`.client_schedules`); :func:`random_schedule` draws one for ``check --budget``, :func:`shrink`
-makes a differing one as small as it stays differing.
+:meth:`Schedule.calls` spells it out call by call (:class:`Call`); :meth:`Schedule.text` is one line that
+:func:`parse` reads back (``check --schedule``), so a failure names a schedule that reruns as is.
+:func:`default_schedules` is the set every ``check`` runs (docs/checker.md; the clients' in :mod:`.client_schedules`);
+:func:`random_schedule` draws one for ``check --budget``, :func:`shrink` makes a differing one smaller.
 
 Only what a caller reads is compared (:func:`.evidence.schedules.compare_calls`): the real tokens' rows and the real
 cache rows of ``present.*`` below the tokens so far; padding and rows past the sequence are read by no one.
