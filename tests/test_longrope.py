@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -283,7 +284,7 @@ def test_longrope_refusals(genai_corpus, edit, reason):
 
 @pytest.mark.webgpu
 @pytest.mark.parametrize("ep", ["webgpu", "cpu"])
-def test_far_switch_is_checked_by_steps_at_its_sides(rewritten, monkeypatch, ep):
+def test_far_switch_is_checked_by_steps_at_its_sides(rewritten, monkeypatch, ep, tmp_path):
     """Real-size Phi-3-128k switches after 4096 tokens; here the corpus graph's 32 stands in, with the crossing limit
     lowered below the 36 steps a crossing decode needs. The check then runs single steps after a random past at
     positions 30..33 (total 31..34: short, short, long, long) with no other sweep. Independent reference: the If
@@ -293,7 +294,15 @@ def test_far_switch_is_checked_by_steps_at_its_sides(rewritten, monkeypatch, ep)
     from rope_passes.check import plan  # rope_passes.check is the function: patch the module object
 
     monkeypatch.setattr(plan, "MAX_CROSSING_STEPS", 8)
-    report = check(PHI3 / "cpu_fp32", rewritten["cpu_fp32"], ep=ep, sweep=0, tables=False)
+    # the output's genai_config turns capture on, whose captured decode runs to CAPTURE_TOTAL (64): past a real-size
+    # switch (4096) it crosses nothing either; here it would cross 32, so the stand-in keeps capture off
+    far = tmp_path / "capture-off"
+    shutil.copytree(rewritten["cpu_fp32"], far)
+    config = json.loads((far / "genai_config.json").read_text())
+    for options in config["model"]["decoder"]["session_options"].get("provider_options", []):
+        options.get("webgpu", {}).pop("enableGraphCapture", None)
+    (far / "genai_config.json").write_text(json.dumps(config))
+    report = check(PHI3 / "cpu_fp32", far, ep=ep, sweep=0, tables=False)
     assert report.sweep_positions == [30, 31, 32, 33], report.sweep_positions
     assert report.prefill + report.steps < ORIGINAL  # no decode crossing
     assert any("single steps after a random past" in n for n in report.notes), report.notes

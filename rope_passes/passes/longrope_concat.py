@@ -277,7 +277,7 @@ class LongRoPEConcatPass(RopePass):
 
     @staticmethod
     def _match(model: ir.Model, switch: LongRoPE, gqas: list[ir.Node],
-               is_total: Callable[[ir.Value], bool]) -> tuple[int, list[np.ndarray]]:
+               is_total: Callable[[ir.Value], bool] | None = None) -> tuple[int, list[np.ndarray]]:
         """The offset and the ``[small[:offset]; large]`` tables for the If ``switch``; MatchFailure.refuse if not."""
         node = switch.node
         assert node is not None
