@@ -11,7 +11,7 @@ import json
 import numpy as np
 import onnx_ir as ir
 import pytest
-from conftest import FIXTURES, GENAI, TORCH
+from conftest import FIXTURES, GENAI, SWEEP, TORCH
 
 import rope_passes
 from rope_passes.check.core import COULD_NOT_RUN, EQUIVALENT, NOT_EQUIVALENT, check, rotation_tables
@@ -112,13 +112,13 @@ def test_cli_names_a_row_the_decode_never_reads(tmp_path, capsys):
     tolerance even at position 200 itself; the table comparison is what catches it."""
     src = GENAI / GQA_CACHES["fp16"]
     bad = mutated(src, tmp_path / "bad", "cos_cache", 200)
-    assert main(["check", str(src), bad, "--json"]) == 1
+    assert main(["check", str(src), bad, "--json", "--no-sweep"]) == 1  # the tables alone see row 200
     data = json.loads(capsys.readouterr().out)
     first = data["tables"]["first_difference"]
     assert (first["position"], first["table"], first["column"]) == (200, "cos", 1)
     assert "row 200 of 'cos_cache'" in first["line"]
     assert all(c["ok"] for c in data["comparisons"] if c["kind"] == "decode" and c["counts"])
-    assert main(["check", str(src), bad]) == 1
+    assert main(["check", str(src), bad, "--no-sweep"]) == 1
     text = capsys.readouterr().out
     assert "rotation tables: DIFFERENT" in text and "first failure: rotation tables: layer 0 q, position 200" in text
     assert main(["check", str(src), str(src), "--no-sweep", "--json"]) == 0
@@ -202,11 +202,11 @@ def folded(tmp_path_factory):
 @pytest.mark.webgpu
 @pytest.mark.parametrize("src", MROPE, ids=lambda p: p.parent.name + "/" + p.name)
 def test_mrope_original_vs_its_fold_output(src, folded, tmp_path, capsys):
-    rc = main(["check", str(src), str(folded[src])])
+    rc = main(["check", str(src), str(folded[src]), "--sweep", str(SWEEP)])  # the subject: which reference ran
     text = capsys.readouterr().out
     reference = next(line for line in text.splitlines() if line.startswith("reference: "))
     assert "MRotaryEmbedding" in text  # why the original does not load here is said
-    report = check(src, folded[src])
+    report = check(src, folded[src], sweep=SWEEP)
     assert report.equivalent and report.tables.ok
     assert rc == report.exit_code  # 0 with the second runtime's reference, 3 on the tables alone (issue 26)
     if report.run("original@webgpu:plugin") is not None:  # the second runtime is set up: it ran the original

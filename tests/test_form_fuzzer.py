@@ -17,6 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from conftest import SWEEP
 from form_fuzz import Case, build, judge
 from mutants import CALLS, LONGROPE_CALLS
 from mutants.forms import BASE, SEQLENS_FORMS, TOTAL_FORMS, attention_in_function, mask_chain, whole_graph_at
@@ -129,7 +130,7 @@ def test_fuzzed_output_replays_under_graph_capture(prefix: str, tmp_path: Path):
 
     case = next(c for c in CASES if c.name.startswith(prefix))
     variant, out, _ = build(case, tmp_path)
-    report = check(variant, out, prefill=8, steps=4, graph_capture=True)
+    report = check(variant, out, prefill=8, steps=4, graph_capture=True, sweep=SWEEP)
     captured = report.run("rewritten@webgpu+capture")
     assert captured is not None and captured.ok, (captured.status, captured.reason) if captured else None
     assert report.equivalent, report.to_json()[:2000]
