@@ -104,8 +104,9 @@ def config_mismatches(model: Any, cfg: GenaiConfig) -> list[str]:
     """Where a genai folder's ``genai_config.json`` does not describe its graph the way onnxruntime-genai reads it:
     the ``past_key_names``/``past_value_names`` (``present_*``) patterns must name, for each layer, graph inputs
     (outputs) that a GroupQueryAttention reads as past_key/past_value (writes as present_key/present_value), in that
-    role, directly or through ``Identity`` (:func:`_same_value`); ``num_key_value_heads``/``num_attention_heads`` must be its ``kv_num_heads``/``num_heads``. Empty when the
-    model has no config or no GroupQueryAttention (nothing to bind)."""
+    role, directly or through ``Identity`` (:func:`_same_value`); ``num_key_value_heads``/``num_attention_heads``
+    must be its ``kv_num_heads``/``num_heads``. Empty when the model has no config or no GroupQueryAttention (nothing
+    to bind)."""
     if not cfg or model is None:
         return []
     gqas = _gqa_nodes(model)
