@@ -186,6 +186,9 @@ class CaptureDriver:
 
 
 def _np_type(ort_type: str) -> np.dtype:
-    from rope_passes.check.decode import ORT_DTYPES
+    from rope_passes.check.decode import numpy_dtype
 
-    return ORT_DTYPES[ort_type]
+    dtype = numpy_dtype(ort_type)
+    if dtype is None:
+        raise KeyError(ort_type)
+    return dtype

@@ -47,12 +47,19 @@ ORT_DTYPES: dict[str, np.dtype] = {
     "tensor(uint8)": np.dtype(np.uint8),
     "tensor(bool)": np.dtype(np.bool_),
 }
-try:  # bfloat16 has no numpy dtype of its own; onnx depends on ml_dtypes, which provides one
-    import ml_dtypes
 
-    ORT_DTYPES["tensor(bfloat16)"] = np.dtype(ml_dtypes.bfloat16)
-except ImportError:  # pragma: no cover
-    pass
+
+def numpy_dtype(ort_type: str) -> np.dtype | None:
+    """The numpy dtype of an onnxruntime type string (None: one the checker cannot synthesise). bfloat16 has no numpy
+    dtype of its own; onnx depends on ml_dtypes, which provides one, imported here on first use: importing it costs
+    every run's subprocess about a second of CPU (ml_dtypes 0.7 on the CI machine), and few graphs have bfloat16."""
+    if ort_type == "tensor(bfloat16)":
+        try:
+            import ml_dtypes
+        except ImportError:  # pragma: no cover
+            return None
+        return np.dtype(ml_dtypes.bfloat16)
+    return ORT_DTYPES.get(ort_type)
 
 #: onnx TensorProto element types -> onnxruntime type strings (for specs read from a model file).
 _ONNX_TO_ORT = {1: "tensor(float)", 10: "tensor(float16)", 11: "tensor(double)", 7: "tensor(int64)",
@@ -89,9 +96,10 @@ class InputSpec:
 
     @property
     def dtype(self) -> np.dtype:
-        if self.type not in ORT_DTYPES:
+        dtype = numpy_dtype(self.type)
+        if dtype is None:
             raise UsageError(f"input {self.name!r} has type {self.type}, which the checker cannot synthesise")
-        return ORT_DTYPES[self.type]
+        return dtype
 
 
 def _specs_from_model(model: Any) -> tuple[list[InputSpec], list[str]]:

@@ -4,7 +4,8 @@
 :func:`probe_placement` creates a WebGPU session in a subprocess with verbose logging (``log_severity_level=0``; a
 crash there is a result, not the caller's crash) and reads onnxruntime's ``webgpu kernel not found`` and ``Node
 placements`` lines, the ``transformer_memcpy`` lines and the session creation error, if any
-(:func:`parse_probe_log`).
+(:func:`parse_probe_log`). The child imports onnxruntime and :mod:`.sessions` only: the graph side (onnx_ir, the
+analysis) is imported where it is used, in the parent (a probe's child spent about 2 s of CPU importing it).
 
     python -m rope_passes.runtime.placement_probe model.onnx --probe       # static prediction, then the probe
     python -m rope_passes.runtime.placement_probe model.onnx --capture 0   # static prediction without capture
@@ -23,11 +24,12 @@ import re
 import subprocess
 import sys
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import onnx_ir as ir
+if TYPE_CHECKING:
+    import onnx_ir as ir
 
-from rope_passes.analysis.placement import Memcpy, Placement, predict_placement
+    from rope_passes.analysis.placement import Placement
 
 _NOT_FOUND = re.compile(r"webgpu kernel not found in registries for Op type: (\S+) node name: (.*)$")
 _MEMCPY = re.compile(r"transformer_memcpy\.cc:\d+ \w+\] Add (MemcpyFromHost|MemcpyToHost) (?:after|before) (.*) "
@@ -77,6 +79,8 @@ def probe_placement(model_path: str | os.PathLike, *, graph_capture: bool = True
 
 def parse_probe_log(model: str, graph_capture: bool, log: str, returncode: int = 0) -> Placement:
     """The placement a probe's log (stdout + stderr of the child) shows."""
+    from rope_passes.analysis.placement import Memcpy, Placement
+
     result = Placement(model, graph_capture, "probe")
     marker = next((ln for ln in log.splitlines() if ln.startswith(_MARKER)), None)
     if marker is None:
@@ -124,6 +128,10 @@ def _strip_ort(message: str) -> str:
 
 def annotate(placement: Placement, model: ir.Model) -> Placement:
     """Fill producer/consumer names of a probe's Memcpy entries (the log names only the tensor) from the graph."""
+    import onnx_ir as ir
+
+    from rope_passes.analysis.placement import Memcpy
+
     values: dict[str, ir.Value] = {}
     for node in ir.traversal.RecursiveGraphIterator(model.graph):
         for v in list(node.inputs) + list(node.outputs):
@@ -158,6 +166,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not args.model:
         parser.error("give a model path")
+    from rope_passes.analysis.placement import predict_placement
+
     capture = args.capture == "1"
     static = predict_placement(args.model, graph_capture=capture, runtime=args.runtime)
     print("static:", static.summary())
