@@ -43,6 +43,11 @@ FIXTURES = REPO / "tests" / "fixtures"
 #: the exhaustive default sweep (every position 0..context-1, about half a tiny model's check) is the subject of
 #: tests/test_check_sweep.py and of test_check.py's self-consistency on one model per family, not of every check
 SWEEP = 16
+#: the one schedule (``check --schedule``: 3 prompt tokens, then 1 step) of a check whose subject is the verdict or
+#: the table that names a break in a deliberately broken model (the default schedules, 33 on a corpus pair and 5/6
+#: of its check's time on a software adapter, would only fail alike), or of a corpus model against itself whose
+#: default schedules test_check.py's self-consistency runs. Checks of real outputs keep them all
+ONE_SCHEDULE = "left rows 3 then 1 pad 0 ids 5.7.9.4"
 
 
 def genai_models() -> list[str]:

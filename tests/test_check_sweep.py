@@ -11,13 +11,15 @@ import json
 import numpy as np
 import onnx_ir as ir
 import pytest
-from conftest import FIXTURES, GENAI, SWEEP, TORCH
+from conftest import FIXTURES, GENAI, ONE_SCHEDULE, SWEEP, TORCH
 
 import rope_passes
+from rope_passes.check import core
 from rope_passes.check.core import COULD_NOT_RUN, EQUIVALENT, NOT_EQUIVALENT, check, rotation_tables
 from rope_passes.check.decode import DecoderSpec
 from rope_passes.check.models import read_model, rotation_tables_of
-from rope_passes.check.report import EQUIVALENT_TABLES_ONLY
+from rope_passes.check.report import EQUIVALENT_TABLES_ONLY, EquivalenceReport
+from rope_passes.check.schedules import parse
 from rope_passes.check.sweep import default_positions, sweep_feeds, sweep_positions
 from rope_passes.check.table_diff import compare_tables, ulp
 from rope_passes.cli import main
@@ -45,6 +47,17 @@ def mutated(src, dst, table: str, row: int, column: int | None = 1) -> str:
     change_value(bundle.model, table, row, column)
     save_bundle(bundle, dst)
     return str(dst)
+
+
+def cli_check(monkeypatch, *argv: str) -> tuple[int, EquivalenceReport]:
+    """``rope-passes check ARGV``'s exit code and the report it printed: one check, read as its text and as the API's
+    object (a second check of the same pair for the object alone would double a test's time)."""
+    made: list[EquivalenceReport] = []
+    with monkeypatch.context() as patch:
+        patch.setattr(core, "check", lambda *args, **kwargs: made.append(check(*args, **kwargs)) or made[-1])
+        rc = main(["check", *argv])
+    (report,) = made
+    return rc, report
 
 
 def cos_table(model_dir) -> str:
@@ -107,21 +120,22 @@ def test_one_ulp_is_the_tolerance():
 
 @pytest.mark.corpus
 @pytest.mark.webgpu
-def test_cli_names_a_row_the_decode_never_reads(tmp_path, capsys):
+def test_cli_names_a_row_the_decode_never_reads(tmp_path, capsys, monkeypatch):
     """fp16 cos_cache row 200, one value +1e-2: far past the 12 decoded positions and below the fp16 logits
     tolerance even at position 200 itself; the table comparison is what catches it."""
     src = GENAI / GQA_CACHES["fp16"]
     bad = mutated(src, tmp_path / "bad", "cos_cache", 200)
-    assert main(["check", str(src), bad, "--json", "--no-sweep"]) == 1  # the tables alone see row 200
-    data = json.loads(capsys.readouterr().out)
+    rc, report = cli_check(monkeypatch, str(src), bad, "--no-sweep", "--schedule", ONE_SCHEDULE)
+    assert rc == 1  # the tables alone see row 200
+    text = capsys.readouterr().out
+    assert "rotation tables: DIFFERENT" in text and "first failure: rotation tables: layer 0 q, position 200" in text
+    data = json.loads(report.to_json())  # what --json prints for the same check
     first = data["tables"]["first_difference"]
     assert (first["position"], first["table"], first["column"]) == (200, "cos", 1)
     assert "row 200 of 'cos_cache'" in first["line"]
     assert all(c["ok"] for c in data["comparisons"] if c["kind"] == "decode" and c["counts"])
-    assert main(["check", str(src), bad, "--no-sweep"]) == 1
-    text = capsys.readouterr().out
-    assert "rotation tables: DIFFERENT" in text and "first failure: rotation tables: layer 0 q, position 200" in text
-    assert main(["check", str(src), str(src), "--no-sweep", "--json"]) == 0
+    # the pair against itself: the tables agree (its default schedules are test_check.py's self-consistency's)
+    assert main(["check", str(src), str(src), "--no-sweep", "--schedule", ONE_SCHEDULE, "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["tables"]["ok"] and data["schedule"]["sweep_positions"] == []
 
@@ -169,10 +183,10 @@ def test_sweep_feeds_are_a_random_past_of_the_position():
 @pytest.mark.webgpu
 def test_sweep_catches_a_row_the_decode_never_reads(tmp_path):
     """fp32 cos_cache row 254 (+1e-2 on the whole row): the decode reads rows 0..11; the sweep's position 254 (the
-    table end's neighbour) reads it. Tables off, so only the sweep can see it."""
+    table end's neighbour) reads it. Tables and schedules off, so only the sweep can see it."""
     src = GENAI / GQA_CACHES["fp32"]
     bad = mutated(src, tmp_path / "bad", "cos_cache", 254, column=None)
-    report = check(src, bad, steps=4, isolate=False, tables=False)
+    report = check(src, bad, steps=4, isolate=False, tables=False, schedules=[])
     assert report.verdict == NOT_EQUIVALENT
     assert report.first_failure is None  # the decode agrees
     cmp, diff = report.first_sweep_failure
@@ -201,12 +215,11 @@ def folded(tmp_path_factory):
 @pytest.mark.corpus
 @pytest.mark.webgpu
 @pytest.mark.parametrize("src", MROPE, ids=lambda p: p.parent.name + "/" + p.name)
-def test_mrope_original_vs_its_fold_output(src, folded, tmp_path, capsys):
-    rc = main(["check", str(src), str(folded[src]), "--sweep", str(SWEEP)])  # the subject: which reference ran
+def test_mrope_original_vs_its_fold_output(src, folded, tmp_path, capsys, monkeypatch):
+    rc, report = cli_check(monkeypatch, str(src), str(folded[src]), "--sweep", str(SWEEP))  # subject: which reference
     text = capsys.readouterr().out
     reference = next(line for line in text.splitlines() if line.startswith("reference: "))
     assert "MRotaryEmbedding" in text  # why the original does not load here is said
-    report = check(src, folded[src], sweep=SWEEP)
     assert report.equivalent and report.tables.ok
     assert rc == report.exit_code  # 0 with the second runtime's reference, 3 on the tables alone (issue 26)
     if report.run("original@webgpu:plugin") is not None:  # the second runtime is set up: it ran the original
@@ -222,7 +235,7 @@ def test_mrope_original_vs_its_fold_output(src, folded, tmp_path, capsys):
     table = cos_table(folded[src])  # the folded 1D table, or the caches lower-mrope gathers from (qwen3_vl fp16)
     bad = mutated(folded[src], tmp_path / "bad", table, 100)
     for fallback in ("auto", None):
-        report = check(src, bad, fallback_python=fallback, isolate=False, sweep=4)
+        report = check(src, bad, fallback_python=fallback, isolate=False, sweep=4, schedules=[parse(ONE_SCHEDULE)])
         assert report.verdict == NOT_EQUIVALENT and report.exit_code == 1
         assert report.tables.first.position == 100
         if table.startswith("rope_passes."):
