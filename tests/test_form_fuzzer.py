@@ -9,7 +9,9 @@ form and one seqlens form (rotating, so every form appears at several opsets) an
 each lookalike once in the main graph and once inside a function; each table form once (DequantizeLinear also at
 opsets 13 and 17); one graph for each of red team 32's remaining classes (:data:`EXTRA`: a function with attribute
 axes, lengths that are graph outputs, a chain per layer, LongRoPE's switch as a Where or inside a function, legacy
-qwen25_vl at opset 11 folded with ``--text-only``).
+qwen25_vl at opset 11 folded with ``--text-only``); red team 35's value forms once each (:mod:`mutants.value_forms`:
+the mask moved and given back, ``CumSum``'s last column, affine arithmetic and ``ArgMax`` giving the width back, and a
+lookalike beside each rule).
 """
 
 from __future__ import annotations
@@ -18,11 +20,12 @@ from pathlib import Path
 
 import pytest
 from conftest import SWEEP
-from form_fuzz import Case, build, judge
+from form_fuzz import Case, build, judge, plain_rewrites
 from mutants import CALLS, LONGROPE_CALLS
 from mutants.forms import BASE, SEQLENS_FORMS, TOTAL_FORMS, attention_in_function, mask_chain, whole_graph_at
 from mutants.table_forms import BASE as PHI3
 from mutants.table_forms import TABLE_FORMS, switch_as, tables_as
+from mutants.value_forms import VALUE_SEQLENS_FORMS, VALUE_TOTAL_FORMS
 
 pytestmark = pytest.mark.corpus
 
@@ -74,6 +77,27 @@ def _cases() -> list[Case]:
                           tables_as("dequant-int8-per-column", opset=opset), "longrope-concat", True, LONGROPE_CALLS,
                           exact=False))
     cases.extend(EXTRA)
+    cases.extend(_value_cases())
+    return cases
+
+
+def _value_cases() -> list[Case]:
+    """Red team 35's value forms (:mod:`mutants.value_forms`), each once: a form of the builder's value at an opset
+    that turns with the form (the other length in the builder's form), a lookalike at the first opset it exists in;
+    and two on phi3, whose LongRoPE switch reads the width too."""
+    cases = []
+    for kind, forms in (("total", VALUE_TOTAL_FORMS), ("seqlens", VALUE_SEQLENS_FORMS)):
+        for i, form in enumerate(forms.values()):
+            opset = max(form.since, 11 + (5 * i + (kind == "seqlens")) % 13) if form.same else max(form.since, 12)
+            pair = (form.name, "builder") if kind == "total" else ("gather", form.name)
+            cases.append(Case(f"{'value' if form.same else 'lookalike-value'}-{kind}-{form.name}-op{opset}", BASE,
+                              mask_chain(*pair, opset), "total-seq-on-gpu", form.same))
+    cases.append(Case("value-phi3-op17-thousand-minus+cumsum-last", PHI3, mask_chain("thousand-minus", "cumsum-last",
+                                                                                      17), "total-seq-on-gpu", True,
+                      LONGROPE_CALLS))
+    cases.append(Case("value-phi3-function-op19-argmax-concat+transpose-roundtrip", PHI3,
+                      mask_chain("argmax-concat", "transpose-roundtrip", 19, True), "total-seq-on-gpu", True,
+                      LONGROPE_CALLS))
     return cases
 
 
@@ -106,7 +130,7 @@ def test_every_form_is_tried():
     assert all(f"-{f.name}+" in names or f"+{f.name}" in names for f in SAME_TOTAL + SAME_SEQLENS), names
     assert len({c.name for c in CASES}) == len(CASES)
     assert len(CASES) == 3 * 13 + 6 + 5 + 2 * sum(not f.same for f in [*TOTAL_FORMS.values(), *SEQLENS_FORMS.values()]) \
-        + len(TABLE_FORMS) + 2 + len(EXTRA)
+        + len(TABLE_FORMS) + 2 + len(EXTRA) + len(VALUE_TOTAL_FORMS) + len(VALUE_SEQLENS_FORMS) + 2
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
@@ -114,6 +138,13 @@ def test_form(case: Case, tmp_path: Path):
     verdict = judge(case, tmp_path)
     assert verdict.ok, f"{case.name}: {verdict.outcome}: {verdict.detail}\n{verdict.passes}"
     assert verdict.outcome == ("rewritten" if case.same else "refused")
+    # on LongRoPE, a form of the builder's values draws no refusal the plain graph does not (annotate-cache-offset
+    # refitted the rows of tables longrope-concat had proved, rounded through int8/bf16/fp16: a refusal where nothing
+    # is wrong). Not asserted where GroupQueryAttention sits in a function: annotate-cache-offset cannot see what it
+    # reads there and says so, which is true
+    noisy = {p: s for p, s in verdict.passes.items() if s.startswith("refused") and p != case.pass_name}
+    assert not case.same or case.base != PHI3 or not noisy or noisy.keys() <= {
+        p for p, s in plain_rewrites(case.base, tmp_path, case.options).items() if s.startswith("refused")}, noisy
 
 
 #: one fuzzed graph per class: the mask chain in opset 11's forms inside a model-local function, GroupQueryAttention

@@ -37,7 +37,10 @@ with the metadata and WebGPU-only marks, reported as a genai_config change with 
 read row ``offset + position`` of a plain table past ``offset`` tokens. Lint RP208 flags it.
 
 **Not matched**: no such GroupQueryAttention; cos/sin not constant tables; a row count other than
-``original + max_positions`` (and no offset configured). **Refuses** (graph and config unchanged): rows that do not
+``original + max_positions`` (and no offset configured); an offset already configured that the model's metadata says
+a pass of ours recorded (``longrope-concat``, which proves the switch it replaces by value), where the session reads
+tables split there and only the fit of the rows refuses: tables rounded on the way (int8 codes, bf16, fp16) fit no
+RoPE pair within float32's rounding, and refitting them says nothing the proof did not (the words say so). **Refuses** (graph and config unchanged): rows that do not
 fit a short/long pair (where all rows are one RoPE table from row 0 and an offset is configured, that is plain RoPE
 and the offset is removed), or halves with the same factors; no ``context_length`` in genai_config.json and no offset configured (nothing to split the
 table by); separate Q/K/V that cannot be packed (one of key/value missing, not rank 3, mixed dtypes, widths that are
@@ -48,7 +51,7 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from rope_passes.passes._concat_offset import OFFSET_KEY, pack_qkv, record_offset, remove_offset
+from rope_passes.passes._concat_offset import OFFSET_KEY, OFFSET_METADATA, pack_qkv, record_offset, remove_offset
 from rope_passes.passes.base import RopePass
 from rope_passes.proofs.concat_offset import (
     ANGLE_REL,
@@ -79,6 +82,12 @@ class AnnotateCacheOffsetPass(RopePass):
         except MatchFailure as failure:
             if no_layer_honours(failure) and self._remove_stale(model, report, failure):
                 return
+            recorded = self.genai_config.concat_offset
+            if failure.refused and self._recorded(model):
+                report.not_matched(failure.place, f"{OFFSET_KEY} already {recorded}, recorded by a proof of ours "
+                                   f"(longrope-concat's, by value); the rows, not re-fitted, fit no RoPE pair within "
+                                   f"float32's rounding (tables rounded on the way: int8, bf16, fp16): {failure.reason}")
+                return
             report.record(failure)
             return
         first = found.tables[0]
@@ -107,6 +116,19 @@ class AnnotateCacheOffsetPass(RopePass):
                                 f"{len(found.tables)} tables" if len(found.tables) > 1 else ""),
                              offset=found.offset, short_fit_error=max(f.short_error for f in fits),
                              long_fit_error=max(f.long_error for f in fits), consumers=len(found.consumers))
+
+    def _recorded(self, model: ir.Model) -> bool:
+        """The configured offset is the one the model's metadata says a pass of ours recorded, and the session reads
+        concatenated tables split there (every check but the fit of the rows: :func:`session_concat` without it),
+        with nothing to pack: the fit alone refuses, and it refits what that pass proved."""
+        configured = self.genai_config.concat_offset
+        if not configured or model.metadata_props.get(OFFSET_METADATA) != str(configured):
+            return False
+        try:
+            found = session_concat(model, context_length=None, offset=configured, fit=False)
+        except MatchFailure:
+            return False
+        return found.offset == configured and not found.to_pack
 
     def _remove_stale(self, model: ir.Model, report: PassReport, failure: MatchFailure) -> bool:
         """No GroupQueryAttention reads a concatenated cache by genai_config's lengths (``failure`` says why): remove a

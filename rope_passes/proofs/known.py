@@ -10,35 +10,16 @@ element indices. Used by :mod:`rope_passes.proofs.cone`; :func:`evaluate_node` i
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
-from typing import Union
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import onnx_ir as ir
 
 from rope_passes.analysis.graph import attr
+from rope_passes.proofs.dims import OPAQUE, Affine, Dim, Ext, _Opaque, affine, affine_sum, symbolic
 from rope_passes.report import MatchFailure
 
 SMALL = 4096  # elements kept as values
-
-
-@dataclasses.dataclass(frozen=True)
-class Dim:
-    """``positions.shape[axis]`` (a call's batch or length)."""
-
-    axis: int
-
-    def __repr__(self) -> str:
-        return f"positions.shape[{self.axis}]"
-
-
-class _Opaque:
-    def __repr__(self) -> str:
-        return "?"
-
-
-OPAQUE = _Opaque()  # a call-dependent number nothing more is known about
-Ext = Union[int, Dim, _Opaque]  # noqa: UP007 - a runtime alias
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,6 +188,65 @@ def _reduce(node: ir.Node, ins: list[Known | None], opset: int) -> Known | None:
     return Known(shape, pattern, values, x.varies or sym)
 
 
+def arg_of_parts(parts: list[Known], axis: int, keepdims: bool, last: bool, smallest: bool) -> Known | None:
+    """``ArgMax`` (``smallest``: ``ArgMin``) along ``axis`` of the concatenation of ``parts`` along it, where each
+    part is one number throughout: the index where the first (``last``: the last) part holding the extreme starts
+    (ends), summed from the parts' extents (ints and call dimensions: :func:`~rope_passes.proofs.dims.affine`).
+    Exact for every call: a part whose extent may be 0 takes no part in the extreme, so the chosen part must have an
+    extent of at least 1 and every part before it (after it, for ``last``) a value strictly less extreme, the others
+    one not more extreme. None where that is not so (a part of several numbers, NaN, an extent nothing is known of)."""
+    numbers, extents = [], []
+    for p in parts:
+        if p.shape is None or p.values is None or p.values.dtype == object or len(p.shape) != len(parts[0].shape):
+            return None
+        flat = np.unique(p.values)
+        if flat.size != 1 or (flat.dtype.kind == "f" and not np.isfinite(flat[0])):
+            return None
+        numbers.append(-flat[0].item() if smallest else flat[0].item())
+        extents.append(p.shape[axis])
+    order = range(len(parts) - 1, -1, -1) if last else range(len(parts))
+    top = max((n for n, e in zip(numbers, extents, strict=True) if e != 0), default=None)
+    chosen = next((i for i in order if numbers[i] == top and isinstance(extents[i], int) and extents[i] >= 1), None)
+    if chosen is None:
+        return None
+    before = range(chosen + 1, len(parts)) if last else range(chosen)
+    if any(numbers[i] == top and extents[i] != 0 for i in before):
+        return None  # a part of the same value that may or may not be empty: the index moves with it
+    index: object = 0
+    for i in range(chosen):
+        if not isinstance(extents[i], (int, Dim, Affine)):
+            return None
+        index = affine_sum(index, extents[i])
+    if last:
+        index = affine_sum(index, extents[chosen] - 1)  # type: ignore[operator]
+    if index is OPAQUE:
+        return None
+    shape = tuple(1 if a == axis else d for a, d in enumerate(parts[0].shape) if keepdims or a != axis)  # type: ignore[union-attr]
+    ones = (1,) * len(shape)
+    sym = not isinstance(index, int)
+    values = np.full(ones, index, dtype=object if sym else np.int64)
+    return Known.of(values) if shape == ones else Known(shape, ones, values, sym)
+
+
+def arg_of_concat(node: ir.Node, value_of: Callable[[int], object]) -> Known | None:
+    """``ArgMax``/``ArgMin`` ``node`` of a ``Concat`` along its axis, the parts' values by id (``value_of``): where
+    the first (last) extreme part starts (:func:`arg_of_parts`), e.g. the width for ``ArgMax(Concat(zeros[w], [1]))``;
+    None where that is not so."""
+    concat = node.inputs[0].producer() if node.inputs and node.inputs[0] is not None else None
+    if concat is None or concat.op_type != "Concat" or concat.domain not in ("", "ai.onnx"):
+        return None
+    parts = [value_of(id(v)) if v is not None else None for v in concat.inputs]
+    known = [p for p in parts if isinstance(p, Known) and p.shape]
+    if not known or len(known) != len(parts):
+        return None
+    rank = len(known[0].shape)  # type: ignore[arg-type]
+    axis = int(attr(node, "axis", 0)) % rank
+    if int(attr(concat, "axis", 0)) % rank != axis:
+        return None
+    return arg_of_parts(known, axis, bool(attr(node, "keepdims", 1)),
+                        bool(attr(node, "select_last_index", 0)), node.op_type == "ArgMin")
+
+
 def _times(c: object, extent: object) -> object:
     """``c`` summed ``extent`` times (a call dimension: only 0 and 1 give a known number)."""
     if isinstance(extent, int) and not isinstance(c, (Dim, _Opaque)):
@@ -272,9 +312,9 @@ def _move(node: ir.Node, ins: list[Known | None], opset: int, varies: bool) -> l
 
 
 def evaluate_node(node: ir.Node, arrays: list[np.ndarray | None], opset: int) -> list[np.ndarray] | None:
-    """One node on known values: onnx's reference evaluator on numbers, :func:`_symbolic` on object arrays."""
+    """One node on known values: onnx's reference evaluator on numbers, :func:`rope_passes.proofs.dims.symbolic` on object arrays."""
     if any(a is not None and a.dtype == object for a in arrays):
-        return _symbolic(node, arrays)
+        return symbolic(node, arrays) if node.op_type in UNARY or node.op_type in NARY else None
     from onnx.reference import ReferenceEvaluator
 
     try:
@@ -316,58 +356,5 @@ def evaluate_node(node: ir.Node, arrays: list[np.ndarray | None], opset: int) ->
 _SAME_LATER = {"DequantizeLinear": (13, 19), "QuantizeLinear": (13, 19)}
 
 
-def _symbolic(node: ir.Node, arrays: list[np.ndarray | None]) -> list[np.ndarray] | None:
-    """Elementwise ops on arrays holding call dimensions: the few identities shape plumbing needs, OPAQUE else."""
-    op = node.op_type
-    present = [a for a in arrays if a is not None]
-    if op not in UNARY and op not in NARY:
-        return None
-    if op == "Cast":
-        to = attr(node, "to", None)
-        keep = to in (ir.DataType.INT64, ir.DataType.INT32, int(ir.DataType.INT64), int(ir.DataType.INT32))
-        return [np.vectorize(lambda x: x if keep or not isinstance(x, (Dim, _Opaque)) else OPAQUE,
-                             otypes=[object])(present[0])]
-    if op == "CastLike":  # the type of its second input: an integer keeps a dimension, as Cast does
-        keep = len(present) > 1 and present[1].dtype.kind in "iu"
-        return [np.vectorize(lambda x: x if keep or not isinstance(x, (Dim, _Opaque)) else OPAQUE,
-                             otypes=[object])(present[0])]
-    fn = np.vectorize(lambda *xs: _scalar(op, xs), otypes=[object])
-    return [fn(*present)]
-
-
-def _scalar(op: str, xs: tuple) -> object:
-    syms = [x for x in xs if isinstance(x, (Dim, _Opaque))]
-    if not syms:
-        numbers = [np.asarray(x) for x in xs]
-        try:
-            return np.asarray({
-                "Add": lambda a, b: a + b, "Sub": lambda a, b: a - b, "Mul": lambda a, b: a * b,
-                "Equal": lambda a, b: bool(a == b), "Greater": lambda a, b: bool(a > b),
-                "Less": lambda a, b: bool(a < b), "Where": lambda c, a, b: a if c else b, "Identity": lambda a: a,
-                "Neg": lambda a: -a, "Not": lambda a: not a, "Max": max, "Min": min, "Abs": abs,
-            }[op](*numbers)).item() if op != "Where" else (numbers[1] if numbers[0] else numbers[2]).item()
-        except (KeyError, TypeError):
-            return OPAQUE
-    a, b = (xs + (None,))[:2]
-    if op == "Where":
-        return (xs[1] if xs[0] else xs[2]) if isinstance(xs[0], (bool, np.bool_)) else OPAQUE
-    if op in ("Identity", "Abs") and isinstance(a, Dim):
-        return a
-    if op in ("Add", "Sub") and b == 0 and isinstance(a, Dim):
-        return a
-    if op == "Add" and a == 0 and isinstance(b, Dim):
-        return b
-    if op in ("Mul", "Div") and b == 1 and isinstance(a, Dim):
-        return a
-    if op == "Mul" and a == 1 and isinstance(b, Dim):
-        return b
-    if op == "Equal":
-        other = b if isinstance(a, Dim) else a
-        if isinstance(other, Dim):
-            return True if other == (a if isinstance(b, Dim) else b) else OPAQUE
-        if not isinstance(other, _Opaque) and other is not None and float(other) < 0:
-            return False  # a dimension is never negative (the Where(shape == -1) idiom of TorchScript exports)
-    return OPAQUE
-
-
-__all__ = ["NARY", "OPAQUE", "UNARY", "SMALL", "UNKNOWN_VARYING", "Dim", "Ext", "Known", "combine", "const", "evaluate_node", "known_op", "known_values"]
+__all__ = ["NARY", "OPAQUE", "SMALL", "UNARY", "UNKNOWN_VARYING", "Affine", "Dim", "Ext", "Known", "affine", "arg_of_concat", "arg_of_parts", "combine",
+           "const", "evaluate_node", "known_op", "known_values"]

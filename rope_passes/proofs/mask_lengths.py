@@ -7,17 +7,21 @@ cone abstractly, one node at a time, in the form that node's own opset gives it 
 ``ReduceSum``/``Split`` axes as an attribute or an input, ``Shape`` with ``start``/``end``, ``Split`` with
 ``num_outputs``, ``Slice``, ``Pad``, ``Cast``/``CastLike``/``Identity`` chains, ``Add(x, -1)`` for ``Sub(x, 1)``,
 ``Where`` on a condition known everywhere (``Equal(x, x)``), ``x * 0`` (a tensor of the mask's shape that no longer
-reads its values: the row sums of ``mask * 0 + 1`` are the width), model-local functions with their own opset import
+reads its values: the row sums of ``mask * 0 + 1`` are the width), the moves of :mod:`rope_passes.proofs.mask_moves`
+(``Transpose``, ``Reshape`` to a shape that keeps the batch and the columns apart, ``Expand``/``Tile`` that copy
+nothing, ``CumSum`` and the ``Gather`` of its last column), model-local functions with their own opset import
 and attributes, evaluated in place for the analysis by :class:`rope_passes.proofs.mask_walk.Walk`). Every value of
 the cone is one of
 
 * :class:`~rope_passes.proofs.mask_values.MaskRows`: the elements of a rank-2 integer graph input, moved (its axes:
   ``"b"`` the batch, ``"t"`` the columns, ``1`` unit axes), with ``extra`` added to every row's sum by ``Pad``
-  columns;
+  columns, or their running sums along the columns (``running``: ``CumSum``);
 * :class:`~rope_passes.proofs.mask_values.RowSums`: ``sum(row) + offset`` per row (axes ``"b"`` and unit axes);
 * :class:`~rope_passes.proofs.known.Known`: shape arithmetic and constants, run by the one evaluator
   (:func:`rope_passes.proofs.known.known_op`; constants by :mod:`rope_passes.proofs.constants`), the mask's
-  dimensions as the symbols ``Dim(0)`` (batch) and ``Dim(1)`` (width);
+  dimensions as the symbols ``Dim(0)`` (batch) and ``Dim(1)`` (width), integer arithmetic on them as affine forms
+  (:mod:`rope_passes.proofs.dims`: ``1000 - (1000 - w)`` is ``w``), another input's dimensions as
+  :class:`~rope_passes.proofs.dims.Foreign` (a refusal names them);
 * :class:`~rope_passes.proofs.mask_values.Broken`: a node the proof cannot follow, with the reason naming it (kept,
   not raised: only a broken value that reaches the GQA input matters).
 
@@ -125,6 +129,11 @@ class MaskLengths:
     def _why(self, walk: Walk, val: Val, what: str, expected: str, value: ir.Value) -> str:
         if isinstance(val, Broken):
             return f"{what} is not proved to be {expected}: {val.reason}"
+        lost = walk.lost
+        if lost is not None and walk.mixed is not None and what == "total_sequence_length":
+            return (f"{what} is not proved to be {expected}: {lost.op_type} {lost.name!r} combines the mask's width with "
+                    f"{walk.mixed!r} (not the mask's): that is the width only under a contract between the client's "
+                    f"{walk.mixed.source!r} and mask (a mask at least as wide, say), which the graph does not prove")
         others = [v for v in walk.touched if mask_problem(v, self.names)]
         if others:
             return f"{what} is not {expected}: {mask_problem(others[0], self.names)}"
@@ -136,7 +145,9 @@ class MaskLengths:
                    if walk.widened and what == "total_sequence_length" else "")
         divided = (f" ({walk.divided[0].op_type} {walk.divided[0].name!r} divides by a dimension of the call, which is "
                    "0 for an empty batch: the quotient is not the width for every call)" if walk.divided else "")
-        return f"{what} is not {expected}: {by} computes {show(val, walk.mask)}{moved}{widened}{divided}"
+        where = (f" (the width goes into {lost.op_type} {lost.name!r} and comes out as a value not proved to be it)"
+                 if lost is not None and what == "total_sequence_length" and lost is not node else "")
+        return f"{what} is not {expected}: {by} computes {show(val, walk.mask)}{moved}{widened}{divided}{where}"
 
 
 __all__ = ["MASK_INPUT", "MaskLengths", "Proved", "mask_problem"]

@@ -9,6 +9,7 @@ from typing import Union
 
 import onnx_ir as ir
 
+from rope_passes.proofs.dims import Affine, Foreign
 from rope_passes.proofs.known import OPAQUE, Dim, Known, known_values
 
 #: the attention mask's graph input name where no genai_config names it
@@ -23,6 +24,7 @@ class MaskRows:
     axes: tuple  # "b" | "t" | 1 per axis
     width: object  # extent of the "t" axis: Dim(1) (the input's own) or OPAQUE (padded)
     extra: int = 0  # added to each row's sum by Pad columns
+    running: int = 0  # 1: each element is the sum of its row up to it (CumSum); -1: from it to the row's end
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +41,10 @@ class Broken:
 
 
 Val = Union[MaskRows, RowSums, Known, Broken]  # noqa: UP007
+
+
+class Unfollowed(Exception):
+    """A step the proof does not follow (the message says why; the walk adds the node)."""
 
 
 def mask_problem(mask: ir.Value, names: Collection[str]) -> str | None:
@@ -68,6 +74,16 @@ def broken(node: ir.Node, why: str) -> Broken:
     return Broken(f"{node.op_type} {node.name!r} {why}", node)
 
 
+def say(x: object, name: str = "the mask") -> str:
+    """One element of a shape value in words (the mask's dimensions as the mask's, not as positions')."""
+    if isinstance(x, Dim):
+        return f"dimension {x.axis} of {name}"
+    if isinstance(x, Affine):
+        return f"{x.scale} * dimension {x.dim.axis} of {name} {x.offset:+d}".removeprefix("1 * ")
+    return repr(x) if isinstance(x, Foreign) else "a number set per call" if x is OPAQUE or isinstance(x, type(
+        OPAQUE)) else str(x)
+
+
 def show(val: Val, mask: ir.Value | None) -> str:
     name = repr(mask.name) if mask is not None else "the mask"
     if isinstance(val, MaskRows):
@@ -77,12 +93,11 @@ def show(val: Val, mask: ir.Value | None) -> str:
     if isinstance(val, Known):
         values = known_values(val)
         if values is not None and values.size <= 8:
-            words = [f"dimension {x.axis} of {name}" if isinstance(x, Dim) else "a number set per call"
-                     if x is OPAQUE else str(x) for x in values.reshape(-1).tolist()]
+            words = [say(x, name) for x in values.reshape(-1).tolist()]
             return f"[{', '.join(words)}]"
         return "a value not read from the mask's width"
     return str(val)
 
 
-__all__ = ["INT_TYPES", "MASK_INPUT", "Broken", "MaskRows", "RowSums", "Val", "broken", "mask_like", "mask_problem",
-           "opset_in", "show"]
+__all__ = ["INT_TYPES", "MASK_INPUT", "Broken", "MaskRows", "RowSums", "Unfollowed", "Val", "broken",
+           "mask_like", "mask_problem", "opset_in", "say", "show"]

@@ -13,20 +13,48 @@ import numpy as np
 import onnx_ir as ir
 
 import rope_passes.graph_walk as graph_walk
+import rope_passes.proofs.mask_moves as moves
 from rope_passes.analysis.graph import attr, constant_node_value
 from rope_passes.proofs.constants import Constants
-from rope_passes.proofs.known import OPAQUE, SMALL, UNKNOWN_VARYING, Dim, Known, const, known_op, known_values
+from rope_passes.proofs.dims import Affine, Foreign
+from rope_passes.proofs.known import (
+    NARY,
+    OPAQUE,
+    SMALL,
+    UNARY,
+    UNKNOWN_VARYING,
+    Dim,
+    Known,
+    arg_of_concat,
+    const,
+    known_op,
+    known_values,
+)
 from rope_passes.proofs.mask_values import (
     INT_TYPES,
     Broken,
     MaskRows,
     RowSums,
+    Unfollowed,
     Val,
     broken,
     mask_like,
     mask_problem,
     opset_in,
 )
+
+#: the steps that move a view of the mask (or its row sums) without changing its elements
+_MOVES = frozenset({"Unsqueeze", "Squeeze", "Reshape", "Flatten", "Transpose", "Expand", "Tile", "CumSum", "Gather"})
+
+
+#: the ops that compute on values (where the width may turn into a value not proved to be it), not move them
+_COMPUTES = UNARY | NARY | {"ReduceSum", "ReduceMax", "ReduceMin", "ReduceMean", "ReduceProd", "ArgMax", "ArgMin"}
+
+
+def _width_in(vals: list) -> bool:
+    """Some value of ``vals`` holds the mask's width (itself or an affine form of it)."""
+    return any(isinstance(a, Known) and a.values is not None and a.values.dtype == object and any(
+        x == Dim(1) or (isinstance(x, Affine) and x.dim == Dim(1)) for x in a.values.reshape(-1).tolist()) for a in vals)
 
 
 class Owner(Protocol):
@@ -57,6 +85,8 @@ class Walk:
         self.widened: list[ir.Node] = []  # Pad nodes that add columns to a view of the mask
         self.divided: list[ir.Node] = []  # Div / Mod nodes dividing by a call dimension
         self.mask: ir.Value | None = None  # the attention mask, where the cone reads its shape
+        self.lost: ir.Node | None = None  # the first node taking the mask's width to a value not known to be it
+        self.mixed: Foreign | None = None  # another input's dimension that node combined the width with
         self.blame: dict[tuple[int, str], ir.Node] = {}  # (id(RowSums), what) -> the node that last moved it
 
     def blame_name(self, value: ir.Value, what: str = "offset") -> str:
@@ -94,8 +124,9 @@ class Walk:
                     self.touched.append(v)
                 if mask_problem(v, self.owner.names) is None:
                     self.mask = v
-                return MaskRows(v, ("b", "t"), Dim(1) if self.mask is v else OPAQUE)
-            return Known(tuple(d if isinstance(d, int) else OPAQUE for d in v.shape) if v.shape is not None else None,
+                return MaskRows(v, ("b", "t"), Dim(1) if self.mask is v else Foreign(v.name, 1))
+            return Known(tuple(d if isinstance(d, int) else Foreign(v.name, i) for i, d in enumerate(v.shape))
+                         if v.shape is not None else None,
                          None, None, True)
         if v.const_value is not None:
             return const(v.const_value)
@@ -110,6 +141,7 @@ class Walk:
         ins = [None if v is None else self.vals[id(v)] for v in node.inputs]
         failed = next((a for a in ins if isinstance(a, Broken)), None)
         if failed is not None:
+            self.read_shape = self.read_shape or (node.op_type in ("Shape", "Size") and bool(self.touched))
             return [failed] * n
         if node.domain not in ("", "ai.onnx"):
             return [broken(node, "is a custom op: the proof does not follow it")] * n
@@ -125,7 +157,14 @@ class Walk:
             divisor = ins[1] if node.op_type in ("Div", "Mod") and len(ins) > 1 else None
             if isinstance(divisor, Known) and divisor.values is not None and divisor.values.dtype == object:
                 self.divided.append(node)  # by a call dimension: for a refusal's words
-            return list(known_op(node, ins, self.opset))  # type: ignore[arg-type]
+            outs: list[Val] = list(known_op(node, ins, self.opset))  # type: ignore[arg-type]
+            if node.op_type in ("ArgMax", "ArgMin") and node.inputs[0] is not None:
+                outs = [arg_of_concat(node, self.vals.get) or outs[0]]
+            if self.lost is None and node.op_type in _COMPUTES and _width_in(ins) and not _width_in(outs):
+                self.lost = node  # the first node that takes the width to a value not known to be it
+                self.mixed = next((x for a in ins if isinstance(a, Known) and a.values is not None
+                                   for x in a.values.reshape(-1).tolist() if isinstance(x, Foreign)), None)
+            return outs
         self.read_values = self.read_values or node.op_type not in ("Shape", "Size")
         self.read_shape = self.read_shape or node.op_type in ("Shape", "Size")
         if len({id(r.source) for r in rows}) > 1:
@@ -143,7 +182,7 @@ class Walk:
             return [broken(node, "reads the mask's values through an index, shape or second operand")] * n
         try:
             return self._rows_op(node, x, ins)
-        except _Unknown as e:
+        except Unfollowed as e:
             return [broken(node, str(e))] * n
 
     def _call(self, node: ir.Node, function: ir.Function) -> list[Val]:
@@ -186,7 +225,7 @@ class Walk:
         if not isinstance(x, (MaskRows, RowSums)):
             return None
         own = mask_problem(x.source, self.owner.names) is None
-        return tuple(Dim(0) if a == "b" and own else OPAQUE if a == "b" else
+        return tuple(Dim(0) if a == "b" and own else Foreign(x.source.name, 0) if a == "b" else
                      (x.width if isinstance(x, MaskRows) else OPAQUE) if a == "t" else 1 for a in x.axes)
 
     def _uniform(self, x: MaskRows | RowSums, fill: object) -> Known:
@@ -223,6 +262,7 @@ class Walk:
         self.read_values = self.read_values or other.read_values
         self.read_shape = self.read_shape or other.read_shape
         self.mask = self.mask or other.mask
+        self.lost, self.mixed = (self.lost, self.mixed) if self.lost is not None else (other.lost, other.mixed)
         self.widened.extend(n for n in other.widened if n not in self.widened)
         self.divided.extend(n for n in other.divided if n not in self.divided)
 
@@ -236,10 +276,7 @@ class Walk:
     def _rows_op(self, node: ir.Node, x: MaskRows | RowSums, ins: list[Val | None]) -> list[Val]:
         op = node.op_type
         if op == "Shape":
-            own = mask_problem(x.source, self.owner.names) is None
-            dims = [Dim(0) if a == "b" and own else OPAQUE if a in ("b", "t") else a for a in x.axes]
-            if isinstance(x, MaskRows):
-                dims = [x.width if a == "t" else d for a, d in zip(x.axes, dims, strict=True)]
+            dims = list(self._extents(x) or ())
             start, end = attr(node, "start", 0), attr(node, "end", None)
             return [Known.of(np.array(dims[start:end], dtype=object))]
         if op == "Size":
@@ -252,77 +289,76 @@ class Walk:
             dtype = target if target is not None else ir.DataType.from_numpy(like.dtype) if like is not None \
                 and like.dtype != object else None
             if dtype not in INT_TYPES:
-                raise _Unknown(f"casts the mask's values like a {dtype.name if dtype else 'value of unknown type'}: "
+                raise Unfollowed(f"casts the mask's values like a {dtype.name if dtype else 'value of unknown type'}: "
                                "values it cannot hold exactly (or rounds) change the sums")
             return [x]
         if op == "Cast":
             if ir.DataType(attr(node, "to")) not in INT_TYPES:
-                raise _Unknown(f"casts the mask's values to {ir.DataType(attr(node, 'to')).name}: values it cannot "
+                raise Unfollowed(f"casts the mask's values to {ir.DataType(attr(node, 'to')).name}: values it cannot "
                                "hold exactly (or rounds) change the sums (a float32 sum is inexact past 2^24)")
             return [x]
-        if op in ("Unsqueeze", "Squeeze", "Reshape", "Flatten"):
-            return [dataclasses.replace(x, axes=self._reshape(node, x, ins))]
+        if op in _MOVES:
+            return [self._moved(node, x, ins)]
         if op in ("Add", "Sub", "Mul", "Div") and len(ins) == 2:
             return [self._arith(node, x, ins)]
         if isinstance(x, RowSums):
-            raise _Unknown("computes on the row sums beyond adding a constant")
+            raise Unfollowed("computes on the row sums beyond adding a constant")
+        if isinstance(x, MaskRows) and x.running and op in ("ReduceSum", "Pad"):
+            raise Unfollowed("reads running sums (CumSum) in a way the proof does not follow")
         if op == "ReduceSum":
             return [self._reduce(node, x, ins)]
         if op == "Pad":
             return [self._pad(node, x, ins)]
         if op == "Slice":
             return [self._slice(node, x, ins)]
-        raise _Unknown("reads the mask's values in a way the proof does not follow")
+        raise Unfollowed("reads the mask's values in a way the proof does not follow")
 
     # -- the steps ------------------------------------------------------------------------------------------------
     def _ints(self, node: ir.Node, ins: list[Val | None], index: int, name: str) -> list[int] | None:
         if len(ins) > index and ins[index] is not None:
             values = known_values(ins[index])
             if values is None or values.dtype == object:
-                raise _Unknown(f"takes its {name} from a value not known before the call")
+                raise Unfollowed(f"takes its {name} from a value not known before the call")
             return [int(v) for v in values.reshape(-1)]
         value = attr(node, name, None)
         return None if value is None else [int(v) for v in np.asarray(value).reshape(-1)]
 
-    def _reshape(self, node: ir.Node, x: MaskRows | RowSums, ins: list[Val | None]) -> tuple:
-        axes = list(x.axes)
+    def _entries(self, ins: list[Val | None], index: int, what: str) -> list:
+        """The elements of input ``index``: ints and the symbols of the call's dimensions (Reshape's shape, ...)."""
+        values = known_values(ins[index]) if len(ins) > index and ins[index] is not None else None
+        if values is None:
+            raise Unfollowed(f"takes its {what} from a value not known before the call")
+        return values.reshape(-1).tolist()
+
+    def _moved(self, node: ir.Node, x: MaskRows | RowSums, ins: list[Val | None]) -> Val:
+        """The steps that move the view without changing its elements (:mod:`rope_passes.proofs.mask_moves`)."""
         op = node.op_type
-        if op == "Unsqueeze":
-            new = self._ints(node, ins, 1, "axes") or []
-            rank = len(axes) + len(new)
-            for a in sorted(a % rank for a in new):
-                axes.insert(a, 1)
-            return tuple(axes)
-        if op == "Squeeze":
-            drop = self._ints(node, ins, 1, "axes")
-            if drop is None:
-                raise _Unknown("has no axes: it squeezes the batch too when the batch is 1")
-            drop_set = {a % len(axes) for a in drop}
-            if any(axes[a] != 1 for a in drop_set):
-                raise _Unknown("squeezes an axis that is not a unit axis")
-            return tuple(a for i, a in enumerate(axes) if i not in drop_set)
-        if op == "Flatten":
-            cut = int(attr(node, "axis", 1)) % (len(axes) + 1)
-            groups = [axes[:cut], axes[cut:]]
+        if op == "Transpose":
+            perm = attr(node, "perm", None)
+            return dataclasses.replace(x, axes=moves.transpose(x.axes, None if perm is None else list(perm)))
+        if op == "Reshape":
+            axes = moves.reshape(x.axes, self._extents(x), self._entries(ins, 1, "shape"),
+                                 bool(attr(node, "allowzero", 0)))
+        elif op == "Expand":
+            axes = moves.expand(x.axes, self._extents(x), self._entries(ins, 1, "shape"))
+        elif op == "Tile":
+            moves.tile(self._ints(node, ins, 1, "repeats") or [])
+            axes = x.axes
+        elif op == "CumSum":
+            given = self._ints(node, ins, 1, "axis") or []
+            if len(given) != 1:
+                raise Unfollowed("takes no single axis")
+            axis = given[0]
+            return moves.cumsum(x, axis, bool(attr(node, "exclusive", 0)), bool(attr(node, "reverse", 0)))
+        elif op == "Gather":
+            index = known_values(ins[1]) if len(ins) > 1 else None
+            if index is None:
+                raise Unfollowed("takes its indices from a value not known before the call")
+            return moves.gather(x, index, int(attr(node, "axis", 0)))
         else:
-            shape = self._ints(node, ins, 1, "shape")
-            if shape is None or attr(node, "allowzero", 0):
-                raise _Unknown("reshapes to a shape not known")
-            big = [a for a in axes if a != 1]
-            out: list = []
-            for i, entry in enumerate(shape):
-                if entry == 1:
-                    out.append(1)
-                elif (entry == -1 or (entry == 0 and i < len(axes) and axes[i] != 1)) and len(big) == 1:
-                    out.append(big[0])
-                else:
-                    raise _Unknown(f"reshapes {tuple(axes)} to {shape}: not only unit axes moved")
-            if [a for a in out if a != 1] != big:
-                raise _Unknown(f"reshapes {tuple(axes)} to {shape}: not only unit axes moved")
-            return tuple(out)
-        if any(len([a for a in g if a != 1]) > 1 for g in groups):
-            raise _Unknown("flattens the batch with the columns")
-        return tuple(next((a for a in g if a != 1), 1) for g in groups)
+            given = self._ints(node, ins, 1, "axes") if op != "Flatten" else None
+            axes = moves.unit_moves(op, x.axes, given, int(attr(node, "axis", 1)))
+        return dataclasses.replace(x, axes=axes)
 
     def _arith(self, node: ir.Node, x: MaskRows | RowSums, ins: list[Val | None]) -> Val:
         other = ins[1]
@@ -330,7 +366,7 @@ class Walk:
         if values is None or values.dtype == object or values.size != 1 or values.dtype.kind not in "iu":
             name = next((v.name for v in node.inputs if v is not None
                          and not isinstance(self.vals.get(id(v)), (MaskRows, RowSums))), "?")
-            raise _Unknown(f"combines the mask's values with {name!r}, not an integer constant "
+            raise Unfollowed(f"combines the mask's values with {name!r}, not an integer constant "
                            "(an initializer that is also a graph input can be overridden by the caller)")
         k = int(values.reshape(-1)[0])
         axes = (1,) * max(0, values.ndim - len(x.axes)) + tuple(x.axes)
@@ -342,15 +378,15 @@ class Walk:
         if op == "Mul" and k == 0:
             return self._uniform(dataclasses.replace(x, axes=axes), np.zeros((), values.dtype))  # no longer the mask's
         if isinstance(x, RowSums):
-            raise _Unknown(f"scales the row sums by {k} ({op}): integer arithmetic after it does not give back "
+            raise Unfollowed(f"scales the row sums by {k} ({op}): integer arithmetic after it does not give back "
                            "sum - 1 for every row")
         if op == "Mul":
-            raise _Unknown(f"multiplies every element of the mask by {k}: its sums are {k} times the row sums, and "
+            raise Unfollowed(f"multiplies every element of the mask by {k}: its sums are {k} times the row sums, and "
                            f"integer arithmetic after it does not give back sum - 1 for every row (({k}·s - 1) / {k} "
                            "is 0, not -1, for a row of zeros)")
         if op == "Div":
-            raise _Unknown(f"divides every element of the mask by {k}: integer division rounds the values away")
-        raise _Unknown(f"{'adds' if op == 'Add' else 'subtracts'} {k} {'to' if op == 'Add' else 'from'} every "
+            raise Unfollowed(f"divides every element of the mask by {k}: integer division rounds the values away")
+        raise Unfollowed(f"{'adds' if op == 'Add' else 'subtracts'} {k} {'to' if op == 'Add' else 'from'} every "
                        "element of the mask: every row's sum changes by a multiple of its width")
 
     def _reduce(self, node: ir.Node, x: MaskRows, ins: list[Val | None]) -> Val:
@@ -362,7 +398,7 @@ class Walk:
         summed = {a % len(x.axes) for a in axes}
         kinds = {x.axes[a] for a in summed} - {1}
         if kinds != {"t"}:
-            raise _Unknown(f"sums axes {sorted(summed)} ({', '.join(map(str, sorted(map(str, kinds))))}), "
+            raise Unfollowed(f"sums axes {sorted(summed)} ({', '.join(map(str, sorted(map(str, kinds))))}), "
                            "not the mask's columns alone")
         keep = attr(node, "keepdims", 1)
         out = tuple(1 if i in summed else a for i, a in enumerate(x.axes) if keep or i not in summed)
@@ -370,22 +406,22 @@ class Walk:
 
     def _pad(self, node: ir.Node, x: MaskRows, ins: list[Val | None]) -> Val:
         if str(attr(node, "mode", "constant")) not in ("constant", "b'constant'"):
-            raise _Unknown("pads by copying the mask's values (not mode=constant)")
+            raise Unfollowed("pads by copying the mask's values (not mode=constant)")
         pads = self._ints(node, ins, 1, "pads")
         rank = len(x.axes)
         axes = self._ints(node, ins, 3, "axes") or list(range(rank))
         fill = known_values(ins[2]) if len(ins) > 2 and ins[2] is not None else np.array(attr(node, "value", 0))
         if pads is None or fill is None or fill.dtype == object or len(pads) != 2 * len(axes):
-            raise _Unknown("pads by amounts or a value not known before the call")
+            raise Unfollowed("pads by amounts or a value not known before the call")
         value = int(np.asarray(fill).reshape(-1)[0])
         added = 0
         for i, a in enumerate(axes):
             before, after = pads[i], pads[i + len(axes)]
             if before < 0 or after < 0:
-                raise _Unknown("crops the mask (negative pads)")
+                raise Unfollowed("crops the mask (negative pads)")
             if before or after:
                 if x.axes[a % rank] != "t":
-                    raise _Unknown("pads along the batch: rows the caller did not send")
+                    raise Unfollowed("pads along the batch: rows the caller did not send")
                 added += before + after
         if added:
             self.widened.append(node)
@@ -394,17 +430,13 @@ class Walk:
     def _slice(self, node: ir.Node, x: MaskRows, ins: list[Val | None]) -> Val:
         starts, ends = self._ints(node, ins, 1, "starts"), self._ints(node, ins, 2, "ends")
         if starts is None or ends is None:
-            raise _Unknown("slices by bounds not known before the call")
+            raise Unfollowed("slices by bounds not known before the call")
         axes = self._ints(node, ins, 3, "axes") or list(range(len(starts)))
         steps = self._ints(node, ins, 4, "steps") or [1] * len(starts)
         for s, e, st in zip(starts, ends, steps, strict=True):
             if not (s == 0 and st == 1 and e >= 2**31 - 1):
-                raise _Unknown(f"slices the mask ({s}:{e}:{st} on axes {axes}): some of each row is dropped")
+                raise Unfollowed(f"slices the mask ({s}:{e}:{st} on axes {axes}): some of each row is dropped")
         return x
-
-
-class _Unknown(Exception):
-    """A step the proof does not follow (the message says why; the node is added by the caller)."""
 
 
 __all__ = ["MAX_DEPTH", "Walk"]

@@ -180,6 +180,19 @@ SEQLENS_FORMS = {f.name: f for f in [
 ]}
 
 
+def _total(name: str) -> Form:
+    """A total form of this module's or of :mod:`mutants.value_forms`'s (which builds on this one)."""
+    from .value_forms import VALUE_TOTAL_FORMS
+
+    return {**TOTAL_FORMS, **VALUE_TOTAL_FORMS}[name]
+
+
+def _seqlens(name: str) -> Form:
+    from .value_forms import VALUE_SEQLENS_FORMS
+
+    return {**SEQLENS_FORMS, **VALUE_SEQLENS_FORMS}[name]
+
+
 def mask_chain(total: str, seqlens: str, opset: int, function: bool = False, *, axes_attribute: bool = False,
                outputs: bool = False, per_layer: bool = False, width_in_function: bool = False):
     """An edit: the builder's two chains replaced by ``total``/``seqlens`` forms written at ``opset`` (in a
@@ -206,7 +219,7 @@ def mask_chain(total: str, seqlens: str, opset: int, function: bool = False, *, 
             if function:
                 param = ir.Value(name="mask", type=ir.TensorType(I64), shape=ir.Shape(["batch", "total"]))
                 w = Writer(opset, prefix, ref_axes=axes_attribute)
-                outs = [TOTAL_FORMS[total].build(w, param), SEQLENS_FORMS[seqlens].build(w, param)]
+                outs = [_total(total).build(w, param), _seqlens(seqlens).build(w, param)]
                 if others and width_in_function:
                     outs.append(w.op("Gather", w.op("Shape", param), w.const(1), axis=0))
                 key = ("custom.lengths", "MaskLengths", "")
@@ -224,7 +237,7 @@ def mask_chain(total: str, seqlens: str, opset: int, function: bool = False, *, 
                 wide = wide or (call.outputs[2] if others and width_in_function else None)
             else:
                 w = Writer(opset, prefix)
-                new_total, new_seqlens = TOTAL_FORMS[total].build(w, mask), SEQLENS_FORMS[seqlens].build(w, mask)
+                new_total, new_seqlens = _total(total).build(w, mask), _seqlens(seqlens).build(w, mask)
                 nodes = w.nodes
             graph.insert_before(gqas[0], nodes)
             lengths.append((new_total, new_seqlens))
@@ -288,7 +301,7 @@ def attention_in_function(total: str, seqlens: str, opset: int):
             ("qkv", ir.DataType.FLOAT), ("mask", I64), ("past_key", ir.DataType.FLOAT),
             ("past_value", ir.DataType.FLOAT), ("cos", ir.DataType.FLOAT), ("sin", ir.DataType.FLOAT))]
         w = Writer(opset, "/attention")
-        lengths = [SEQLENS_FORMS[seqlens].build(w, params[1]), TOTAL_FORMS[total].build(w, params[1])]
+        lengths = [_seqlens(seqlens).build(w, params[1]), _total(total).build(w, params[1])]
         body_gqa = ir.node("GroupQueryAttention", [params[0], None, None, params[2], params[3], *lengths, params[4],
                                                    params[5]], attributes=dict(first.attributes),
                            domain=first.domain, name="/attention/GroupQueryAttention", num_outputs=3)
