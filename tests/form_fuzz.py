@@ -90,12 +90,19 @@ def _compare(reference: Path, candidate: Path, calls) -> oracle.Comparison:
     ones = oracle.compare(ref, cand, calls, head_size=head, atol=TOLERANCE, rtol=TOLERANCE)
     if not ones.ok:
         return ones
-    # With an offset, a left-padded row past it is documented to differ: the If switches the whole batch on the
-    # width, WebGPU each row on its own seqlens_k + 1 (docs/passes/longrope-concat.md#batches-left-padding; the
-    # oracle emulates the kernel per row). Padded calls are compared where no row's total passes the offset.
-    padded_calls = [c for c in calls if c[0] and (not offset or c[0] + c[1] <= offset)]
-    padded = oracle.compare(LeftPaddedMask(ref), LeftPaddedMask(cand), padded_calls, head_size=head,
-                            atol=TOLERANCE, rtol=TOLERANCE)
+    # With an offset the oracle emulates WebGPU's kernel per row (each row on its own seqlens_k + 1); the If
+    # switches the whole batch on the width, longrope-concat's head switch on the batch's longest row (Hugging Face's
+    # switch): the same wherever a row is unpadded, as every client pads (to the longest prompt). Past the offset,
+    # batches keep row 0 unpadded (docs/passes/longrope-concat.md#batches-left-padding).
+    early = [c for c in calls if c[0] and (not offset or c[0] + c[1] <= offset)]
+    late = [c for c in calls if c[0] and offset and c[0] + c[1] > offset]
+    padded = oracle.compare(LeftPaddedMask(ref), LeftPaddedMask(cand), early, head_size=head, atol=TOLERANCE,
+                            rtol=TOLERANCE)
+    if padded.ok and late:
+        longest = oracle.compare(LeftPaddedMask(ref, unpadded=1), LeftPaddedMask(cand, unpadded=1), late,
+                                 head_size=head, atol=TOLERANCE, rtol=TOLERANCE)
+        padded = dataclasses.replace(longest, detail=f"{padded.detail}; past the offset, row 0 unpadded: "
+                                     f"{longest.detail}", calls_run=padded.calls_run + longest.calls_run)
     return dataclasses.replace(padded, detail=f"{ones.detail}; left-padded: {padded.detail}",
                                calls_run=ones.calls_run + padded.calls_run) if padded.ok else padded
 

@@ -19,6 +19,7 @@ import onnx_ir as ir
 import pytest
 from conftest import GENAI
 
+from rope_passes.analysis.caches import switched_head
 from rope_passes.analysis.graph import nodes_of
 from rope_passes.analysis.placement import predict_placement
 from rope_passes.api import optimize
@@ -34,6 +35,7 @@ from rope_passes.passes.longrope_concat import (
 )
 from rope_passes.pipeline import run_pipeline
 from rope_passes.plan import make_plan
+from rope_passes.proofs.cache_tables import cache_table
 from rope_passes.report import Outcome
 from rope_passes.runtime.sessions import create_session
 
@@ -72,10 +74,19 @@ def test_if_replaced_by_concatenated_tables(rewritten, variant):
     small = if_node.attributes["else_branch"].value.outputs[0].producer().attributes["value"].value.numpy()
     large = if_node.attributes["then_branch"].value.outputs[0].producer().attributes["value"].value.numpy()
     new = ir.load(rewritten[variant] / "model.onnx")
-    assert not nodes_of(new, "If") and not nodes_of(new, "Greater") and not nodes_of(new, "Shape")
-    cos = new.graph.initializers["cos_cache"].const_value.numpy()
+    assert not nodes_of(new, "If") and not nodes_of(new, "Shape")
+    # [head; large], the head Where(longest row past 32, large[:32], small[:32]) (a batch's rows switch together, as
+    # the If switches them): for rows of one length, [small[:32]; large], bit-identical rows
+    cos_value = nodes_of(new, "GroupQueryAttention")[0].inputs[7]
+    head = switched_head(cos_value)
+    assert head is not None and head.offset == ORIGINAL and head.rows == ORIGINAL + large.shape[0] == 288
+    cos = cache_table(cos_value)
     assert cos.shape == (ORIGINAL + large.shape[0], large.shape[1]) == (288, 16)
     np.testing.assert_array_equal(cos, np.concatenate([small[:ORIGINAL], large]))  # bit-identical rows
+    np.testing.assert_array_equal(head.head_long.const_value.numpy(), large[:ORIGINAL])
+    greater = head.where.inputs[0].producer()
+    assert greater.op_type == "Greater" and greater.inputs[1].const_value.numpy() == ORIGINAL - 1  # max(seqlens_k) > 31
+    assert greater.inputs[0].producer().op_type == "ReduceMax"
     assert new.metadata_props[OFFSET_METADATA] == "32" and "CPU EP reads wrong rows" in new.metadata_props[
         WEBGPU_ONLY_KEY]
     config = json.loads((rewritten[variant] / "genai_config.json").read_text())

@@ -187,8 +187,8 @@ def _rewrite_every_if_alone(path: Path, dest: Path, offset: int) -> None:
     model = bundle.model
     for node in list(nodes_of(model, "If")):
         gqas = [u for out in node.outputs for u, _ in out.uses() if u.op_type == "GroupQueryAttention"]
-        _, tables = LongRoPEConcatPass._match(model, if_switch(model, node), gqas)
-        LongRoPEConcatPass._rewrite(model.graph, node, tables)
+        own, tables = LongRoPEConcatPass._match(model, if_switch(model, node), gqas)
+        LongRoPEConcatPass._rewrite(model.graph, node, tables, own, None, None)  # constant [short; long] tables
     bundle.genai_config.set_provider_option("webgpu", KEY, str(offset))
     save_bundle(bundle, dest)
 

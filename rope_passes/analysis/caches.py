@@ -16,14 +16,65 @@ from rope_passes.analysis.schema import CosSinCache, dtype_name, shape_list
 from rope_passes.report import name_of
 
 
+@dataclasses.dataclass(frozen=True)
+class SwitchedHead:
+    """``longrope-concat``'s cache for batches of rows of different lengths: ``Concat(Where(c, long[:o], short[:o]),
+    long, axis=0)``, ``c`` the batch's longest row past ``o``. WebGPU reads row ``(row total > o ? o : 0) +
+    position``: a row past ``o`` reads ``long``, a shorter one the head, which is the long table's head when the batch
+    is past ``o`` (the ``If``'s whole-batch choice) and the short one's otherwise. For rows of one length it reads what
+    the constant ``[short[:o]; long]`` gives."""
+
+    concat: ir.Node
+    where: ir.Node
+    head_long: ir.Value
+    head_short: ir.Value
+    long: ir.Value
+    offset: int  # o: the head's rows
+    rows: int  # o + the long table's rows
+    dtype: ir.DataType
+
+    @property
+    def tables(self) -> tuple[ir.Value, ir.Value, ir.Value]:
+        return self.head_long, self.head_short, self.long
+
+    @property
+    def shape(self) -> ir.Shape:
+        """The concatenation's shape (what a census reads of a table: shape and dtype)."""
+        return ir.Shape([self.rows, self.long.shape[1] if self.long.shape is not None else None])
+
+
+def switched_head(value: ir.Value | None) -> SwitchedHead | None:
+    """``value`` as a :class:`SwitchedHead` (structure and shapes: constant 2-D tables of one width and dtype, the
+    heads of one shape), or None. The values are not read (:func:`rope_passes.proofs.concat_offset.cache_table`
+    reads and proves them)."""
+    concat = value.producer() if value is not None else None
+    if (concat is None or concat.op_type != "Concat" or concat.domain not in ("", "ai.onnx")
+            or len(concat.inputs) != 2 or attr(concat, "axis") not in (0, -2)):
+        return None
+    head, long = concat.inputs
+    where = head.producer() if head is not None else None
+    if where is None or where.op_type != "Where" or where.domain not in ("", "ai.onnx") or len(where.inputs) != 3:
+        return None
+    a, b, rest = const_tensor(where.inputs[1]), const_tensor(where.inputs[2]), const_tensor(long)
+    if a is None or b is None or rest is None or not (table_like(a) and table_like(b) and table_like(rest)):
+        return None
+    head_rows, rest_rows = a.shape[0], rest.shape[0]
+    if a.shape != b.shape or len({a.dtype, b.dtype, rest.dtype}) != 1 or a.shape[1] != rest.shape[1] or not (
+            isinstance(head_rows, int) and isinstance(rest_rows, int)):
+        return None
+    assert long is not None and where.inputs[1] is not None and where.inputs[2] is not None
+    return SwitchedHead(concat, where, where.inputs[1], where.inputs[2], long, head_rows, head_rows + rest_rows,
+                        a.dtype)
+
+
 @dataclasses.dataclass
 class FoundCache:
     """A constant 2D float table reached from a cos/sin input."""
 
     value: ir.Value
     role: str  # "cos" or "sin"
-    source: str  # "initializer", "Constant", "If.then_branch", "If.else_branch"
-    tensor: ir.TensorProtocol  # metadata only: shape and dtype
+    source: str  # "initializer", "Constant", "If.then_branch", "If.else_branch", "batch switch"
+    tensor: ir.TensorProtocol | SwitchedHead  # metadata only: shape and dtype
     if_node: ir.Node | None  # the If whose branch returns it
 
 
@@ -47,6 +98,11 @@ def find_caches(model: ir.Model) -> tuple[list[FoundCache], list[ir.Node]]:
 
     for _node, role, value in rope_sinks(model):
         if role == "position_ids":
+            continue
+        switched = switched_head(value)
+        if switched is not None:  # one table, computed per call from three constant ones
+            if id(value) not in found:
+                found[id(value)] = FoundCache(value, role, "batch switch", switched, None)
             continue
         candidates = [value]
         for anc in ancestors([value]):

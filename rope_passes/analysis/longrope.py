@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 import onnx_ir as ir
 
 from rope_passes.analysis.attention import total_seq_description
-from rope_passes.analysis.caches import FoundCache, find_caches
+from rope_passes.analysis.caches import FoundCache, find_caches, switched_head
 from rope_passes.analysis.graph import (
     MS_DOMAIN,
     ancestors,
@@ -256,6 +256,14 @@ def concat_cache(model: ir.Model, *, context_length: int | None, offset: int | N
     gqa = gqas[0]
     cos, sin = gqa.inputs[7], gqa.inputs[8]
     place = cos
+    switched = switched_head(cos)
+    if switched is not None:  # longrope-concat's batch form: the split is the head's rows
+        rows, original = switched.rows, switched.offset
+        sin_switched = switched_head(sin)
+        if sin_switched is None or sin_switched.rows != rows:
+            raise MatchFailure.absent("sin_cache is not switched like cos_cache", place)
+        readers = [g for g in gqas if g.inputs[7] is cos]
+        return ConcatCache(gqa, cos, sin, rows, original, context_length, readers)
     cos_t = const_tensor(cos)
     if not table_like(cos_t) or not isinstance(cos_t.shape[0], int):
         raise MatchFailure.absent("cos_cache is not a constant table", place)

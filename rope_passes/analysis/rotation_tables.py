@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
+from rope_passes.analysis.caches import SwitchedHead, switched_head
 from rope_passes.analysis.graph import (
     MS_DOMAIN,
     ancestors,
@@ -165,6 +166,9 @@ def _gqa_regimes(model: ir.Model, node: ir.Node, offset: int | None, ep: str, no
             if line not in notes:
                 notes.append(line)
         return [Regime(1, None, cos, sin, 0, *where)]
+    switched = switched_head(cos_v), switched_head(sin_v)
+    if switched[0] is not None and switched[1] is not None:
+        return _switched_regimes(node, switched[0], switched[1], offset, ep, notes, ev)
     source = through(cos_v, ("Identity",))
     producer = source.producer() if source is not None else None
     if producer is None or producer.op_type != "If":
@@ -191,6 +195,31 @@ def _gqa_regimes(model: ir.Model, node: ir.Node, offset: int | None, ep: str, no
     (e_cos, e_sin), e_where = tables["else"]
     (t_cos, t_sin), t_where = tables["then"]
     return [Regime(1, c, e_cos, e_sin, 0, *e_where), Regime(c + 1, None, t_cos, t_sin, 0, *t_where)]
+
+
+def _switched_regimes(node: ir.Node, cos: SwitchedHead, sin: SwitchedHead, offset: int | None, ep: str,
+                      notes: list[str], ev: Evaluators) -> list[Regime]:
+    """``longrope-concat``'s batch switch (:class:`~rope_passes.analysis.caches.SwitchedHead`) read by a call of one
+    row: its head is the short table's up to total ``o`` and the long table's after it; WebGPU with the offset (packed
+    QKV) reads ``long`` past ``o``, a runtime without it row ``p`` of ``[long head; long]``."""
+    tables = {name: [ev.table(v) for v in (c, s)] for name, c, s in (
+        ("long_head", cos.head_long, sin.head_long), ("short_head", cos.head_short, sin.head_short),
+        ("long", cos.long, sin.long))}
+    if any(t is None for pair in tables.values() for t in pair) or cos.offset != sin.offset:
+        raise MatchFailure.absent(f"{node.name!r}: the batch switch's tables are not constants of one split")
+    o = cos.offset
+    short = [np.concatenate([h, rest]) for h, rest in zip(tables["short_head"], tables["long"])]
+    long = [np.concatenate([h, rest]) for h, rest in zip(tables["long_head"], tables["long"])]
+    where = (f"{cos.concat.outputs[0].name!r} (GroupQueryAttention input 7, head switched at {o})",
+             f"{sin.concat.outputs[0].name!r} (GroupQueryAttention input 8, head switched at {o})")
+    packed = not present(node.inputs[1]) and not present(node.inputs[2])
+    if offset and ep == "webgpu" and packed:
+        line = (f"multiRotaryCacheConcatOffset={offset}: row = (total > {offset} ? {offset} : 0) + position of a "
+                f"head switched at {o} (WebGPU, packed QKV)")
+        if line not in notes:
+            notes.append(line)
+        return [Regime(1, o, short[0], short[1], 0, *where), Regime(o + 1, None, long[0], long[1], offset, *where)]
+    return [Regime(1, o, short[0], short[1], 0, *where), Regime(o + 1, None, long[0], long[1], 0, *where)]
 
 
 # ------------------------------------------------------------------------------------------------ rotary ops

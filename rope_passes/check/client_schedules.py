@@ -20,7 +20,10 @@ real client sends, and calls at every threshold the graph has.
   transformers.js layouts): a prompt and calls after it whose positions start :data:`AHEAD` past the cache's length;
 * **thresholds** (:func:`boundary_schedules`), read from the graph: each LongRoPE switch and sliding window ``t``
   (totals above ``t`` read otherwise) gets single steps at totals ``t-1, t, t+1`` and a left-padded batch of a row
-  below and a row above it (lengths 2 and ``t+2``: the batch's total decides, not a row's); the context's end and a
+  below and a row above it (lengths 2 and ``t+2``: the batch's total decides, not a row's); a LongRoPE switch also
+  a left-padded batch decoding across it in calls WebGPU computes (``switch-<t>-ragged-decode``: rows of ``w -``
+  :data:`RAGGED` and ``w`` tokens, ``w`` the prefill cap, then single steps until the short row is past ``t``: the
+  batch's total is past ``t`` while that row's own length is not, where a per-row switch and the batch's differ); the context's end and a
   table's last row ``t`` get single steps at totals ``t-8..t`` and a call of the last 8 positions; and at each, calls
   of every size ``k = 2..`` :data:`NEAR` (the software adapter's prefill cap at most; the context's end:
   ``..`` :data:`END_CALLS`) after a past end at every total from ``t -`` :data:`NEAR` to ``t +`` :data:`NEAR` (the
@@ -52,6 +55,9 @@ SECOND_TURNS = (12, 30)
 CAPTURE_TOTAL = 64
 #: batch sizes no other schedule has (with them every batch of 1..BATCH_ROWS rows is sent at least once)
 OTHER_BATCHES = (5, 6, 7)
+#: the short row of ``switch-<t>-ragged-decode`` is this many tokens shorter: the batch's total is past ``t`` for that
+#: many steps before the row's own length is
+RAGGED = 4
 #: calls of 2..NEAR tokens (the software adapter's prefill cap; a smaller cap bounds them) end at every total within
 #: NEAR of each threshold (:func:`boundary_schedules`)
 NEAR = 8
@@ -138,6 +144,15 @@ def boundary_schedules(facts: GraphFacts, rng: np.random.RandomState | None = No
             rows = (2, t + 2)
             out.append(Schedule(f"{kind}-{t}-batch", rows, tuple(_draw(rng, v, n + 1) for n in rows), then=(1,),
                                 pad=pad))
+        # a left-padded batch decoding across it, in calls WebGPU computes (a prompt within the call cap, then
+        # single steps): the batch's total passes t RAGGED tokens before the short row's own length does
+        w = min(facts.max_call or NEAR, NEAR, t)
+        p = min(RAGGED, w - 1)
+        steps = t + p + 1 - w
+        if kind == "switch" and p >= 1 and steps >= 1 and (room is None or t + p + 1 <= room):
+            rows = (w - p, w)
+            out.append(Schedule(f"{kind}-{t}-ragged-decode", rows, tuple(_draw(rng, v, n + steps) for n in rows),
+                                then=(1,) * steps, pad=pad))
     for t in sorted(set(facts.ends)):
         if t > BOUNDARY_MAX or t < 2:
             continue
@@ -178,4 +193,4 @@ def for_graph(schedule: Schedule, loop: GenaiLoop) -> Schedule:
                                earlier=schedule.earlier if kv != PLAIN else 0)
 
 
-__all__ = ["AHEAD", "BATCH_ROWS", "CAPTURE_TOTAL", "END_CALLS", "NEAR", "OTHER_BATCHES", "EARLIER_MORE", "BOUNDARY_MAX", "SECOND_TURNS", "SHARED_MAX", "boundary_schedules", "client_schedules", "for_graph", "unreached"]
+__all__ = ["AHEAD", "BATCH_ROWS", "CAPTURE_TOTAL", "END_CALLS", "NEAR", "OTHER_BATCHES", "RAGGED", "EARLIER_MORE", "BOUNDARY_MAX", "SECOND_TURNS", "SHARED_MAX", "boundary_schedules", "client_schedules", "for_graph", "unreached"]

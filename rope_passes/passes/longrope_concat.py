@@ -3,9 +3,15 @@
 **Rewrites.** Builders emit LongRoPE (Phi-3 128k) as ``If(Greater(total_len, original))`` whose branches return
 constant ``[cos|sin]_cache_large`` (then) or ``..._small`` (else), read by every GroupQueryAttention as
 ``cos_cache``/``sin_cache``. Control flow makes onnxruntime refuse WebGPU graph capture. The pass replaces the ``If``
-with two initializers ``[small[:original]; large]`` (``original + max_positions`` rows; the condition's nodes go with
-it where nothing else reads them) and records the offset
-``original``. A branch's table is read by value, whatever computes it from constants (a ``Constant``, int8 codes
+with ``Concat(Where(max(seqlens_k) + 1 > original, large[:original], small[:original]), large)`` for each table
+(``original + max_positions`` rows; the condition's nodes go with it where nothing else reads them) and records the
+offset ``original``. WebGPU reads row ``(seqlens_k[b] + 1 > original ? original : 0) + position`` of it: a row past
+``original`` reads ``large``; a shorter row reads the head, which is the long table's while the batch's longest row
+is past ``original`` — the ``If``'s choice for the whole batch (its total is the mask's width, the longest row's
+length wherever one row is unpadded, as clients pad) — and the short one's otherwise. Without the head switch a
+left-padded row would read the short table while the batch is past the switch (docs/passes/longrope-concat.md,
+"Batches"). Where the mask's batch dimension is 1 (or the heads are equal) the tables are the constant
+``[small[:original]; large]``. A branch's table is read by value, whatever computes it from constants (a ``Constant``, int8 codes
 through a per-column ``DequantizeLinear``, an outer bf16 table through ``Identity``/``Cast``, an fp32 table cast to
 fp16 in the branch, a ``Slice``): folded by the one constant evaluator (:func:`rope_passes.proofs.constants.table`,
 onnx's reference evaluator node by node at the model's opset; tests/test_form_fuzzer.py compares each output with
@@ -16,11 +22,14 @@ its input on onnxruntime CPU, bit for bit). The offset is recorded in:
 * model metadata ``rope_passes.multi_rotary_cache_concat_offset = <original>``.
 
 **Exact when** the WebGPU EP runs it with that offset: it reads row ``(total_seqlen > offset ? offset : 0) +
-position`` — the If's choice, row for row, with bit-identical table values. The offset only acts on GQA's packed-QKV
-path (key/value inputs empty).
+position`` — the If's choice, row for row, with bit-identical table values, for every batch in which some row is
+unpadded (a batch whose every row is padded switches on its longest row, as Hugging Face's ``max(position_ids) + 1``
+does, where the ``If`` switches on the width). The offset only acts on GQA's packed-QKV path (key/value inputs
+empty). The head switch costs one ``Concat`` of each table per call (``original + max_positions`` rows written).
 
 **CPU: wrong past the offset, and flagged.** The CPU EP has no such option and reads row ``position`` of the
-concatenated table: right up to ``original`` tokens, wrong after. The output is marked WebGPU-only: metadata
+concatenated table: right up to ``original`` tokens, wrong after (a position past ``original`` reads
+``large[position - original]``). The output is marked WebGPU-only: metadata
 ``rope_passes.webgpu_only`` and ``model.decoder.session_options["rope_passes.webgpu_only"]`` (onnxruntime-genai
 passes unknown session_options on as session config entries, which onnxruntime ignores); ``lint`` rule RP204 says
 so too. ``tests/test_longrope.py`` pins both the WebGPU match and the CPU mismatch.
@@ -77,7 +86,7 @@ from rope_passes.analysis.graph import MS_DOMAIN, const_tensor
 from rope_passes.analysis.longrope import LongRoPE, if_switch, separate_qkv, where_switch
 from rope_passes.analysis.longrope_switch import switch_offset
 from rope_passes.passes._concat_offset import OFFSET_KEY, OFFSET_METADATA, WEBGPU_ONLY_KEY, pack_qkv, record_offset
-from rope_passes.passes._rewrite import inline_functions, opset_of, remove_dead
+from rope_passes.passes._rewrite import NodeTape, add_initializer, inline_functions, opset_of, remove_dead
 from rope_passes.passes.base import RopePass
 from rope_passes.proofs.concat_offset import (
     consumer_name,
@@ -150,10 +159,13 @@ def _table_where(node: ir.Node, users: list[tuple[ir.Node, int]]) -> bool:
 
 
 class _Proved:
-    """One If proved on its own: its offset, the concatenated tables and the GQAs reading it."""
+    """One If proved on its own: its offset, the (long, short) table pairs, the GQAs reading it and the mask whose
+    row lengths they read."""
 
-    def __init__(self, node: ir.Node, gqas: list[ir.Node], offset: int, tables: list[np.ndarray], threshold: int | None):
+    def __init__(self, node: ir.Node, gqas: list[ir.Node], offset: int, tables: list[tuple[np.ndarray, np.ndarray]],
+                 threshold: int | None, mask: ir.Value):
         self.node, self.gqas, self.offset, self.tables, self.threshold = node, gqas, offset, tables, threshold
+        self.mask = mask
 
     @property
     def name(self) -> str:
@@ -242,12 +254,12 @@ class LongRoPEConcatPass(RopePass):
                 if node.op_type == "Where":
                     selects_whole_tables(model, node, 2)
                 offset, tables = self._match(model, switch, gqas, is_width)
-                switch_reads_row_lengths(model, gqas, masks)
+                mask = switch_reads_row_lengths(model, gqas, masks)
             except MatchFailure as failure:
                 report.record(failure)
                 refused.append(node)
                 continue
-            proved.append(_Proved(node, gqas, offset, tables, switch.threshold))
+            proved.append(_Proved(node, gqas, offset, tables, switch.threshold, mask))
         if not proved:
             if not refused:
                 report.not_matched("<model>", "no If switching GroupQueryAttention cos/sin caches")
@@ -264,11 +276,16 @@ class LongRoPEConcatPass(RopePass):
             if packed:
                 report.note(p.name, f"packed separate query/key/value into one input (Concat on the hidden "
                             f"axis) for {len(packed)} GroupQueryAttention node(s): {OFFSET_KEY} acts on packed QKV only")
-            self._rewrite(graph, p.node, p.tables)
+            batch = _batch_switch(p.mask, p.tables, offset)
+            self._rewrite(graph, p.node, p.tables, offset, p.gqas[0].inputs[5] if batch else None, opset_of(model))
             proved_note = "" if offset == p.threshold else f" (the condition is total > {offset})"
+            rows = offset + p.tables[0][0].shape[0]
+            how = (f"; its first {offset} rows switched per call on the batch's longest row (Where), as the "
+                   f"{p.node.op_type} switches the whole batch" if batch else
+                   f"; one row per call ({p.mask.name!r} has batch dimension 1)")
             report.rewritten(p.name, f"{p.node.op_type} replaced by concatenated caches [{offset} short; "
-                             f"{p.tables[0].shape[0] - offset} long] rows, offset {offset}{proved_note}",
-                             offset=offset, rows=int(p.tables[0].shape[0]), gqa=len(p.gqas))
+                             f"{rows - offset} long] rows, offset {offset}{proved_note}{how}",
+                             offset=offset, rows=int(rows), gqa=len(p.gqas), batch_switch=batch)
         record_offset(model, self.genai_config, offset, report)
         if len(proved) > 1:
             report.note("<model>", f"{len(proved)} switches (If/Where), all at total > {offset}: one {OFFSET_KEY} serves "
@@ -277,8 +294,9 @@ class LongRoPEConcatPass(RopePass):
 
     @staticmethod
     def _match(model: ir.Model, switch: LongRoPE, gqas: list[ir.Node],
-               is_total: Callable[[ir.Value], bool] | None = None) -> tuple[int, list[np.ndarray]]:
-        """The offset and the ``[small[:offset]; large]`` tables for the If ``switch``; MatchFailure.refuse if not."""
+               is_total: Callable[[ir.Value], bool] | None = None) -> tuple[int, list[tuple[np.ndarray, np.ndarray]]]:
+        """The offset and the ``(large, small[:offset])`` tables for the If ``switch``; MatchFailure.refuse if
+        not."""
         node = switch.node
         assert node is not None
         target = node
@@ -312,18 +330,52 @@ class LongRoPEConcatPass(RopePass):
                                           f"{offset}", target)
             if small.shape[0] < offset:
                 raise MatchFailure.refuse(f"short table has {small.shape[0]} rows < original {offset}", target)
-            tables.append(np.concatenate([small[:offset], large], axis=0))
+            tables.append((large, small[:offset]))
         return offset, tables
 
     @staticmethod
-    def _rewrite(graph: ir.Graph, node: ir.Node, tables: list[np.ndarray]) -> None:
-        for out, table in zip(list(node.outputs), tables):
+    def _rewrite(graph: ir.Graph, node: ir.Node, tables: list[tuple[np.ndarray, np.ndarray]], offset: int,
+                 seqlens: ir.Value | None, opset: int | None) -> None:
+        """Replace ``node``'s outputs: with ``seqlens`` (GroupQueryAttention's ``seqlens_k``, proved the mask's row
+        sums - 1), ``Concat(Where(max(seqlens) + 1 > offset, large[:offset], small[:offset]), large)`` (the batch
+        switch, :func:`_batch_switch`); without, the constant ``[small[:offset]; large]``."""
+        tape = NodeTape(opset)
+        condition = None
+        if seqlens is not None:  # the batch's longest row, max(seqlens_k) + 1, past the offset (on the GPU)
+            prefix = f"{place_of(node)}/rope_passes_batch_switch"
+            longest = tape.op("ReduceMax", [seqlens], {"keepdims": 0}, name=f"{prefix}/ReduceMax",
+                              output=f"{prefix}/longest_seqlens_k", dtype=ir.DataType.INT32, shape=[])
+            threshold = add_initializer(graph, f"{prefix}/offset_minus_1", np.array(offset - 1, dtype=np.int32))
+            condition = tape.op("Greater", [longest, threshold], name=f"{prefix}/Greater",
+                                output=f"{prefix}/past_offset", dtype=ir.DataType.BOOL, shape=[])
+        for out, (large, head) in zip(list(node.outputs), tables):
             name = out.name
             out.name = f"{name}/rope_passes_replaced_if"
-            init = ir.Value(name=name, shape=ir.Shape(table.shape), type=ir.TensorType(ir.DataType.from_numpy(
-                table.dtype)), const_value=ir.tensor(table, name=name))
-            graph.register_initializer(init)
-            out.replace_all_uses_with(init)  # never a graph output (_match refuses those)
-        condition = node.inputs[0] if node.inputs else None
+            if condition is None:
+                table = np.concatenate([head, large], axis=0)
+                new = add_initializer(graph, name, table)
+            else:
+                dtype = ir.DataType.from_numpy(large.dtype)
+                width = large.shape[1]
+                heads = [add_initializer(graph, f"{name}/rope_passes_{kind}_head", t)
+                         for kind, t in (("long", large[:offset]), ("short", head))]
+                rest = add_initializer(graph, f"{name}/rope_passes_long", large)
+                chosen = tape.op("Where", [condition, *heads], name=f"{name}/rope_passes_head",
+                                 output=f"{name}/rope_passes_head", dtype=dtype, shape=[offset, width])
+                new = tape.op("Concat", [chosen, rest], {"axis": 0}, name=f"{name}/rope_passes_concat",
+                              output=name, dtype=dtype, shape=[offset + large.shape[0], width])
+            out.replace_all_uses_with(new)  # never a graph output (_match refuses those)
+        if tape.nodes:
+            tape.insert_before(graph, node)
+        condition_in = node.inputs[0] if node.inputs else None
         graph.remove(node, safe=True)
-        remove_dead(graph, [condition])  # the switch's condition, read by nothing else now (its Greater, ...)
+        remove_dead(graph, [condition_in])  # the switch's condition, read by nothing else now (its Greater, ...)
+
+
+def _batch_switch(mask: ir.Value, tables: list[tuple[np.ndarray, np.ndarray]], offset: int) -> bool:
+    """Whether the rewrite needs the batch switch: WebGPU switches each row on its own length, the ``If`` the whole
+    batch on its width, so a batch whose rows differ in length (left padding) would read the short table's head where
+    the ``If`` reads the long one's. Not needed where the mask has one row (batch dimension 1) or the heads are
+    equal."""
+    one_row = mask.shape is not None and len(mask.shape) >= 1 and mask.shape[0] == 1
+    return not one_row and not all(np.array_equal(large[:offset], head) for large, head in tables)

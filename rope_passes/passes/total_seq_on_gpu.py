@@ -135,6 +135,17 @@ def _keep_output(graph: ir.Graph, old: ir.Value, new: ir.Value, same_rank: bool,
             graph.outputs[i] = kept
 
 
+def _move_readers(old: ir.Value, new: ir.Value, chain: set[int]) -> None:
+    """Every reader of the old ``seqlens_k`` besides GroupQueryAttention (``longrope-concat``'s batch switch reads
+    ``max(seqlens_k)``) reads the new one: the same values, proved, of the same rank and type; the old chain (on CPU,
+    with its Memcpy) can then go. Readers inside the old chain keep it."""
+    if old.dtype not in (None, new.dtype):
+        return
+    for user, index in list(old.uses()):
+        if user.op_type != "GroupQueryAttention" and id(user) not in chain and user.graph is new.graph:
+            user.replace_input_with(index, new)
+
+
 class TotalSeqOnGpuPass(RopePass):
     name = "total-seq-on-gpu"
     summary = "compute GQA seqlens_k/total_sequence_length from the mask on the GPU (int32, no Shape): no Memcpy"
@@ -239,6 +250,8 @@ class TotalSeqOnGpuPass(RopePass):
                 for old, new, rank, new_rank in outputs:  # after the finding: it names the old value as it was
                     if old.is_graph_output():
                         _keep_output(graph, old, new, rank == new_rank, opset, report)
+                if new_seqlens is not None and seq_found is not None and seq_found.rank == 1:
+                    _move_readers(seqlens, new_seqlens, {id(n) for n in old_nodes})
             if new_seqlens is not None:
                 gqa.replace_input_with(SEQLENS_K, new_seqlens)
             gqa.replace_input_with(TOTAL_SEQ, new_total)

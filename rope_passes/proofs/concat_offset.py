@@ -31,7 +31,7 @@ import rope_passes.graph_walk as graph_walk
 from rope_passes.analysis.graph import MS_DOMAIN, attr, flag, nodes_of
 from rope_passes.analysis.longrope import ConcatCache, separate_qkv
 from rope_passes.config import CONCAT_OFFSET_OPTION
-from rope_passes.proofs.constants import table as table_value
+from rope_passes.proofs.cache_tables import cache_table
 from rope_passes.proofs.mask_lengths import MaskLengths
 from rope_passes.report import MatchFailure, Place, name_of, place_of
 
@@ -40,7 +40,7 @@ from rope_passes.report import MatchFailure, Place, name_of, place_of
 # ------------------------------------------------------------------------------------------------------------
 
 
-def switch_reads_row_lengths(model: ir.Model, gqas: list[ir.Node], mask_names: frozenset[str] | set[str]) -> None:
+def switch_reads_row_lengths(model: ir.Model, gqas: list[ir.Node], mask_names: frozenset[str] | set[str]) -> ir.Value:
     """Refuse unless, for every unpadded row, the total an ``If`` switch reads is the length WebGPU's offset switches on.
 
     The ``If`` switches on the ``total_sequence_length`` its GroupQueryAttention nodes read (what
@@ -50,8 +50,10 @@ def switch_reads_row_lengths(model: ir.Model, gqas: list[ir.Node], mask_names: f
     attention mask's width and ``seqlens_k`` its row sums - 1, both proved by value
     (:class:`rope_passes.proofs.mask_lengths.MaskLengths`). A total of width + 1, or row sums - 2, switches the
     ``If`` one token away from the offset: refused, naming the GroupQueryAttention input that is not proved.
+    Returns the mask (the graph input every proved length reads).
     """
     lengths = MaskLengths(model, mask_names)
+    mask = None
     for gqa in gqas:
         total = gqa.inputs[6] if len(gqa.inputs) > 6 else None
         seqlens = gqa.inputs[5] if len(gqa.inputs) > 5 else None
@@ -63,9 +65,14 @@ def switch_reads_row_lengths(model: ir.Model, gqas: list[ir.Node], mask_names: f
         except MatchFailure as failure:
             raise MatchFailure.refuse(f"{why}, and they are not proved equal: {failure.reason}",
                                       failure.source if failure.source is not None else gqa) from None
-        if width.mask is not rows.mask:
+        if width.mask is not rows.mask or (mask is not None and mask is not rows.mask):
+            other = rows.mask if width.mask is not rows.mask else mask
             raise MatchFailure.refuse(f"{why}, and {consumer_name(gqa)} reads them from two masks "
-                                      f"({width.mask.name!r}, {rows.mask.name!r})", gqa)
+                                      f"({width.mask.name!r}, {other.name!r})", gqa)
+        mask = rows.mask
+    if mask is None:
+        raise MatchFailure.refuse("no GroupQueryAttention reads the switch", gqas[0] if gqas else "<model>")
+    return mask
 
 
 def width_test(model: ir.Model, mask_names: frozenset[str] | set[str]) -> Callable[[ir.Value], bool]:
@@ -233,7 +240,7 @@ def fit_pair(found: ConcatCache) -> PairFit:
     it at an offset is wrong); halves that restart at position 0 with the same factors are not plain (they need the
     offset as much as a LongRoPE pair does)."""
     target = found.cos
-    cos_t, sin_t = table_value(found.cos), table_value(found.sin)
+    cos_t, sin_t = cache_table(found.cos), cache_table(found.sin)
     if cos_t is None or sin_t is None:
         raise MatchFailure.refuse("cos/sin are not constant tables: which rows a layer reads is not known", target)
     tolerance = ROW_TOLERANCE.get(ir.DataType.from_numpy(cos_t.dtype), 2e-3)
@@ -315,7 +322,7 @@ def _pair_cache(model: ir.Model, gqas: list[ir.Node], *, context_length: int | N
     fed = [v.name for v in (cos, sin) if v is not None and v.is_graph_input()]
     if fed:  # the caller may feed a concatenation: whether an offset is honoured is the caller's to say
         raise MatchFailure.absent(f"{fed[0]!r} is a graph input: the caller chooses the table", name, caller_table=True)
-    cos_t = table_value(cos)
+    cos_t = cache_table(cos)
     if cos_t is None or cos_t.ndim != 2 or cos_t.shape[0] < 2:
         producer = cos.producer() if cos is not None else None
         if cos_t is None and producer is not None and producer.op_type in ("If", "Where"):
@@ -342,7 +349,7 @@ def _pair_cache(model: ir.Model, gqas: list[ir.Node], *, context_length: int | N
         split = "original" if offset is None else str(offset)
         raise MatchFailure.absent(f"cos_cache {name!r} has {rows} rows, not {split} + context {context_length} "
                                   "(not a concatenated cache)", name)
-    sin_t = table_value(sin)
+    sin_t = cache_table(sin)
     if sin is None or sin_t is None or sin_t.shape != cos_t.shape:
         raise MatchFailure.refuse(f"sin_cache of {consumer_name(gqa)!r} is not a constant table shaped like "
                                   "cos_cache", name)
@@ -353,7 +360,7 @@ def _restart_row(sin: ir.Value | None) -> int | None:
     """The one row past row 0 of a constant sin table that is zero in every column (a table that starts again at
     position 0: the long half of a [short; long] concatenation), or None (none, or several). The fit then proves
     the halves (:func:`fit_pair`)."""
-    value = table_value(sin)
+    value = cache_table(sin)
     if value is None or value.ndim != 2:
         return None
     table = np.abs(value.astype(np.float32))

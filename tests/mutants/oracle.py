@@ -155,8 +155,7 @@ def _lower_one(graph: ir.Graph, node: ir.Node, op: _Ops) -> None:
 # ------------------------------------------------------------------------------------------------------------
 def _packed_gqa_caches(model: ir.Model) -> list[ir.Node]:
     return [n for n in model.graph if n.op_type == "GroupQueryAttention" and len(n.inputs) > 8
-            and n.inputs[7] is not None and n.inputs[7].const_value is not None
-            and (len(n.inputs) < 2 or n.inputs[1] is None or not n.inputs[1].name)]
+            and n.inputs[7] is not None and (len(n.inputs) < 2 or n.inputs[1] is None or not n.inputs[1].name)]
 
 
 #: the graph output the emulation adds: the seqlens_k the first packed-QKV GroupQueryAttention reads
@@ -179,16 +178,22 @@ class Runner:
             base.graph.outputs.append(exposed.outputs[0])
         self.session = session(to_bytes(base))
         self.shifted = None
-        if offset and gqas:
+        if offset and gqas:  # the caches read from row ``offset`` on: a Slice of whatever computes them
+            bounds = [ir.val(f"oracle/emulated_offset/{k}", const_value=ir.tensor(np.array([v], np.int64), name=
+                      f"oracle/emulated_offset/{k}")) for k, v in (("starts", offset), ("ends", 1 << 62), ("axes", 0))]
+            for b in bounds:
+                base.graph.register_initializer(b)
+            sliced: dict[int, ir.Value] = {}
             for gqa in gqas:
                 for index in (7, 8):
                     value = gqa.inputs[index]
-                    if value.name.endswith("/emulated_offset"):
-                        continue
-                    table = value.const_value.numpy()
-                    value.const_value = ir.tensor(np.ascontiguousarray(table[offset:]), name=value.name)
-                    value.shape = ir.Shape(table[offset:].shape)
-                    value.name = f"{value.name}/emulated_offset"
+                    if id(value) not in sliced:
+                        node = ir.node("Slice", [value, *bounds], outputs=[ir.Value(
+                            name=f"{value.name}/emulated_offset")])
+                        base.graph.insert_before(gqa, node)
+                        node.outputs[0].dtype = value.dtype
+                        sliced[id(value)] = node.outputs[0]
+                    gqa.replace_input_with(index, sliced[id(value)])
             self.shifted = session(to_bytes(base))
 
     @property

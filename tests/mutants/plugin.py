@@ -112,9 +112,10 @@ class VisionPositions:
     """``inner`` fed ``position_ids`` ``[3, B, S]`` with distinct axes: t = p, h = p // 2 + b, w = (3p + b) % 29
     (every value below 64, inside every corpus cache)."""
 
-    def __init__(self, inner):
+    def __init__(self, inner, unpadded: int = 0):
         self.inner = inner
         self.session = inner.session
+        self.unpadded = unpadded  # the first rows keep their mask of ones (a batch padded to its longest row)
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         pos = feeds.get("position_ids")
@@ -167,9 +168,10 @@ class LeftPaddedMask:
     GroupQueryAttention is not deterministic there for a padded row (two runs of the same graph on the same feeds
     differ by up to 1.8 in the logits: it reads memory the padding leaves unwritten)."""
 
-    def __init__(self, inner):
+    def __init__(self, inner, unpadded: int = 0):
         self.inner = inner
         self.session = inner.session
+        self.unpadded = unpadded  # the first rows keep their mask of ones (a batch padded to its longest row)
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         mask = feeds.get("attention_mask")
@@ -178,7 +180,7 @@ class LeftPaddedMask:
         length = ids.shape[1] if ids is not None else (embeds.shape[1] if embeds is not None else None)
         if mask is not None and length is not None and mask.shape[1] > length:
             mask = mask.copy()
-            mask[:, 0] = 0
+            mask[self.unpadded:, 0] = 0
             feeds = {**feeds, "attention_mask": mask}
             pos = feeds.get("position_ids")
             if pos is not None:  # as Hugging Face / genai number a padded row: its real tokens from 0
