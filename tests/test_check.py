@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import onnx_ir as ir
 import pytest
-from conftest import GENAI, SWEEP, UNLOADABLE, genai_models
+from conftest import GENAI, ONE_SCHEDULE, SWEEP, UNLOADABLE, genai_models
 
 import rope_passes
 from rope_passes.analysis.graph import nodes_of
@@ -158,12 +158,16 @@ def test_token_ids_are_the_corpus_ones():
 
 # ---------------------------------------------------------------- mutations: it can fail, at the right step
 
+#: the subject here is the decode step a broken model fails at: no sweep, no schedules (of a broken model they would
+#: only fail too; a check of a tiny model spends most of its time in them)
+DECODE_ONLY = {"sweep": 0, "schedules": []}
+
 
 @pytest.mark.corpus
 @pytest.mark.webgpu
 def test_perturbed_cos_row_fails_at_the_prefill(tmp_path):
     bad = mutate("current/llama/cpu_fp32", tmp_path / "m", set_initializer_row("cos_cache", 3, 1e-2))
-    report = check(GENAI / "current/llama/cpu_fp32", bad)
+    report = check(GENAI / "current/llama/cpu_fp32", bad, **DECODE_ONLY)
     assert report.verdict == NOT_EQUIVALENT and report.exit_code == 1
     cmp, diff = report.first_failure
     assert diff.step == 0 and cmp.name == "rewritten@webgpu vs original@webgpu"
@@ -177,7 +181,7 @@ def test_flipped_rotary_interleaved_fails(tmp_path):
             node.attributes["rotary_interleaved"] = ir.AttrInt64("rotary_interleaved", 1)
 
     bad = mutate("current/llama/cpu_fp32", tmp_path / "m", flip)
-    report = check(GENAI / "current/llama/cpu_fp32", bad, isolate=False)
+    report = check(GENAI / "current/llama/cpu_fp32", bad, isolate=False, **DECODE_ONLY)
     assert report.verdict == NOT_EQUIVALENT
     assert report.first_failure[1].step == 0
 
@@ -187,7 +191,7 @@ def test_flipped_rotary_interleaved_fails(tmp_path):
 def test_decode_only_error_fails_at_its_step(tmp_path):
     """cos_cache row 9 is used only by the second decode step (prefill = positions 0..7, step 1 = position 8)."""
     bad = mutate("current/llama/cpu_fp32", tmp_path / "m", set_initializer_row("cos_cache", 9, 1e-2))
-    report = check(GENAI / "current/llama/cpu_fp32", bad, prefill=8, steps=4, isolate=False)
+    report = check(GENAI / "current/llama/cpu_fp32", bad, prefill=8, steps=4, isolate=False, **DECODE_ONLY)
     assert report.verdict == NOT_EQUIVALENT
     cmp, diff = report.first_failure
     assert diff.step == 2, diff
@@ -243,7 +247,7 @@ def test_wrong_longrope_offset_fails_past_it(tmp_path):
 
     src = "current/phi3_mini_128k/webgpu_fp16_graph"
     bad = mutate(src, tmp_path / "m", offset16)
-    report = check(GENAI / src, bad, isolate=False)
+    report = check(GENAI / src, bad, isolate=False, **DECODE_ONLY)
     assert report.prefill + report.steps >= 36  # decoded past the original's switch point (32)
     assert report.original.webgpu_options["multiRotaryCacheConcatOffset"] == "32"
     assert report.verdict == NOT_EQUIVALENT
@@ -267,7 +271,7 @@ def test_wrong_longrope_switch_fails_past_it(tmp_path):
     tokens on (decode step 23 after a prefill of 8)."""
     src = "current/phi3_mini_128k/webgpu_fp32"
     bad = mutate(src, tmp_path / "m", set_switch(30))
-    report = check(GENAI / src, bad, isolate=False)
+    report = check(GENAI / src, bad, isolate=False, **DECODE_ONLY)
     assert report.original.longrope == LongRoPESwitch("if", 32)
     assert report.verdict == NOT_EQUIVALENT
     assert report.first_failure[1].step == 31 - report.prefill
@@ -279,7 +283,7 @@ def test_run_that_fails_mid_decode_is_a_failure_at_that_step(tmp_path):
     """Switching at 34: the 32-row short table is too small at 33 tokens; GQA raises there (step 25)."""
     src = "current/phi3_mini_128k/webgpu_fp32"
     bad = mutate(src, tmp_path / "m", set_switch(34))
-    report = check(GENAI / src, bad, isolate=False)
+    report = check(GENAI / src, bad, isolate=False, **DECODE_ONLY)
     run = report.run("rewritten@webgpu")
     assert run.status == "run-failed" and run.failed_step == 25 and len(run.steps) == 25
     assert "cos_cache dimension 0 shall not be less than total_sequence_length" in run.reason
@@ -334,13 +338,15 @@ def test_segfault_in_a_run_is_reported(monkeypatch):
 @pytest.mark.webgpu
 def test_cli_json_and_exit_codes(tmp_path, capsys):
     model = str(GENAI / "current/llama/cpu_fp32")
-    assert main(["check", model, model, "--steps", "2", "--in-process", "--json"]) == 0
+    # the model against itself: its sweep and schedules are test_self_consistency's; here the CLI's JSON
+    assert main(["check", model, model, "--steps", "2", "--in-process", "--no-sweep", "--schedule", ONE_SCHEDULE,
+                 "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["verdict"] == "equivalent" and data["schedule"]["steps"] == 2
     tol = data["comparisons"][0]["tolerance"]
     assert (tol["atol"], tol["rtol"], tol["precision"]) == (1e-4, 1e-4, "fp32")
     bad = mutate("current/llama/cpu_fp32", tmp_path / "m", set_initializer_row("cos_cache", 2, 1e-2))
-    assert main(["check", model, bad, "--steps", "1", "--in-process"]) == 1
+    assert main(["check", model, bad, "--steps", "1", "--in-process", "--no-sweep", "--schedule", ONE_SCHEDULE]) == 1
     out = " ".join(capsys.readouterr().out.split())  # the console wraps long lines at its width
     assert "not equivalent" in out and "first failure: step 0" in out and "atol 0.0001" in out
     assert main(["check", model, str(tmp_path / "missing")]) == 2
