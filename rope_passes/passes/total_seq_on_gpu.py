@@ -42,7 +42,11 @@ width and ``seqlens_k`` its row sums minus one, batch on axis 0. The builder's c
 ``Squeeze``/``Unsqueeze``/``ReduceSum``/``Split`` with axes as attributes or inputs, ``Shape`` with ``start``/``end``,
 ``Slice``/``Split`` (``num_outputs`` too) of the shape, ``Pad`` columns of zeros, ``Identity`` and integer ``Cast``/
 ``CastLike`` chains, ``Add(x, -1)``, ``ReduceMax`` of a one-element shape slice, ``Where(s == s, s - 1, s)``, the row
-sums of ``mask * 0 + 1``, or a model-local function (evaluated in place at its own opset, its reference attributes
+sums of ``mask * 0 + 1``, the mask moved and given back (``Transpose`` round trips, ``Shape(Transpose(mask))[0]``,
+``Flatten`` + ``Reshape [0, -1]``, ``Expand`` to its own shape, ``Tile`` by ones: :mod:`rope_passes.proofs.mask_moves`),
+the last column of a ``CumSum`` (the first with ``reverse=1``) as the row sums, the width through integer
+arithmetic that gives it back (``w * 1 + 0``, ``1000 - (1000 - w)``, ``Max(w, 0)``) or as the ``ArgMax`` of a
+``Concat`` of ``w`` zeros and a one, or a model-local function (evaluated in place at its own opset, its reference attributes
 bound to the call's; the call node is removed with the old chains where nothing else reads it, the function body is
 left as it was) are all rewritten the same way. A length that is also a graph output keeps its name and values (read
 from the new chain through an ``Identity``), so the old chain goes; one of another rank keeps its chain (a note).
@@ -60,10 +64,14 @@ initializer that is also a graph input can be overridden by the caller and is no
 
 **Refuses** (graph unchanged there, the reason naming the node that broke the proof): a value read from another
 rank-2 integer input than the attention mask; a total that is not the width (another dimension, a padded or sliced
-mask's width, arithmetic on it, ``Size(mask) / batch``, which divides by zero for an empty batch); a ``seqlens_k``
+mask's width, arithmetic on it, ``Size(mask) / batch``, which divides by zero for an empty batch, ``Max(width, 1)``, ``Max``/``Where`` of the width
+and ``input_ids``' length, equal only under the client's contract that the mask is at least as wide, which the graph
+does not prove: the refusal names that dimension); a ``seqlens_k``
 that is not the row sums minus one (another subtrahend, a sum over other axes, ``Pad`` columns of non-zeros, a
 ``Cast`` of the mask's values to a type other than int32/int64, which wraps or rounds them, a mask scaled by ``k``
-and divided back, which is not ``sum - 1`` for a row of zeros, a shape that moves the batch off dimension 0); a step the proof does not follow (control flow,
+and divided back, which is not ``sum - 1`` for a row of zeros, a shape that moves the batch off dimension 0, a
+``Reshape``/``Flatten`` that mixes the batch with the columns, an ``Expand``/``Tile`` that copies elements, an
+exclusive ``CumSum`` or another of its columns); a step the proof does not follow (control flow,
 custom ops, ``Squeeze`` without axes); the two chains reading different masks. ``keepdims=1`` (mobius-onnx's form,
 seqlens_k ``[batch, 1]``) is accepted: GroupQueryAttention reads the same ``batch`` values by flat index. A
 ``total_sequence_length`` that reads no mask shape (the builder's ``_graph`` variant: the largest row sum, on the GPU
