@@ -8,7 +8,9 @@ rest with *long* ones. Graphs spell the choice three ways:
 * ``concat``: one table ``[short[:original]; long]`` that GroupQueryAttention reads at an offset (WebGPU's
   ``multiRotaryCacheConcatOffset``; the builder's ``enable_webgpu_graph`` variant, or ``longrope-concat``'s output);
 * ``where``: ``Where(Greater(max_position + 1, original), long_inv_freq, short_inv_freq)`` before an inv_freq
-  product (transformers 5 exports): chosen per call from the largest position.
+  product (transformers 5 exports): chosen per call from the largest position; or ``Where(Greater(total_length,
+  original), long_table, short_table)`` over two whole cos/sin tables of one shape GroupQueryAttention reads (the
+  ``If`` without control flow, :func:`table_where`).
 
 The condition is matched with :class:`~rope_passes.analysis.patterns.LongRoPESwitchCondition` (structure, for the
 census); :func:`rope_passes.analysis.longrope_switch.switch_offset` proves what it computes before a pass rewrites on it, by evaluating it over every
@@ -75,6 +77,7 @@ class SwitchCondition:
     match: ValueMatch | None  # LongRoPESwitchCondition on the condition; None when the node has no condition
     threshold: int | None  # Greater's constant (the original context) when the pattern matched
     description: str  # "If(Greater(total_sequence_length, 32))"
+    negated: bool = False  # the pattern matched under a Not: the condition is true for totals up to the threshold
 
 
 def separate_qkv(gqa: ir.Node) -> bool:
@@ -126,6 +129,10 @@ class LongRoPE:
     condition: SwitchCondition | None = None
     then_tables: list[ir.Value] = dataclasses.field(default_factory=list)  # if: the branches' outputs, in order
     else_tables: list[ir.Value] = dataclasses.field(default_factory=list)
+    #: the If's then-branch is the shorter table: ``then_tables`` hold its else-branch's outputs (taken where the
+    #: condition is false) and ``else_tables`` its then-branch's, so ``then_tables`` is the long side either way; the
+    #: switch is proved on the negated condition (:func:`~rope_passes.analysis.longrope_switch.switch_offset`)
+    negated: bool = False
     short: list[ir.Value] = dataclasses.field(default_factory=list)  # if: short branch; where: short inv_freq
     long: list[ir.Value] = dataclasses.field(default_factory=list)
     short_rows: int | None = None
@@ -164,10 +171,16 @@ class LongRoPE:
 # ------------------------------------------------------------------------------------------------------------
 
 
-def switch_condition(node: ir.Node, model: ir.Model) -> SwitchCondition:
-    """The condition of the If/Where ``node``: matched against ``Greater(length, constant)`` and described."""
-    cond = node.inputs[0] if node.inputs else None
+def switch_condition(node: ir.Node, model: ir.Model, cond: ir.Value | None = None) -> SwitchCondition:
+    """The condition of the If/Where ``node`` (or ``cond``, a value under its Not): matched against
+    ``Greater(length, constant)``, or ``Not`` of that (``negated``), and described."""
+    cond = cond if cond is not None else node.inputs[0] if node.inputs else None
     producer = cond.producer() if cond is not None else None
+    if producer is not None and producer.op_type == "Not" and producer.domain in ("", "ai.onnx") and producer.inputs \
+            and producer.inputs[0] is not None:
+        inner = switch_condition(node, model, producer.inputs[0])
+        words = inner.description.replace(f"{node.op_type}(", f"{node.op_type}(Not(", 1) + ")"
+        return SwitchCondition(inner.match, inner.threshold, words, not inner.negated)
     match = _greater().match_value(model, cond, f"the {node.op_type} condition") if cond is not None else None
     threshold = None
     if match is not None and match.ok:
@@ -194,7 +207,9 @@ def _rows(tables: list[ir.Value]) -> int | None:
 def if_switch(model: ir.Model, node: ir.Node) -> LongRoPE:
     """The If ``node`` read as a LongRoPE switch: its condition and each branch's outputs.
 
-    ``short``/``long`` (and their rows) are filled when both branches return constant tables of different lengths.
+    ``short``/``long`` (and their rows) are filled when both branches return constant tables of different lengths;
+    where the then-branch is the shorter one, the two sides are swapped and ``negated`` says so (``then_tables`` is
+    the long side, taken where the condition is false).
     """
     found = LongRoPE("if", None, node=node, condition=switch_condition(node, model))
     for branch, tables in (("then_branch", found.then_tables), ("else_branch", found.else_tables)):
@@ -203,10 +218,12 @@ def if_switch(model: ir.Model, node: ir.Node) -> LongRoPE:
             tables.extend(graph.outputs)
     then_rows, else_rows = _rows(found.then_tables), _rows(found.else_tables)
     if then_rows is not None and else_rows is not None and then_rows != else_rows:
-        then_long = then_rows > else_rows
-        found.long, found.short = ((found.then_tables, found.else_tables) if then_long
-                                   else (found.else_tables, found.then_tables))
+        if then_rows < else_rows:  # If(Not(total > o)) with the short table first: the long side leads
+            found.then_tables, found.else_tables, found.negated = found.else_tables, found.then_tables, True
+        found.long, found.short = found.then_tables, found.else_tables
         found.short_rows, found.long_rows = min(then_rows, else_rows), max(then_rows, else_rows)
+    if found.condition is not None and found.condition.negated != found.negated:  # the long table is not read past
+        found.condition = dataclasses.replace(found.condition, threshold=None)  # the threshold: it is no switch point
     found.original = found.threshold if found.threshold is not None else found.short_rows
     return found
 
@@ -214,9 +231,36 @@ def if_switch(model: ir.Model, node: ir.Node) -> LongRoPE:
 def where_switch(model: ir.Model, node: ir.Node) -> LongRoPE:
     """A ``Where(condition, a, b)`` read as a LongRoPE switch of whole tables (no control flow): ``a`` is what the
     then-branch of an If would return, ``b`` the else-branch; the same proof applies (``longrope-concat``), once the
-    condition is proved one element (it selects a whole table)."""
-    return LongRoPE("where", None, node=node, condition=switch_condition(node, model),
-                    then_tables=[node.inputs[1]], else_tables=[node.inputs[2]])
+    condition is proved one element (it selects a whole table). ``Where(Not(total > c), short, long)`` (the tables
+    are of one shape: no row count says which is long) is read the other way round, ``negated`` as for an If: the
+    proof then shows ``long`` is taken exactly past the offset, or refuses."""
+    condition = switch_condition(node, model)
+    sides = [node.inputs[1]], [node.inputs[2]]
+    if condition.negated:
+        sides = sides[::-1]
+    return LongRoPE("where", None, node=node, condition=condition, then_tables=sides[0], else_tables=sides[1],
+                    negated=condition.negated)
+
+
+def table_where(model: ir.Model) -> LongRoPE | None:
+    """``Where(condition, long, short)`` over two constant tables of one shape (the short one padded) that
+    GroupQueryAttention reads as its cos cache: the ``If`` switch without control flow (the fuzzer's ``switch-where``;
+    ``longrope-concat`` proves and replaces it). Where the condition matched ``Greater(length, constant)`` (the
+    threshold is the switch) the long side is the first, under a ``Not`` the second (:func:`where_switch`); otherwise
+    the sides are left unlabelled."""
+    for gqa in nodes_of(model, "GroupQueryAttention", MS_DOMAIN):
+        node = gqa.inputs[7].producer() if len(gqa.inputs) > 8 and gqa.inputs[7] is not None else None
+        if node is None or node.op_type != "Where" or node.domain not in ("", "ai.onnx") or len(node.inputs) != 3:
+            continue
+        a, b = (const_tensor(v) for v in node.inputs[1:])
+        if not (table_like(a) and table_like(b)) or a.shape != b.shape:
+            continue
+        found = where_switch(model, node)
+        found.original = found.threshold
+        if found.threshold is not None:
+            found.long, found.short = found.then_tables, found.else_tables
+        return found
+    return None
 
 
 def longrope_where(model: ir.Model) -> LongRoPE | None:
@@ -295,7 +339,8 @@ def find_longrope(
 ) -> LongRoPE | None:
     """The graph's LongRoPE, if any: an If between tables of different lengths (the first If a cos/sin input is
     computed through), else the concatenated table read at ``concat_offset`` (the configured
-    ``multiRotaryCacheConcatOffset``: without one there is no offset to read it at), else a Where on inv_freq.
+    ``multiRotaryCacheConcatOffset``: without one there is no offset to read it at), else a Where of two whole tables
+    GroupQueryAttention reads (:func:`table_where`), else a Where on inv_freq.
 
     ``caches``: :func:`~rope_passes.analysis.caches.find_caches`'s answer, when the caller has it already.
     """
@@ -312,4 +357,4 @@ def find_longrope(
         else:
             return LongRoPE("concat", table.offset, short_rows=table.offset, long_rows=table.rows - table.offset,
                             concat=table)
-    return longrope_where(model)
+    return table_where(model) or longrope_where(model)

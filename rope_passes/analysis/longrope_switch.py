@@ -132,7 +132,8 @@ def condition_of_total(condition: ir.Value, totals: list[ir.Value], totals_range
 
 def switch_offset(model: ir.Model, switch: LongRoPE, gqas: list[ir.Node], max_total: int,
                   is_total: Callable[[ir.Value], bool] | None = None) -> int:
-    """The offset ``o`` for which the If ``switch`` takes its then-branch exactly when ``total > o``, for every total
+    """The offset ``o`` for which the If ``switch`` takes its long side (its then-branch, or its else-branch where
+    ``switch.negated``: ``If(Not(total > o))`` with the short table first) exactly when ``total > o``, for every total
     length 1..``max_total`` (``total`` = the total_sequence_length ``gqas`` read, through Cast/Identity, or a value
     ``is_total`` proves to be it): the condition is evaluated exactly over all of them. ``MatchFailure.refuse``
     (naming the node) when the condition reads anything else, is not elementwise, or is not of that form for any
@@ -158,15 +159,21 @@ def switch_offset(model: ir.Model, switch: LongRoPE, gqas: list[ir.Node], max_to
     where = cond.producer() if cond.producer() is not None else node
     if taken is None:
         raise MatchFailure.refuse("the If condition does not depend on the total sequence length", where)
+    if switch.negated:  # the long table is the else-branch: it is taken where the condition is false
+        taken = ~taken
+    long = "the If's long table (its else-branch: the then-branch is the shorter)"
     if not taken.any() or taken.all():
         which = "never" if not taken.any() else "always"
-        raise MatchFailure.refuse(f"the If condition is {which} true for totals 1..{max_total}: not a switch at an "
-                                  "offset", where)
+        what = f"{long} is {which} taken" if switch.negated else f"the If condition is {which} true"
+        raise MatchFailure.refuse(f"{what} for totals 1..{max_total}: not a switch at an offset", where)
     offset = int(totals[int(np.argmax(taken))]) - 1
     wrong = np.nonzero(taken != (totals > offset))[0]  # totals past the first true one where it is false again
     if wrong.size:
-        raise MatchFailure.refuse(f"the If condition is not 'total > offset' for any offset: true at total "
-                                  f"{offset + 1}, false at total {int(totals[wrong[0]])}", where)
+        first, then, by = offset + 1, int(totals[wrong[0]]), f"{where.op_type} {name_of(where)!r}"
+        raise MatchFailure.refuse(
+            f"{long} is not taken exactly where 'total > offset' for any offset ({by}): taken at total {first}, not at "
+            f"total {then}" if switch.negated else f"the If condition ({by}) is not 'total > offset' for any offset: "
+            f"true at total {first}, false at total {then}", where)
     return offset
 
 __all__ = ["CONDITION_OPS", "condition_of_total", "switch_offset", "total_length_values"]

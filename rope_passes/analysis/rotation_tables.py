@@ -178,7 +178,9 @@ def _gqa_regimes(model: ir.Model, node: ir.Node, offset: int | None, ep: str, no
     if switch.threshold is None:
         raise MatchFailure.absent(f"If {producer.name!r}: its condition is not Greater(total, constant)")
     tables = {}
-    for branch, outs in (("then", switch.then_tables), ("else", switch.else_tables)):
+    # then_tables is the side read past the threshold (the If's else-branch where the condition is Not(total > c))
+    above, below = ("else", "then") if switch.negated else ("then", "else")
+    for branch, outs in ((above, switch.then_tables), (below, switch.else_tables)):
         picked, names = [], []
         for v in (cos_v, sin_v):
             index = next((i for i, o in enumerate(producer.outputs) if o is through(v, ("Identity",))), len(outs))
@@ -189,11 +191,11 @@ def _gqa_regimes(model: ir.Model, node: ir.Node, offset: int | None, ep: str, no
             raise MatchFailure.absent(f"If {producer.name!r}: the {branch} branch does not return constant tables")
         tables[branch] = (picked, names)
     c = switch.threshold
-    line = f"{switch.switch}: totals <= {c} read the else branch, longer ones the then branch"
+    line = f"{switch.switch}: totals <= {c} read the {below} branch, longer ones the {above} branch"
     if line not in notes:
         notes.append(line)
-    (e_cos, e_sin), e_where = tables["else"]
-    (t_cos, t_sin), t_where = tables["then"]
+    (e_cos, e_sin), e_where = tables[below]
+    (t_cos, t_sin), t_where = tables[above]
     return [Regime(1, c, e_cos, e_sin, 0, *e_where), Regime(c + 1, None, t_cos, t_sin, 0, *t_where)]
 
 

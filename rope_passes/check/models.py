@@ -110,9 +110,10 @@ def load_reference(reference: str | Path | np.ndarray) -> np.ndarray:
 
 
 def _longrope(model: Any, webgpu: dict[str, str]) -> LongRoPESwitch | None:
-    """A LongRoPE cache and its switch point: ``If(Greater(total_len, C))`` picking cos/sin tables (read by the
-    LongRoPE detector, :func:`rope_passes.analysis.longrope.find_longrope`), or a concatenated table whose offset is
-    in ``multiRotaryCacheConcatOffset`` (the offset onnxruntime will apply, whatever the table)."""
+    """A LongRoPE cache and its switch point: ``If(Greater(total_len, C))`` (or a ``Where`` on it) picking cos/sin
+    tables (read by the LongRoPE detector, :func:`rope_passes.analysis.longrope.find_longrope`), or a concatenated
+    table whose offset is in ``multiRotaryCacheConcatOffset`` (the offset onnxruntime will apply, whatever the
+    table)."""
     from rope_passes.analysis.graph import MS_DOMAIN, flag, nodes_of
     from rope_passes.analysis.longrope import find_longrope, separate_qkv
 
@@ -124,7 +125,8 @@ def _longrope(model: Any, webgpu: dict[str, str]) -> LongRoPESwitch | None:
         return LongRoPESwitch("concat", offset, tuple(ignoring))
 
     found = find_longrope(model)  # weights stay unread: only the threshold is
-    if found is not None and found.kind == "if" and found.threshold is not None:
+    # an If, or a Where of two whole tables (then_tables: the If without control flow; not the inv_freq Where)
+    if found is not None and found.threshold is not None and (found.kind == "if" or found.then_tables):
         return LongRoPESwitch("if", found.threshold)
     return None
 

@@ -141,7 +141,11 @@ def switch_as(kind: str):
     tables, the short one zero-padded to the long one's rows (no control flow: the same choice, row for row);
     ``where-per-row`` (a lookalike): the condition also compares each row index with 8, so a long call mixes the
     two tables row by row; ``function``: the condition and the If inside a model-local function
-    ``LongRopeTables(width)`` importing the model's opset (onnxruntime inlines it: the same values)."""
+    ``LongRopeTables(width)`` importing the model's opset (onnxruntime inlines it: the same values);
+    ``not-swapped``: ``If(Not(total > 32))`` with the branches swapped (then: the short table; the same choice);
+    ``not`` (a lookalike): ``If(Not(total > 32))`` with the builder's branches (the long table for short totals);
+    ``swapped`` (a lookalike): ``If(total > 32)`` with the branches swapped (the short table for long totals);
+    ``where-not``: ``Where(Not(total > 32), short, long)`` (the same choice as ``where``)."""
     def edit(work: Work) -> list[str]:
         graph = work.graph
         (if_node,) = [n for n in graph if n.op_type == "If"]
@@ -177,9 +181,22 @@ def switch_as(kind: str):
                 graph.remove(greater, safe=True)
             graph.sort()
             return [call.name]
+        if kind in ("not-swapped", "not", "swapped"):
+            if kind != "swapped":
+                negated = ir.node("Not", [cond], name="/switch/Not")
+                graph.insert_before(if_node, negated)
+                if_node.replace_input_with(0, negated.outputs[0])
+            if kind != "not":
+                branches = if_node.attributes["then_branch"].value, if_node.attributes["else_branch"].value
+                if_node.attributes["then_branch"] = ir.AttrGraph("then_branch", branches[1])
+                if_node.attributes["else_branch"] = ir.AttrGraph("else_branch", branches[0])
+            return [if_node.name]
         tables = [[out.producer().attributes["value"].value.numpy() for out in if_node.attributes[key].value.outputs]
                   for key in ("then_branch", "else_branch")]
         w_nodes = []
+        if kind == "where-not":  # Where(Not(total > 32), short, long): the same choice
+            negated = ir.node("Not", [cond], name="/switch/Not")
+            w_nodes, cond = [negated], negated.outputs[0]
         if kind == "where-per-row":
             rows = np.arange(tables[0][0].shape[0], dtype=np.int64).reshape(-1, 1)
             index = ir.node("Constant", [], attributes={"value": ir.tensor(rows)}, name="/switch/row_index")
@@ -198,7 +215,8 @@ def switch_as(kind: str):
                              type=ir.TensorType(ir.DataType.from_numpy(table.dtype)), const_value=ir.tensor(table))
                 graph.register_initializer(v)
                 values.append(v)
-            where = ir.node("Where", [cond, *values], name=f"/switch/Where_{k}")
+            where = ir.node("Where", [cond, *(values[::-1] if kind == "where-not" else values)],
+                            name=f"/switch/Where_{k}")
             where.outputs[0].dtype, where.outputs[0].shape = if_node.outputs[k].dtype, ir.Shape(large.shape)
             wheres.append(where)
         graph.insert_before(if_node, w_nodes + wheres)
