@@ -6,7 +6,8 @@ Each proves by value what the builder's chains compute; next to each rule a look
 single ``Transpose`` read the other way, a ``Tile`` by two, an exclusive ``CumSum``, ``Max(w, 1)``,
 ``1000 - (999 - w)``, an ``ArgMax`` that finds the one at 0), and the width of ``input_ids`` against the mask's (equal
 only by the client's contract, never proved by the graph). Used by :func:`mutants.forms.mask_chain` like the forms of
-:mod:`mutants.forms` and scheduled once each by tests/test_form_fuzzer.py.
+:mod:`mutants.forms` and scheduled once each by tests/test_form_fuzzer.py (every form also passed at opsets 11 and 23,
+in the main graph and in a model-local function, where it exists: 109 graphs, run once by hand).
 """
 
 from __future__ import annotations
@@ -62,6 +63,13 @@ def _argmax_rows(w: Writer, m: ir.Value) -> ir.Value:
     return w.op("Cast", w.op("ReduceMax", found, keepdims=0), to=I32)
 
 
+def _reduce_max(w: Writer, x: ir.Value) -> ir.Value:
+    """ReduceMax over axis 1: its axes an attribute below opset 18, an input from 18 on."""
+    if w.opset < 18:
+        return w.op("ReduceMax", x, axes=[1], keepdims=0)
+    return w.op("ReduceMax", x, w.const([1]), keepdims=0)
+
+
 def _ids_width(w: Writer, m: ir.Value) -> ir.Value:
     ids = next(v for v in m.graph.inputs if v.name == "input_ids")
     return _gather(w, w.op("Shape", ids), 1)
@@ -75,7 +83,7 @@ VALUE_TOTAL_FORMS = {f.name: f for f in [
     Form("expand-own-shape", lambda w, m: _width(w, w.op("Shape", w.op("Expand", m, w.op("Shape", m))))),
     Form("tile-ones", lambda w, m: _width(w, w.op("Shape", w.op("Tile", m, w.const([1, 1]))))),
     Form("affine-max", lambda w, m: w.op("Cast", w.op("Max", w.op("Add", w.op("Mul", _wide(w, m), w.const(1)),
-                                                                    w.const(0)), w.const(0)), to=I32)),
+                                                                    w.const(0)), w.const(0)), to=I32), since=12),
     Form("thousand-minus", lambda w, m: w.op("Cast", w.op("Sub", w.const(1000), w.op("Sub", w.const(1000),
                                                                                        _wide(w, m))), to=I32)),
     Form("argmax-concat", lambda w, m: _argmax_concat(w, m, [1])),
@@ -85,7 +93,7 @@ VALUE_TOTAL_FORMS = {f.name: f for f in [
         "Transpose", m, perm=[1, 0])), 1), to=I32), same=False, why="dimension 1 of the transposed mask: the batch"),
     Form("tile-twice", lambda w, m: _width(w, w.op("Shape", w.op("Tile", m, w.const([1, 2])))), same=False,
          why="the width of the mask tiled twice along its columns: twice the width"),
-    Form("max-one", lambda w, m: w.op("Cast", w.op("Max", _wide(w, m), w.const(1)), to=I32), same=False,
+    Form("max-one", lambda w, m: w.op("Cast", w.op("Max", _wide(w, m), w.const(1)), to=I32), same=False, since=12,
          why="Max(width, 1): 1, not the width, for a mask of width 0"),
     Form("thousand-minus-999", lambda w, m: w.op("Cast", w.op("Sub", w.const(1000), w.op("Sub", w.const(999),
                                                                                            _wide(w, m))), to=I32),
@@ -93,6 +101,7 @@ VALUE_TOTAL_FORMS = {f.name: f for f in [
     Form("argmax-concat-first", lambda w, m: _argmax_concat(w, m, [1, 1], last=1), same=False,
          why="the last of two ones after the zeros: the width + 1"),
     Form("max-input-ids", lambda w, m: w.op("Cast", w.op("Max", _ids_width(w, m), _wide(w, m)), to=I32), same=False,
+         since=12,
          why="Max(input_ids' width, the mask's width): the mask's width only where the client sends a mask at least as "
              "wide as the call (a contract, not a fact of the graph)"),
     Form("where-input-ids", lambda w, m: w.op("Cast", w.op("Where", w.op("Greater", _ids_width(w, m), _wide(w, m)),
@@ -129,8 +138,7 @@ VALUE_SEQLENS_FORMS = {f.name: f for f in [
     Form("cumsum-second-last", lambda w, m: w.op("Cast", _gather(w, w.op("CumSum", m, w.const(1)), -2, axis=1),
                                                  to=I32), same=False,
          why="the last column but one of the CumSum: the row's sum without its last element"),
-    Form("cumsum-max", lambda w, m: _minus_one(w, w.op("ReduceMax", w.op("CumSum", m, w.const(1)), axes=[1],
-                                                       keepdims=0)), same=False,
+    Form("cumsum-max", lambda w, m: _minus_one(w, _reduce_max(w, w.op("CumSum", m, w.const(1)))), same=False,
          why="the largest running sum: the row's sum only for a mask without negative values"),
 ]}
 
