@@ -154,8 +154,11 @@ def _lower_one(graph: ir.Graph, node: ir.Node, op: _Ops) -> None:
 # Sessions, with multiRotaryCacheConcatOffset emulated
 # ------------------------------------------------------------------------------------------------------------
 def _packed_gqa_caches(model: ir.Model) -> list[ir.Node]:
-    return [n for n in model.graph if n.op_type == "GroupQueryAttention" and len(n.inputs) > 8
-            and n.inputs[7] is not None and (len(n.inputs) < 2 or n.inputs[1] is None or not n.inputs[1].name)]
+    """Every packed-QKV GroupQueryAttention with a cos cache, in every graph (an If body's too: WebGPU applies the
+    session's offset to those as well), main-graph ones first."""
+    return [n for n in ir.traversal.RecursiveGraphIterator(model.graph) if n.op_type == "GroupQueryAttention"
+            and len(n.inputs) > 8 and n.inputs[7] is not None
+            and (len(n.inputs) < 2 or n.inputs[1] is None or not n.inputs[1].name)]
 
 
 #: the graph output the emulation adds: the seqlens_k the first packed-QKV GroupQueryAttention reads
@@ -171,7 +174,7 @@ class Runner:
         base = model if isinstance(model, ir.Model) else load_in_memory(model)
         gqas = _packed_gqa_caches(base)
         if offset and gqas:  # the kernel's per-row total, read off the graph (an Identity: a graph output of its own)
-            seqlens = gqas[0].inputs[5]
+            seqlens = next((g for g in gqas if g.graph is base.graph), gqas[0]).inputs[5]
             exposed = ir.node("Identity", [seqlens], outputs=[ir.Value(name=_SEQLENS)])
             base.graph.append(exposed)
             exposed.outputs[0].dtype, exposed.outputs[0].shape = seqlens.dtype, seqlens.shape
@@ -187,10 +190,14 @@ class Runner:
             for gqa in gqas:
                 for index in (7, 8):
                     value = gqa.inputs[index]
-                    if id(value) not in sliced:
+                    if id(value) not in sliced:  # in the main graph, where the table is known
                         node = ir.node("Slice", [value, *bounds], outputs=[ir.Value(
                             name=f"{value.name}/emulated_offset")])
-                        base.graph.insert_before(gqa, node)
+                        producer = value.producer()
+                        if producer is not None and producer.graph is base.graph:
+                            base.graph.insert_after(producer, node)
+                        else:
+                            base.graph.insert_before(next(iter(base.graph)), node)
                         node.outputs[0].dtype = value.dtype
                         sliced[id(value)] = node.outputs[0]
                     gqa.replace_input_with(index, sliced[id(value)])
