@@ -34,8 +34,10 @@ concatenated table: right up to ``original`` tokens, wrong after (a position pas
 passes unknown session_options on as session config entries, which onnxruntime ignores); ``lint`` rule RP204 says
 so too. ``tests/test_longrope.py`` pins both the WebGPU match and the CPU mismatch.
 
-**Other spellings of the switch.** ``Where(condition, large, small)`` over two constant tables of one shape (no
-control flow, the short table padded) is proved the same way once the condition is proved one element
+**Other spellings of the switch.** ``If(Not(total > o))`` with the short table in the then-branch (and
+``Where(Not(...), small, large)``) is proved on the negated condition. ``Where(condition, large, small)`` over two
+constant tables of one shape (no control flow, the short table padded) is proved the same way once the condition is
+proved one element
 (:func:`rope_passes.proofs.concat_offset.selects_whole_tables`: it picks a whole table), and replaced the same way.
 An ``If`` inside a model-local function whose outputs GroupQueryAttention reads as its caches is proved after the
 calls are inlined (what onnxruntime does at load; only where the function imports the model's opsets), then
