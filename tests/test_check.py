@@ -222,8 +222,8 @@ def test_stale_buffer_under_capture_fails_at_the_first_replay(monkeypatch):
         real_fill(buffer, array)
 
     monkeypatch.setattr(capture.WebGPUBuffers, "fill", staticmethod(stale_mask_fill))
-    model = GENAI / "current/llama/webgpu_fp16_graph"
-    report = check(model, model, prefill=8, steps=4, graph_capture=True, isolate=False)
+    model = GENAI / "current/llama/webgpu_fp16_graph"  # its sweep and schedules: test_self_consistency's
+    report = check(model, model, prefill=8, steps=4, graph_capture=True, isolate=False, **DECODE_ONLY)
     from rope_passes.check.client_schedules import EARLIER_MORE
 
     earlier_total = report.prefill + report.steps + EARLIER_MORE  # a captured check decodes to CAPTURE_TOTAL
