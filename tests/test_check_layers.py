@@ -29,6 +29,8 @@ from rope_passes.io import load_bundle, save_bundle
 
 LLAMA = "current/llama/cpu_fp32"
 FAST = {"sweep": 4, "isolate": False}  # in-process, a short sweep: the cut is what is under test here
+#: a check that must fail, at the step it names: no schedules (of a broken model they would only fail too)
+FAILING = {**FAST, "schedules": []}
 
 
 def copy_of(name: str, dst) -> str:
@@ -134,7 +136,7 @@ def test_out_of_range_and_logit_references_are_refused(tmp_path):
 def test_a_change_in_layer_0_is_caught(tmp_path):
     orig = copy_of(LLAMA, tmp_path / "orig")
     bad = perturb_layer(orig, tmp_path / "bad", layer=0)
-    report = check(orig, bad, layers=1, **FAST)
+    report = check(orig, bad, layers=1, **FAILING)
     assert report.verdict == NOT_EQUIVALENT
     cmp, diff = report.first_failure
     assert diff.step == 0 and diff.output in ("hidden_states.1", "present.0.key")
@@ -148,7 +150,7 @@ def test_a_change_only_in_layer_1_is_not_looked_at(tmp_path):
     orig = copy_of(LLAMA, tmp_path / "orig")
     bad = perturb_layer(orig, tmp_path / "bad", layer=1)
     assert check(orig, bad, layers=1, **FAST).verdict == EQUIVALENT
-    assert check(orig, bad, steps=0, **FAST).verdict == NOT_EQUIVALENT
+    assert check(orig, bad, steps=0, **FAILING).verdict == NOT_EQUIVALENT
 
 
 @pytest.mark.corpus
