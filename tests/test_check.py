@@ -34,6 +34,11 @@ CAPTURABLE = {"current/llama/webgpu_fp16_graph", "current/phi3_mini_128k/webgpu_
 EXHAUSTIVE = {"current/llama/cpu_fp32", "current/llama/webgpu_fp16_graph", "current/phi3_mini_128k/webgpu_fp32",
               "current/qwen3/cpu_fp32", "legacy/qwen25_vl/cpu_fp32", "legacy/qwen35/cpu_fp32_text"}
 
+#: checks whose subject is the decode: the step a broken model fails at (its sweep and schedules would only fail
+#: too), or the plan, a crashed run, the reference's interpreter or the captured decode of a corpus model against
+#: itself (its sweep and schedules are test_self_consistency's). Most of a tiny model's check is in them
+DECODE_ONLY = {"sweep": 0, "schedules": []}
+
 
 def mutate(src: str, dst, edit) -> str:
     """A rewritten copy of corpus model ``src`` in ``dst``, changed by ``edit(model, genai_config)``."""
@@ -158,10 +163,6 @@ def test_token_ids_are_the_corpus_ones():
 
 # ---------------------------------------------------------------- mutations: it can fail, at the right step
 
-#: the subject here is the decode step a broken model fails at: no sweep, no schedules (of a broken model they would
-#: only fail too; a check of a tiny model spends most of its time in them)
-DECODE_ONLY = {"sweep": 0, "schedules": []}
-
 
 @pytest.mark.corpus
 @pytest.mark.webgpu
@@ -222,7 +223,7 @@ def test_stale_buffer_under_capture_fails_at_the_first_replay(monkeypatch):
         real_fill(buffer, array)
 
     monkeypatch.setattr(capture.WebGPUBuffers, "fill", staticmethod(stale_mask_fill))
-    model = GENAI / "current/llama/webgpu_fp16_graph"  # its sweep and schedules: test_self_consistency's
+    model = GENAI / "current/llama/webgpu_fp16_graph"
     report = check(model, model, prefill=8, steps=4, graph_capture=True, isolate=False, **DECODE_ONLY)
     from rope_passes.check.client_schedules import EARLIER_MORE
 
@@ -300,7 +301,7 @@ def test_run_that_fails_mid_decode_is_a_failure_at_that_step(tmp_path):
 def test_software_adapter_caps_the_webgpu_prefill():
     info = adapter_info()
     report = check(GENAI / "current/llama/cpu_fp32", GENAI / "current/llama/cpu_fp32", prefill=12, steps=1,
-                   isolate=False)
+                   isolate=False, **DECODE_ONLY)
     if info.software:
         assert max_webgpu_prefill(info) == 8
         assert (report.prefill, report.steps) == (8, 5)
@@ -322,7 +323,7 @@ def test_software_adapter_can_be_forced_off(monkeypatch):
 @pytest.mark.webgpu
 def test_segfault_in_a_run_is_reported(monkeypatch):
     monkeypatch.setenv("ROPE_PASSES_CHECK_WORKER_FAULT", "original@webgpu")
-    report = check(GENAI / "current/llama/cpu_fp32", GENAI / "current/llama/cpu_fp32", steps=1)
+    report = check(GENAI / "current/llama/cpu_fp32", GENAI / "current/llama/cpu_fp32", steps=1, **DECODE_ONLY)
     run = report.run("original@webgpu")
     assert run.status == "crashed" and "SIGSEGV" in run.reason
     # the other runs still ran and were compared; a reference that crashed is no pass (issue 26): could not run
@@ -390,11 +391,11 @@ def test_non_decoder_graph_gets_random_inputs_sized_by_dim(tmp_path):
 def test_original_under_another_python(tmp_path):
     """--reference-python: the original's runs use that interpreter (here the same one, to exercise the path)."""
     model = GENAI / "current/llama/cpu_fp32"
-    report = check(model, model, steps=1, isolate=False, reference_python=sys.executable)
+    report = check(model, model, steps=1, isolate=False, reference_python=sys.executable, **DECODE_ONLY)
     assert report.verdict == EQUIVALENT
     assert report.run("original@cpu").runtime.startswith("onnxruntime ")
     assert any(n.startswith(f"the original ran under {sys.executable}") for n in report.notes)
-    missing = check(model, model, steps=1, isolate=False, reference_python=str(tmp_path / "nopython"))
+    missing = check(model, model, steps=1, isolate=False, reference_python=str(tmp_path / "nopython"), **DECODE_ONLY)
     assert missing.verdict == COULD_NOT_RUN and "cannot start" in missing.run("original@cpu").reason
 
 
