@@ -15,6 +15,8 @@ from conftest import FIXTURES
 from rope_passes.check import check
 
 pytestmark = [pytest.mark.corpus, pytest.mark.webgpu]
+#: the warnings are the check plan's (read from both graphs and configs): a short decode, no sweep, no schedules
+SHORT = {"prefill": 4, "steps": 2, "sweep": 0, "schedules": [], "isolate": False}
 
 
 @pytest.mark.parametrize("variant", ["phi3_mini_128k/webgpu_fp32_graph_nofuseqkv", "phi4_mini/webgpu_fp16_graph_nofuseqkv"])
@@ -22,7 +24,7 @@ def test_offset_ignored_is_reported_for_input_and_copy(variant, tmp_path):
     src = FIXTURES / "genai" / variant
     copy = tmp_path / "copy"
     shutil.copytree(src, copy)
-    report = check(src, copy, prefill=4, steps=2, isolate=False)
+    report = check(src, copy, **SHORT)
     warnings = [n for n in report.notes if "IS IGNORED" in n.upper() and "multiRotaryCacheConcatOffset" in n]
     assert len(warnings) == 2, report.notes  # the original and the copy
     assert all("separate Q/K/V" in w and "RP206" in w for w in warnings)
@@ -34,5 +36,5 @@ def test_packed_model_gets_no_such_warning(tmp_path):
     src = GENAI / "current/phi3_mini_128k/webgpu_fp16_graph"  # packed QKV: the offset applies
     copy = tmp_path / "copy"
     shutil.copytree(src, copy)
-    report = check(src, copy, prefill=4, steps=2, isolate=False)
+    report = check(src, copy, **SHORT)
     assert not any("IGNORED" in n for n in report.notes), report.notes
