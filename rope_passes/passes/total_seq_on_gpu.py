@@ -16,8 +16,10 @@ replaces both chains with int32 arithmetic on the mask (one computation per mask
 All int32, all with WebGPU kernels, no ``Shape``: 0 Memcpy. The old chains are removed where nothing else reads
 them (onnxruntime places a dead ``Shape`` chain too, with its Memcpy, and ``narrow-int64`` reads the placement).
 
-**Exact when.** ``total_sequence_length`` is the mask's width, as ``Shape`` gave it, for every mask (a row of ones
-summed: the width of each row; their maximum, the width). ``seqlens_k`` is the same row sum minus one, in int32
+**Exact when.** ``total_sequence_length`` is the mask's width, as ``Shape`` gave it, for every mask with a row (a
+row of ones summed: the width of each row; their maximum, the width; an empty batch has no row, and ReduceMax of
+nothing is the int32 minimum, which GroupQueryAttention rejects, where onnxruntime 1.27's CPU EP ends the process on
+the original: red team 36). ``seqlens_k`` is the same row sum minus one, in int32
 instead of int64: bit-identical whenever a row sums below 2³¹, i.e. for every 0/1 mask onnxruntime can hold (a mask
 2³¹ wide is 16 GiB). Only a mask of other values whose row reaches 2³¹ tells them apart (the original's Cast
 wraps that sum around, the int32 ReduceSum saturates: two nonsense lengths). The builder's own ``_graph`` variant takes the *largest row sum* as the
