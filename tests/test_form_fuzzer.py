@@ -115,6 +115,7 @@ EXTRA = [
     Case("switch-where", PHI3, switch_as("where"), "longrope-concat", True, LONGROPE_CALLS),
     Case("switch-function", PHI3, switch_as("function"), "longrope-concat", True, LONGROPE_CALLS),
     Case("switch-where-not", PHI3, switch_as("where-not"), "longrope-concat", True, LONGROPE_CALLS),
+    Case("switch-extra-unused-output", PHI3, switch_as("extra-output"), "longrope-concat", True, LONGROPE_CALLS),
     Case("switch-not-swapped", PHI3, switch_as("not-swapped"), "longrope-concat", True, LONGROPE_CALLS),
     Case("lookalike-switch-not", PHI3, switch_as("not"), "longrope-concat", False, LONGROPE_CALLS),
     Case("lookalike-switch-swapped", PHI3, switch_as("swapped"), "longrope-concat", False, LONGROPE_CALLS),

@@ -305,10 +305,11 @@ class LongRoPEConcatPass(RopePass):
         if not node.inputs or node.inputs[0] is None:
             raise MatchFailure.refuse("If has no condition input", target)
         opset = opset_of(model)
-        then_tables = _branch_tables(switch.then_tables, target, opset)
-        else_tables = _branch_tables(switch.else_tables, target, opset)
-        if len(then_tables) != len(node.outputs) or len(else_tables) != len(node.outputs):
+        if len(switch.then_tables) != len(node.outputs) or len(switch.else_tables) != len(node.outputs):
             raise MatchFailure.refuse("branches do not return one table per If output", target)
+        read = _read_outputs(node)  # an output nothing reads goes with the If, whatever it holds
+        then_tables = _branch_tables([switch.then_tables[i] for i in read], target, opset)
+        else_tables = _branch_tables([switch.else_tables[i] for i in read], target, opset)
         for out in node.outputs:
             if out.is_graph_output():
                 raise MatchFailure.refuse(f"{out.name!r} is a graph output: callers read the table the If chose on "
@@ -350,7 +351,7 @@ class LongRoPEConcatPass(RopePass):
             threshold = add_initializer(graph, f"{prefix}/offset_minus_1", np.array(offset - 1, dtype=np.int32))
             condition = tape.op("Greater", [longest, threshold], name=f"{prefix}/Greater",
                                 output=f"{prefix}/past_offset", dtype=ir.DataType.BOOL, shape=[])
-        for out, (large, head) in zip(list(node.outputs), tables):
+        for out, (large, head) in zip([node.outputs[i] for i in _read_outputs(node)], tables, strict=True):
             name = out.name
             out.name = f"{name}/rope_passes_replaced_if"
             if condition is None:
@@ -372,6 +373,11 @@ class LongRoPEConcatPass(RopePass):
         condition_in = node.inputs[0] if node.inputs else None
         graph.remove(node, safe=True)
         remove_dead(graph, [condition_in])  # the switch's condition, read by nothing else now (its Greater, ...)
+
+
+def _read_outputs(node: ir.Node) -> list[int]:
+    """The indices of the switch's outputs something reads (or the caller: a graph output)."""
+    return [i for i, out in enumerate(node.outputs) if out.uses() or out.is_graph_output()]
 
 
 def _batch_switch(mask: ir.Value, tables: list[tuple[np.ndarray, np.ndarray]], offset: int) -> bool:

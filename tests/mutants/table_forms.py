@@ -145,11 +145,33 @@ def switch_as(kind: str):
     ``not-swapped``: ``If(Not(total > 32))`` with the branches swapped (then: the short table; the same choice);
     ``not`` (a lookalike): ``If(Not(total > 32))`` with the builder's branches (the long table for short totals);
     ``swapped`` (a lookalike): ``If(total > 32)`` with the branches swapped (the short table for long totals);
-    ``where-not``: ``Where(Not(total > 32), short, long)`` (the same choice as ``where``)."""
+    ``where-not``: ``Where(Not(total > 32), short, long)`` (the same choice as ``where``); ``extra-output``: the If
+    also returns an int64 scalar (a Constant in each branch) that nothing reads (the same tables)."""
     def edit(work: Work) -> list[str]:
         graph = work.graph
         (if_node,) = [n for n in graph if n.op_type == "If"]
         cond = if_node.inputs[0]
+        if kind == "extra-output":
+            for key, number in (("then_branch", 1), ("else_branch", 0)):
+                body = if_node.attributes[key].value
+                extra = ir.node("Constant", [], attributes={"value": ir.tensor(np.array(number, np.int64))},
+                                name=f"/switch/{key}/extra")
+                extra.outputs[0].name = f"/switch/{key}/extra_output"
+                extra.outputs[0].dtype, extra.outputs[0].shape = ir.DataType.INT64, ir.Shape([])
+                body.append(extra)
+                body.outputs.append(extra.outputs[0])
+            wider = ir.node("If", [cond], attributes=dict(if_node.attributes), name=if_node.name,
+                            num_outputs=len(if_node.outputs) + 1)
+            graph.insert_before(if_node, wider)
+            for old, new in zip(if_node.outputs, wider.outputs):
+                new.dtype, new.shape = old.dtype, old.shape
+                old.replace_all_uses_with(new)
+                name = old.name
+                old.name = f"{name}/old"
+                new.name = name
+            wider.outputs[-1].name, wider.outputs[-1].dtype = "/switch/extra", ir.DataType.INT64
+            graph.remove(if_node, safe=True)
+            return [wider.name]
         if kind == "function":
             greater = cond.producer()
             opset = work.model.opset_imports[""]
