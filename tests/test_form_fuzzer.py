@@ -11,7 +11,9 @@ opsets 13 and 17); one graph for each of red team 32's remaining classes (:data:
 axes, lengths that are graph outputs, a chain per layer, LongRoPE's switch as a Where or inside a function, legacy
 qwen25_vl at opset 11 folded with ``--text-only``); red team 35's value forms once each (:mod:`mutants.value_forms`:
 the mask moved and given back, ``CumSum``'s last column, affine arithmetic and ``ArgMax`` giving the width back, and a
-lookalike beside each rule).
+lookalike beside each rule) and red team 37's (``seqlens_k`` as ``-(1 - s)``, ``Where(s > 0, s - 1, -1)``, the sum
+of two column halves; the width through a float cast, ``Min`` with 2^40, ``Concat`` along either axis; each beside a
+trap).
 """
 
 from __future__ import annotations
@@ -98,6 +100,9 @@ def _value_cases() -> list[Case]:
     cases.append(Case("value-phi3-function-op19-argmax-concat+transpose-roundtrip", PHI3,
                       mask_chain("argmax-concat", "transpose-roundtrip", 19, True), "total-seq-on-gpu", True,
                       LONGROPE_CALLS))
+    cases.append(Case("value-phi3-op18-concat-columns-halved+where-positive", PHI3,  # red team 37's, on the switch
+                      mask_chain("concat-columns-halved", "where-positive", 18), "total-seq-on-gpu", True,
+                      LONGROPE_CALLS))
     return cases
 
 
@@ -135,7 +140,7 @@ def test_every_form_is_tried():
     assert all(f"-{f.name}+" in names or f"+{f.name}" in names for f in SAME_TOTAL + SAME_SEQLENS), names
     assert len({c.name for c in CASES}) == len(CASES)
     assert len(CASES) == 3 * 13 + 6 + 5 + 2 * sum(not f.same for f in [*TOTAL_FORMS.values(), *SEQLENS_FORMS.values()]) \
-        + len(TABLE_FORMS) + 2 + len(EXTRA) + len(VALUE_TOTAL_FORMS) + len(VALUE_SEQLENS_FORMS) + 2
+        + len(TABLE_FORMS) + 2 + len(EXTRA) + len(VALUE_TOTAL_FORMS) + len(VALUE_SEQLENS_FORMS) + 3
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])

@@ -47,8 +47,10 @@ width and ``seqlens_k`` its row sums minus one, batch on axis 0. The builder's c
 sums of ``mask * 0 + 1``, the mask moved and given back (``Transpose`` round trips, ``Shape(Transpose(mask))[0]``,
 ``Flatten`` + ``Reshape [0, -1]``, ``Expand`` to its own shape, ``Tile`` by ones: :mod:`rope_passes.proofs.mask_moves`),
 the last column of a ``CumSum`` (the first with ``reverse=1``) as the row sums, the width through integer
-arithmetic that gives it back (``w * 1 + 0``, ``1000 - (1000 - w)``, ``Max(w, 0)``) or as the ``ArgMax`` of a
-``Concat`` of ``w`` zeros and a one, or a model-local function (evaluated in place at its own opset, its reference attributes
+arithmetic that gives it back (``w * 1 + 0``, ``1000 - (1000 - w)``, ``Max(w, 0)``, ``Min(w, 2^40)``,
+``Shape(Concat(mask, mask, axis=1))[1] / 2``) or as the ``ArgMax`` of a ``Concat`` of ``w`` zeros and a one, the width
+of a cast or row-concatenated mask, the row sums as ``-(1 - s)``, ``Where(s > 0, s - 1, -1)`` (a mask of 0s and 1s) or
+the sum of two column slices cut at one bound, or a model-local function (evaluated in place at its own opset, its reference attributes
 bound to the call's; the call node is removed with the old chains where nothing else reads it, the function body is
 left as it was) are all rewritten the same way. A length that is also a graph output keeps its name and values (read
 from the new chain through an ``Identity``), so the old chain goes; one of another rank keeps its chain (a note).
@@ -60,7 +62,8 @@ call, the body's chain built from that parameter).
 **The mask** is the graph input genai_config names as the decoder's ``attention_mask`` (``attention_mask`` without
 a genai_config): a rank-2 integer input alone proves nothing (``input_ids`` has that look, and its row sums are
 token ids). Where ``seqlens_k`` reads no rank-2 integer input's values (a graph input, say: not matched), only
-``total_sequence_length`` is rewritten (the width is exact on its own). Constants in the chains must be constants: an
+``total_sequence_length`` is rewritten (the width is exact on its own); where its proof fails (refused), neither
+is: ``seqlens_k``'s chain would still block capture. Constants in the chains must be constants: an
 initializer that is also a graph input can be overridden by the caller and is not one
 (:mod:`rope_passes.proofs.constants`).
 

@@ -1,9 +1,14 @@
 """The symbols of call-dependent numbers the abstract evaluators track (:mod:`rope_passes.proofs.known`): a call's
-dimension (:class:`Dim`, ``positions.shape[k]`` or the mask's), a number nothing is known about (:data:`OPAQUE`), and
-an affine function of one dimension (:class:`Affine`), with the elementwise identities on them (:func:`symbolic`):
-integer ``Add``/``Sub``/``Mul``/``Neg`` with constants (exact in wrapping arithmetic, a ring), ``Max``/``Min`` of a
-dimension with a number not above 0 (a dimension is never negative), integer casts, and the few comparisons shape
-plumbing needs."""
+dimension (:class:`Dim`, ``positions.shape[k]`` or the mask's), a number nothing is known about (:data:`OPAQUE`), an
+affine function of one dimension (:class:`Affine`) and the quotient of one by a positive number (:class:`Quot`), with
+the elementwise identities on them (:func:`symbolic`): integer ``Add``/``Sub``/``Mul``/``Neg`` with constants (exact in
+wrapping arithmetic, a ring), ``Div`` by a positive constant (of a value whose every possible number is representable
+in the op's type, so nothing wrapped: by a divisor of its scale an affine form again, else a :class:`Quot`),
+``Max``/``Min`` of a dimension with a number outside its range (:data:`DIM_MAX`), integer casts, and the few
+comparisons shape plumbing needs.
+
+A dimension is taken between 0 and :data:`DIM_MAX` (2^31 - 1): the lengths GroupQueryAttention reads are int32, and
+a tensor 2^31 long along one axis is none a caller of these graphs sends."""
 
 from __future__ import annotations
 
@@ -63,6 +68,45 @@ class Foreign(_Opaque):
 
 
 _INT64 = 1 << 64
+#: the largest value a call dimension is taken to have (see the module docstring)
+DIM_MAX = (1 << 31) - 1
+_RANGE = {32: (-(1 << 31), (1 << 31) - 1), 64: (-(1 << 63), (1 << 63) - 1)}
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class Quot(_Opaque):
+    """``num // k`` for a value ``num`` (a :class:`Dim` or an :class:`Affine` of one) that is never negative and a
+    number ``k > 1``: integer ``Div`` rounds it down. Opaque to every rule but equality: the same expression of the
+    same call dimension is the same number (two ``Slice`` bounds cut at ``width / 2`` cut at the same column)."""
+
+    num: object
+    k: int
+
+    def __repr__(self) -> str:
+        return f"({self.num!r}) / {self.k}"
+
+
+def span(x: object) -> tuple[int, int] | None:
+    """The integers ``x`` (a number, a dimension, an affine form or a quotient of one) takes over every call, each
+    dimension between 0 and :data:`DIM_MAX`; None for anything else."""
+    if isinstance(x, Quot):
+        inner = span(x.num)
+        return None if inner is None else (inner[0] // x.k, inner[1] // x.k)
+    form = _linear(x)
+    if form is None:
+        return None
+    dim, a, b = form
+    if dim is None:
+        return b, b
+    return min(b, a * DIM_MAX + b), max(b, a * DIM_MAX + b)
+
+
+def exact_in(x: object, bits: int) -> bool:
+    """``x``'s symbolic form is its number in a ``bits``-wide integer op: every number it takes is representable there
+    (an affine form is exact in wrapping arithmetic only modulo 2^bits: one that may exceed the type wrapped)."""
+    found = span(x)
+    lo, hi = _RANGE[bits]
+    return found is not None and lo <= found[0] and found[1] <= hi
 
 
 def affine(dim: Dim, scale: int, offset: int) -> object:
@@ -126,8 +170,21 @@ def symbolic(node: ir.Node, arrays: list[np.ndarray | None]) -> list[np.ndarray]
                 return x if ring else OPAQUE
             return x if keep or not isinstance(x, (Dim, _Opaque)) else OPAQUE
         return [np.vectorize(cast, otypes=[object])(present[0])]
-    fn = np.vectorize(lambda *xs: _scalar(op, xs), otypes=[object])
+    bits = _bits(node, present)
+    fn = np.vectorize(lambda *xs: _scalar(op, xs, bits), otypes=[object])
     return [fn(*present)]
+
+
+def _bits(node: ir.Node, arrays: list[np.ndarray]) -> int:
+    """The width of ``node``'s integer type: a numeric operand's (ONNX gives both operands one type), else a typed
+    input's or output's; 32 where none tells (the narrower: a form exact there is exact in int64 too)."""
+    for a in arrays:
+        if a.dtype != object and a.dtype.kind in "iu":
+            return 64 if a.dtype.itemsize == 8 else 32
+    for v in [*node.inputs, *node.outputs]:
+        if v is not None and v.dtype in (ir.DataType.INT64, ir.DataType.UINT64):
+            return 64
+    return 32
 
 
 def affine_sum(a: object, b: object) -> object:
@@ -135,20 +192,44 @@ def affine_sum(a: object, b: object) -> object:
     return _affine_op("Add", (a, b)) if not (isinstance(a, int) and isinstance(b, int)) else a + b
 
 
-def _bound(op: str, a: object, b: object) -> object:
-    """``Max``/``Min`` of a dimension and itself or an integer: a dimension is never negative, so ``Max(d, c)`` is
-    ``d`` for ``c <= 0`` and ``Min(d, c)`` is ``c`` for ``c <= 0`` (an affine form may have wrapped: not compared)."""
-    if a == b and isinstance(a, Dim):
+def _bound(op: str, a: object, b: object, bits: int) -> object:
+    """``Max``/``Min`` of a dimension (or an affine form of one that is exact in the op's type) and itself or an
+    integer outside its range: ``Max(d, c)`` is ``d`` for ``c <= 0`` and ``c`` for ``c >= DIM_MAX``, ``Min`` the other
+    way round (``Min(width, 2^40)`` is the width); a number inside the range depends on the call (OPAQUE)."""
+    if a == b and isinstance(a, (Dim, Affine)):
         return a
-    dim, other = (a, b) if isinstance(a, Dim) else (b, a)
-    if not isinstance(dim, Dim) or _linear(other) is None or isinstance(other, (Dim, Affine)):
+    sym, other = (a, b) if isinstance(a, (Dim, Affine)) else (b, a)
+    if not isinstance(sym, (Dim, Affine)) or not exact_in(sym, bits) or _linear(other) is None \
+            or isinstance(other, (Dim, Affine)):
         return OPAQUE
-    if int(other) > 0:  # type: ignore[call-overload]
-        return OPAQUE
-    return dim if op == "Max" else int(other)  # type: ignore[call-overload]
+    lo, hi = span(sym)  # type: ignore[misc]
+    c = int(other)  # type: ignore[call-overload]
+    if c <= lo:
+        return sym if op == "Max" else c
+    if c >= hi:
+        return c if op == "Max" else sym
+    return OPAQUE
 
 
-def _scalar(op: str, xs: tuple) -> object:
+def _divide(x: object, k: object, bits: int) -> object:
+    """``x / k`` (integer ``Div``, rounding toward zero) for an exact form ``x`` of one dimension and a number
+    ``k > 0``: ``(a * d + b) / k`` is ``(a / k) * d + b // k`` where ``k`` divides ``a`` and the dividend never changes
+    sign (``(2 * w) / 2`` is ``w``); otherwise, for a dividend never negative, the quotient :class:`Quot`."""
+    divisor = _linear(k)
+    if not isinstance(x, (Dim, Affine)) or divisor is None or divisor[0] is not None or divisor[2] <= 0 \
+            or not exact_in(x, bits):
+        return OPAQUE
+    k = divisor[2]
+    if k == 1:
+        return x
+    dim, a, b = _linear(x)  # type: ignore[misc]
+    lo, hi = span(x)  # type: ignore[misc]
+    if a % k == 0 and (lo >= 0 or hi <= 0):
+        return affine(dim, a // k, b // k if lo >= 0 else -((-b) // k))  # type: ignore[arg-type]
+    return Quot(x, k) if lo >= 0 else OPAQUE
+
+
+def _scalar(op: str, xs: tuple, bits: int = 32) -> object:
     syms = [x for x in xs if isinstance(x, (Dim, _Opaque))]
     if not syms:
         numbers = [np.asarray(x) for x in xs]
@@ -169,13 +250,13 @@ def _scalar(op: str, xs: tuple) -> object:
     if op in ("Add", "Sub", "Mul") and len(xs) == 2 or op == "Neg":
         return _affine_op(op, xs)
     if op in ("Max", "Min") and len(xs) == 2:
-        return _bound(op, a, b)
+        return _bound(op, a, b, bits)
     if op == "Where":
         return (xs[1] if xs[0] else xs[2]) if isinstance(xs[0], (bool, np.bool_)) else OPAQUE
     if op in ("Identity", "Abs") and isinstance(a, Dim):
         return a
-    if op == "Div" and b == 1 and isinstance(a, Dim):
-        return a
+    if op == "Div" and len(xs) == 2:
+        return _divide(a, b, bits)
     if op == "Equal":
         other = b if isinstance(a, Dim) else a
         if isinstance(other, Dim):
@@ -186,4 +267,5 @@ def _scalar(op: str, xs: tuple) -> object:
 
 
 
-__all__ = ["OPAQUE", "Affine", "Dim", "Ext", "Foreign", "affine", "affine_sum", "symbolic"]
+__all__ = ["DIM_MAX", "OPAQUE", "Affine", "Dim", "Ext", "Foreign", "Quot", "affine", "affine_sum", "exact_in", "span",
+           "symbolic"]

@@ -6,7 +6,12 @@
 cone abstractly, one node at a time, in the form that node's own opset gives it (``Squeeze``/``Unsqueeze``/
 ``ReduceSum``/``Split`` axes as an attribute or an input, ``Shape`` with ``start``/``end``, ``Split`` with
 ``num_outputs``, ``Slice``, ``Pad``, ``Cast``/``CastLike``/``Identity`` chains, ``Add(x, -1)`` for ``Sub(x, 1)``,
-``Where`` on a condition known everywhere (``Equal(x, x)``), ``x * 0`` (a tensor of the mask's shape that no longer
+``Where`` on a condition known everywhere (``Equal(x, x)``) or decided by the row sums (``Where(s > 0, s - 1, -1)``:
+:class:`~rope_passes.proofs.mask_values.RowTest`), integer ``Add``/``Sub``/``Mul``/``Neg`` of the row sums by
+constants in either order and an exact ``Div`` (affine forms ``scale * s + offset``), two column slices cut at one
+bound summed back into the row, a ``Cast`` that does not keep the values or a ``Concat`` (a
+:class:`~rope_passes.proofs.mask_values.MaskShape`: its ``Shape`` is read, its values carry why they are not the
+mask's), ``x * 0`` (a tensor of the mask's shape that no longer
 reads its values: the row sums of ``mask * 0 + 1`` are the width), the moves of :mod:`rope_passes.proofs.mask_moves`
 (``Transpose``, ``Reshape`` to a shape that keeps the batch and the columns apart, ``Expand``/``Tile`` that copy
 nothing, ``CumSum`` and the ``Gather`` of its last column), model-local functions with their own opset import
@@ -27,7 +32,9 @@ the cone is one of
 
 Exact for every mask: each step keeps the value it claims (an integer ``Cast`` to int32/int64 keeps a 0/1 mask and
 every row sum below 2^31; a ``Cast`` to another type, a ``Slice`` or a ``Pad`` along the batch, a sum over another axis,
-``Squeeze`` without axes, arithmetic other than adding a constant to the sums is ``Broken``, naming the node). A value
+``Squeeze`` without axes, arithmetic on the sums other than the above is ``Broken``, naming the node), except the rules
+that read the sums' numbers (a comparison, a ``Div``): those hold for row sums between 0 and the width, a mask of 0s
+and 1s, what every client sends (:data:`~rope_passes.proofs.mask_values.S_MAX`). A value
 of a model-local function's body is proved for one call (:meth:`MaskLengths.scope`), the function at its own opset.
 """
 
@@ -46,6 +53,7 @@ from rope_passes.proofs.mask_values import (
     Broken,
     MaskRows,
     RowSums,
+    RowTest,
     Val,
     mask_problem,
     opset_in,
@@ -60,6 +68,15 @@ class Proved:
     mask: ir.Value
     nodes: list[ir.Node]  # the main graph's nodes of the cone (removed by the pass where nothing else reads them)
     rank: int | None = None  # the proved value's rank (a graph output keeps its shape)
+
+
+def _culprit(walk: Walk, val: Val, value: ir.Value) -> ir.Node | ir.Value:
+    """The node a refusal's words name as what broke the proof (the IR object, the failure's ``source``)."""
+    if isinstance(val, Broken) and val.node is not None:
+        return val.node
+    if walk.spoiled and walk.spoiled[0].node is not None and not isinstance(val, (RowSums, RowTest)):
+        return walk.spoiled[0].node
+    return walk.lost or value.producer() or value
 
 
 class MaskLengths:
@@ -100,7 +117,7 @@ class MaskLengths:
                 return Proved(walk.mask, ancestors([value]), values.ndim)
         why = self._why(walk, val, "total_sequence_length", "the mask's width (Shape(mask)[1])", value)
         if walk.read_shape:
-            raise MatchFailure.refuse(why, value)
+            raise MatchFailure.refuse(why, _culprit(walk, val, value))
         raise MatchFailure.absent(why, value)
 
     def shape(self, value: ir.Value) -> tuple | None:
@@ -115,20 +132,23 @@ class MaskLengths:
         val = walk.value(value)
         if isinstance(val, RowSums) and val.axes[:1] == ("b",) and all(a == 1 for a in val.axes[1:]):
             problem = mask_problem(val.source, self.names)
-            if problem is None and val.offset == -1:
+            if problem is None and (val.scale, val.offset, val.cols) == (1, -1, None):
                 return Proved(val.source, ancestors([value]), len(val.axes))
             padded = "".join(f"; {n.op_type} {n.name!r} adds columns to each row" for n in walk.widened)
-            why = problem or (f"seqlens_k is the row sums of {val.source.name!r} {val.offset:+d}, not the row sums - 1 "
-                              f"(last changed by {walk.blame_name(value)}{padded})")
-            raise MatchFailure.refuse(why, value)
+            what = "form"
+            why = problem or (f"seqlens_k is {val.words(repr(val.source.name))}, not the row sums - 1 "
+                              f"(last changed by {walk.blame_name(value, what)}{padded})")
+            raise MatchFailure.refuse(why, walk.blame.get((id(value), what)) or value)
         why = self._why(walk, val, "seqlens_k", "the mask's row sums - 1 ([batch])", value)
         if walk.read_values:
-            raise MatchFailure.refuse(why, value)
+            raise MatchFailure.refuse(why, _culprit(walk, val, value))
         raise MatchFailure.absent(why, value)
 
     def _why(self, walk: Walk, val: Val, what: str, expected: str, value: ir.Value) -> str:
         if isinstance(val, Broken):
             return f"{what} is not proved to be {expected}: {val.reason}"
+        if walk.spoiled and not isinstance(val, (RowSums, RowTest)):
+            return f"{what} is not proved to be {expected}: {walk.spoiled[0].reason}"
         lost = walk.lost
         if lost is not None and walk.mixed is not None and what == "total_sequence_length":
             return (f"{what} is not proved to be {expected}: {lost.op_type} {lost.name!r} combines the mask's width with "

@@ -129,6 +129,8 @@ def cumsum(x: MaskRows | RowSums, axis: int, exclusive: bool, reverse: bool) -> 
         raise Unfollowed("runs along the batch: its sums mix rows")
     if x.running:
         raise Unfollowed("sums running sums again")
+    if x.cols is not None:
+        raise Unfollowed("runs along a slice of the columns: the proof follows running sums of whole rows")
     return dataclasses.replace(x, running=-1 if reverse else 1)
 
 
@@ -146,7 +148,7 @@ def gather(x: MaskRows | RowSums, index: np.ndarray, axis: int) -> Val:
         ends = {-1, affine(x.width, 1, -1)} if x.running == 1 and isinstance(x.width, Dim) else \
             {-1} if x.running == 1 else {0}
         if picked and picked <= ends:
-            return RowSums(x.source, axes, x.extra)
+            return RowSums(x.source, axes, 0).moved(x.scale, x.extra)
         raise Unfollowed(f"reads column {_entries(sorted(picked, key=str))} of running sums: not the one that sums the whole "
                          f"row ({'the last' if x.running == 1 else 'the first, for reverse=1'})")
     what = "rows of the batch" if along == "b" else "single columns of the mask"

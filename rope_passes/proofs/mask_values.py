@@ -1,5 +1,12 @@
 """The abstract values of :mod:`rope_passes.proofs.mask_lengths` (the elements of a rank-2 integer graph input, its
-row sums, a step the proof cannot follow) and the one test of which graph input is the attention mask."""
+row sums, a comparison of them, a tensor of its shape whose elements are no longer its own, a step the proof cannot
+follow) and the one test of which graph input is the attention mask.
+
+Row sums are affine forms ``scale * s + offset`` of ``s``, the sum of a row's columns (all of them, or a range
+``cols``). Integer ``Add``/``Sub``/``Mul``/``Neg`` keep such a form exactly modulo 2^32 (a ring), which is all
+GroupQueryAttention reads (an int32 ``seqlens_k``). Rules that need the number itself (a comparison, a ``Div``) take
+``s`` between 0 and :data:`S_MAX` (a mask of 0s and 1s, what every client sends, at most 2^31 - 1 wide) and hold a form
+``exact`` only while every number it takes there fits int32 (so no step on the way wrapped, whatever its type)."""
 
 from __future__ import annotations
 
@@ -9,29 +16,90 @@ from typing import Union
 
 import onnx_ir as ir
 
-from rope_passes.proofs.dims import Affine, Foreign
+from rope_passes.proofs.dims import Affine, Foreign, Quot
 from rope_passes.proofs.known import OPAQUE, Dim, Known, known_values
 
 #: the attention mask's graph input name where no genai_config names it
 MASK_INPUT = "attention_mask"
 #: the integer types a mask (and a Cast of its values that keeps them) may have
 INT_TYPES = (ir.DataType.INT64, ir.DataType.INT32)
+#: the largest row sum (a 0/1 mask at most 2^31 - 1 wide: :data:`rope_passes.proofs.dims.DIM_MAX`)
+S_MAX = (1 << 31) - 1
+_INT32 = (-(1 << 31), (1 << 31) - 1)
+#: a ``Slice`` end past every column (``cols``)
+END = "end"
 
 
 @dataclasses.dataclass(frozen=True)
 class MaskRows:
     source: ir.Value  # the rank-2 integer graph input whose elements these are
     axes: tuple  # "b" | "t" | 1 per axis
-    width: object  # extent of the "t" axis: Dim(1) (the input's own) or OPAQUE (padded)
+    width: object  # extent of the "t" axis: Dim(1) (the input's own) or OPAQUE (padded, sliced)
     extra: int = 0  # added to each row's sum by Pad columns
     running: int = 0  # 1: each element is the sum of its row up to it (CumSum); -1: from it to the row's end
+    scale: int = 1  # each element is the mask's times this (Mul, Neg)
+    cols: tuple | None = None  # (start, end) of a Slice of the columns (a number, a symbol, 0, END); None: all
 
 
 @dataclasses.dataclass(frozen=True)
 class RowSums:
     source: ir.Value
     axes: tuple  # "b" | 1 per axis
-    offset: int  # the value is sum(row) + offset
+    offset: int  # the value is scale * sum(row's cols) + offset
+    scale: int = 1
+    cols: tuple | None = None  # the columns summed (:class:`MaskRows`), None: all
+    exact: bool = True  # every value the form takes for 0 <= s <= S_MAX is its number (nothing wrapped on the way)
+
+    @property
+    def form(self) -> tuple:
+        """What the value is of the sums (not where it sits): for the node that last changed it."""
+        return self.scale, self.offset, self.cols
+
+    def span(self) -> tuple[int, int]:
+        ends = (self.offset, self.scale * S_MAX + self.offset)
+        return min(ends), max(ends)
+
+    def moved(self, scale: int, offset: int, exact: bool = True) -> RowSums:
+        """``scale * s + offset`` of the same sums, exact where this one is and every number it takes fits int32."""
+        out = dataclasses.replace(self, scale=scale, offset=offset)
+        lo, hi = out.span()
+        return dataclasses.replace(out, exact=self.exact and exact and _INT32[0] <= lo and hi <= _INT32[1])
+
+    def words(self, name: str) -> str:
+        if (self.scale, self.cols) == (1, None):
+            return f"the row sums of {name} {self.offset:+d}"
+        cols = "" if self.cols is None else f" over columns [{say(self.cols[0])}, {say(self.cols[1])})"
+        scale = {1: "", -1: "-"}.get(self.scale, f"{self.scale} * ")
+        return f"{scale}(the row sums of {name}{cols}) {self.offset:+d}"
+
+
+@dataclasses.dataclass(frozen=True)
+class RowTest:
+    """A comparison of row sums: true where ``s`` (the sum of the row's ``cols``) lies in one of ``truth``'s closed
+    ranges (``s`` between 0 and :data:`S_MAX`)."""
+
+    source: ir.Value
+    axes: tuple
+    cols: tuple | None
+    truth: tuple[tuple[int, int], ...]
+
+    def negated(self) -> RowTest:
+        out, start = [], 0
+        for lo, hi in self.truth:
+            if lo > start:
+                out.append((start, lo - 1))
+            start = hi + 1
+        if start <= S_MAX:
+            out.append((start, S_MAX))
+        return dataclasses.replace(self, truth=tuple(out))
+
+
+@dataclasses.dataclass(frozen=True)
+class MaskShape(Known):
+    """A tensor whose extents are the mask's (or computed from them) but whose elements are no longer its values (a
+    ``Cast`` to float, a ``Concat``): ``Shape`` reads it; a value read from it carries ``why``."""
+
+    why: Broken | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,7 +108,7 @@ class Broken:
     node: ir.Node | None = None
 
 
-Val = Union[MaskRows, RowSums, Known, Broken]  # noqa: UP007
+Val = Union[MaskRows, RowSums, RowTest, Known, Broken]  # noqa: UP007
 
 
 class Unfollowed(Exception):
@@ -80,6 +148,10 @@ def say(x: object, name: str = "the mask") -> str:
         return f"dimension {x.axis} of {name}"
     if isinstance(x, Affine):
         return f"{x.scale} * dimension {x.dim.axis} of {name} {x.offset:+d}".removeprefix("1 * ")
+    if isinstance(x, Quot):
+        return f"({say(x.num, name)}) / {x.k}"
+    if x == END:
+        return "the end"
     return repr(x) if isinstance(x, Foreign) else "a number set per call" if x is OPAQUE or isinstance(x, type(
         OPAQUE)) else str(x)
 
@@ -89,7 +161,9 @@ def show(val: Val, mask: ir.Value | None) -> str:
     if isinstance(val, MaskRows):
         return f"elements of {name}"
     if isinstance(val, RowSums):
-        return f"row sums of {name} {val.offset:+d} shaped {val.axes}"
+        return f"{val.words(name).removeprefix('the ')} shaped {val.axes}"
+    if isinstance(val, RowTest):
+        return f"a comparison of the row sums of {name}"
     if isinstance(val, Known):
         values = known_values(val)
         if values is not None and values.size <= 8:
@@ -99,5 +173,6 @@ def show(val: Val, mask: ir.Value | None) -> str:
     return str(val)
 
 
-__all__ = ["INT_TYPES", "MASK_INPUT", "Broken", "MaskRows", "RowSums", "Unfollowed", "Val", "broken",
+__all__ = ["END", "INT_TYPES", "MASK_INPUT", "S_MAX", "Broken", "MaskRows", "MaskShape", "RowSums", "RowTest",
+           "Unfollowed", "Val", "broken",
            "mask_like", "mask_problem", "opset_in", "say", "show"]

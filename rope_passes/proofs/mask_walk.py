@@ -14,9 +14,10 @@ import onnx_ir as ir
 
 import rope_passes.graph_walk as graph_walk
 import rope_passes.proofs.mask_moves as moves
+import rope_passes.proofs.mask_steps as steps
 from rope_passes.analysis.graph import attr, constant_node_value
 from rope_passes.proofs.constants import Constants
-from rope_passes.proofs.dims import Affine, Foreign
+from rope_passes.proofs.dims import Affine, Foreign, affine_sum
 from rope_passes.proofs.known import (
     NARY,
     OPAQUE,
@@ -34,7 +35,9 @@ from rope_passes.proofs.mask_values import (
     INT_TYPES,
     Broken,
     MaskRows,
+    MaskShape,
     RowSums,
+    RowTest,
     Unfollowed,
     Val,
     broken,
@@ -47,6 +50,8 @@ from rope_passes.proofs.mask_values import (
 _MOVES = frozenset({"Unsqueeze", "Squeeze", "Reshape", "Flatten", "Transpose", "Expand", "Tile", "CumSum", "Gather"})
 
 
+#: what a row-sum blame is kept for (the node that last changed it, for a refusal's words)
+_BLAMED = ("form", "axes")
 #: the ops that compute on values (where the width may turn into a value not proved to be it), not move them
 _COMPUTES = UNARY | NARY | {"ReduceSum", "ReduceMax", "ReduceMin", "ReduceMean", "ReduceProd", "ArgMax", "ArgMin"}
 
@@ -88,8 +93,9 @@ class Walk:
         self.lost: ir.Node | None = None  # the first node taking the mask's width to a value not known to be it
         self.mixed: Foreign | None = None  # another input's dimension that node combined the width with
         self.blame: dict[tuple[int, str], ir.Node] = {}  # (id(RowSums), what) -> the node that last moved it
+        self.spoiled: list[Broken] = []  # why values read from a tensor of the mask's shape are not the mask's
 
-    def blame_name(self, value: ir.Value, what: str = "offset") -> str:
+    def blame_name(self, value: ir.Value, what: str = "form") -> str:
         node = self.blame.get((id(value), what))
         return f"{node.op_type} {node.name!r}" if node is not None else "the mask's sum"
 
@@ -111,7 +117,7 @@ class Walk:
                 src = next((i for i in node.inputs if i is not None
                             and isinstance(self.vals.get(id(i)), RowSums)), None)
                 before = self.vals.get(id(src)) if src is not None else None
-                for what in ("offset", "axes"):
+                for what in _BLAMED:
                     same = isinstance(before, RowSums) and getattr(before, what) == getattr(a, what)
                     inner = self.blame.get((id(o), what))  # a function call: the body's node (set by _call)
                     self.blame[(id(o), what)] = inner or (self.blame.get((id(src), what), node) if same else node)
@@ -152,8 +158,16 @@ class Walk:
             array = constant_node_value(node) if node.outputs[0].producer() is not node else \
                 self.owner.constants(node.outputs[0])
             return [Known.of(array) if array is not None and array.size <= SMALL else UNKNOWN_VARYING]
+        if any(isinstance(a, RowTest) for a in ins):
+            self.read_values = True
+            return [steps.tested(node, ins)] * n
         rows = [a for a in ins if isinstance(a, (MaskRows, RowSums))]
         if not rows:
+            shaped = [a for a in ins if isinstance(a, MaskShape)]
+            if shaped and node.op_type in ("Shape", "Size"):
+                self.read_shape = True
+            elif shaped and shaped[0].why is not None and shaped[0].why not in self.spoiled:
+                self.spoiled.append(shaped[0].why)
             divisor = ins[1] if node.op_type in ("Div", "Mod") and len(ins) > 1 else None
             if isinstance(divisor, Known) and divisor.values is not None and divisor.values.dtype == object:
                 self.divided.append(node)  # by a call dimension: for a refusal's words
@@ -175,6 +189,15 @@ class Walk:
             chosen = self._select(ins)
             if chosen is not None:
                 return [chosen]
+        if node.op_type == "Concat":
+            return [self._concat(node, ins)]
+        try:
+            if node.op_type in steps.FLIPPED and len(ins) == 2:
+                return [steps.compare(node, ins)]
+            if node.op_type == "Sub" and len(ins) == 2 and not isinstance(ins[0], (MaskRows, RowSums)):
+                return [steps.subtracted_from(ins[1], ins[0])]
+        except Unfollowed as e:
+            return [broken(node, str(e))] * n
         if node.op_type in ("Add", "Mul") and len(ins) == 2 and not isinstance(ins[0], (MaskRows, RowSums)):
             ins = ins[::-1]  # commutative: the rows first
         x = ins[0]
@@ -199,7 +222,7 @@ class Walk:
         outs = [inner.value(o) for o in function.outputs]
         self.adopt(inner)
         for out, body in zip(node.outputs, function.outputs, strict=False):  # refusals name the body's nodes
-            for what in ("offset", "axes"):
+            for what in _BLAMED:
                 if (id(body), what) in inner.blame:
                     self.blame[(id(out), what)] = inner.blame[(id(body), what)]
         return outs
@@ -289,46 +312,35 @@ class Walk:
             dtype = target if target is not None else ir.DataType.from_numpy(like.dtype) if like is not None \
                 and like.dtype != object else None
             if dtype not in INT_TYPES:
-                raise Unfollowed(f"casts the mask's values like a {dtype.name if dtype else 'value of unknown type'}: "
-                               "values it cannot hold exactly (or rounds) change the sums")
+                return [self._cast_away(node, x, steps.cast_words(x, dtype, "like a "))]
             return [x]
         if op == "Cast":
             if ir.DataType(attr(node, "to")) not in INT_TYPES:
-                raise Unfollowed(f"casts the mask's values to {ir.DataType(attr(node, 'to')).name}: values it cannot "
-                               "hold exactly (or rounds) change the sums (a float32 sum is inexact past 2^24)")
+                return [self._cast_away(node, x, steps.cast_words(x, ir.DataType(attr(node, "to"))))]
             return [x]
+        if op == "Neg":
+            return [x.moved(-x.scale, -x.offset) if isinstance(x, RowSums) else
+                    dataclasses.replace(x, scale=-x.scale, extra=-x.extra)]
         if op in _MOVES:
             return [self._moved(node, x, ins)]
         if op in ("Add", "Sub", "Mul", "Div") and len(ins) == 2:
-            return [self._arith(node, x, ins)]
+            return [steps.arith(node, x, ins, self.vals, self._uniform)]
         if isinstance(x, RowSums):
-            raise Unfollowed("computes on the row sums beyond adding a constant")
+            raise Unfollowed("computes on the row sums in a way the proof does not follow (it follows Add, Sub, Mul "
+                             "and Neg by integer constants, an exact Div, comparisons with constants and a Where "
+                             "they decide)")
         if isinstance(x, MaskRows) and x.running and op in ("ReduceSum", "Pad"):
             raise Unfollowed("reads running sums (CumSum) in a way the proof does not follow")
         if op == "ReduceSum":
-            return [self._reduce(node, x, ins)]
+            return [steps.reduce(node, x, ins)]
         if op == "Pad":
-            return [self._pad(node, x, ins)]
+            padded, added = steps.pad(node, x, ins)
+            if added:
+                self.widened.append(node)
+            return [padded]
         if op == "Slice":
-            return [self._slice(node, x, ins)]
+            return [steps.slice(node, x, ins)]
         raise Unfollowed("reads the mask's values in a way the proof does not follow")
-
-    # -- the steps ------------------------------------------------------------------------------------------------
-    def _ints(self, node: ir.Node, ins: list[Val | None], index: int, name: str) -> list[int] | None:
-        if len(ins) > index and ins[index] is not None:
-            values = known_values(ins[index])
-            if values is None or values.dtype == object:
-                raise Unfollowed(f"takes its {name} from a value not known before the call")
-            return [int(v) for v in values.reshape(-1)]
-        value = attr(node, name, None)
-        return None if value is None else [int(v) for v in np.asarray(value).reshape(-1)]
-
-    def _entries(self, ins: list[Val | None], index: int, what: str) -> list:
-        """The elements of input ``index``: ints and the symbols of the call's dimensions (Reshape's shape, ...)."""
-        values = known_values(ins[index]) if len(ins) > index and ins[index] is not None else None
-        if values is None:
-            raise Unfollowed(f"takes its {what} from a value not known before the call")
-        return values.reshape(-1).tolist()
 
     def _moved(self, node: ir.Node, x: MaskRows | RowSums, ins: list[Val | None]) -> Val:
         """The steps that move the view without changing its elements (:mod:`rope_passes.proofs.mask_moves`)."""
@@ -337,15 +349,15 @@ class Walk:
             perm = attr(node, "perm", None)
             return dataclasses.replace(x, axes=moves.transpose(x.axes, None if perm is None else list(perm)))
         if op == "Reshape":
-            axes = moves.reshape(x.axes, self._extents(x), self._entries(ins, 1, "shape"),
+            axes = moves.reshape(x.axes, self._extents(x), steps.entries(ins, 1, "shape"),
                                  bool(attr(node, "allowzero", 0)))
         elif op == "Expand":
-            axes = moves.expand(x.axes, self._extents(x), self._entries(ins, 1, "shape"))
+            axes = moves.expand(x.axes, self._extents(x), steps.entries(ins, 1, "shape"))
         elif op == "Tile":
-            moves.tile(self._ints(node, ins, 1, "repeats") or [])
+            moves.tile(steps.ints(node, ins, 1, "repeats") or [])
             axes = x.axes
         elif op == "CumSum":
-            given = self._ints(node, ins, 1, "axis") or []
+            given = steps.ints(node, ins, 1, "axis") or []
             if len(given) != 1:
                 raise Unfollowed("takes no single axis")
             axis = given[0]
@@ -356,87 +368,31 @@ class Walk:
                 raise Unfollowed("takes its indices from a value not known before the call")
             return moves.gather(x, index, int(attr(node, "axis", 0)))
         else:
-            given = self._ints(node, ins, 1, "axes") if op != "Flatten" else None
+            given = steps.ints(node, ins, 1, "axes") if op != "Flatten" else None
             axes = moves.unit_moves(op, x.axes, given, int(attr(node, "axis", 1)))
         return dataclasses.replace(x, axes=axes)
 
-    def _arith(self, node: ir.Node, x: MaskRows | RowSums, ins: list[Val | None]) -> Val:
-        other = ins[1]
-        values = known_values(other) if isinstance(other, Known) and not other.varies else None
-        if values is None or values.dtype == object or values.size != 1 or values.dtype.kind not in "iu":
-            name = next((v.name for v in node.inputs if v is not None
-                         and not isinstance(self.vals.get(id(v)), (MaskRows, RowSums))), "?")
-            raise Unfollowed(f"combines the mask's values with {name!r}, not an integer constant "
-                           "(an initializer that is also a graph input can be overridden by the caller)")
-        k = int(values.reshape(-1)[0])
-        axes = (1,) * max(0, values.ndim - len(x.axes)) + tuple(x.axes)
-        op = node.op_type
-        if (op in ("Add", "Sub") and k == 0) or (op in ("Mul", "Div") and k == 1):
-            return dataclasses.replace(x, axes=axes)
-        if isinstance(x, RowSums) and op in ("Add", "Sub"):
-            return RowSums(x.source, axes, x.offset + (k if op == "Add" else -k))
-        if op == "Mul" and k == 0:
-            return self._uniform(dataclasses.replace(x, axes=axes), np.zeros((), values.dtype))  # no longer the mask's
-        if isinstance(x, RowSums):
-            raise Unfollowed(f"scales the row sums by {k} ({op}): integer arithmetic after it does not give back "
-                           "sum - 1 for every row")
-        if op == "Mul":
-            raise Unfollowed(f"multiplies every element of the mask by {k}: its sums are {k} times the row sums, and "
-                           f"integer arithmetic after it does not give back sum - 1 for every row (({k}·s - 1) / {k} "
-                           "is 0, not -1, for a row of zeros)")
-        if op == "Div":
-            raise Unfollowed(f"divides every element of the mask by {k}: integer division rounds the values away")
-        raise Unfollowed(f"{'adds' if op == 'Add' else 'subtracts'} {k} {'to' if op == 'Add' else 'from'} every "
-                       "element of the mask: every row's sum changes by a multiple of its width")
+    def _concat(self, node: ir.Node, ins: list[Val | None]) -> Val:
+        """A ``Concat`` of the mask (or its sums) with anything: a tensor of the joined shape (the extents along the
+        axis added: ``Concat(mask, mask, axis=1)`` is ``2 * width`` wide) whose elements are not one row's each."""
+        found = [self._extents(a) for a in ins]
+        exts = [e for e in found if e is not None]
+        if not exts or len(exts) != len(found) or any(len(e) != len(exts[0]) for e in exts) or not exts[0]:
+            return broken(node, "joins the mask with a value of unknown shape")
+        rank = len(exts[0])
+        axis = int(attr(node, "axis", 0)) % rank
+        out = list(exts[0])
+        total: object = 0
+        for e in exts:
+            total = affine_sum(total, e[axis])
+        out[axis] = total
+        why = broken(node, f"joins the mask's elements with others along axis {axis}: they are no longer one row each")
+        return MaskShape(tuple(out), None, None, True, why)
 
-    def _reduce(self, node: ir.Node, x: MaskRows, ins: list[Val | None]) -> Val:
-        axes = self._ints(node, ins, 1, "axes")
-        if not axes:
-            if attr(node, "noop_with_empty_axes", 0):
-                return x
-            axes = list(range(len(x.axes)))
-        summed = {a % len(x.axes) for a in axes}
-        kinds = {x.axes[a] for a in summed} - {1}
-        if kinds != {"t"}:
-            raise Unfollowed(f"sums axes {sorted(summed)} ({', '.join(map(str, sorted(map(str, kinds))))}), "
-                           "not the mask's columns alone")
-        keep = attr(node, "keepdims", 1)
-        out = tuple(1 if i in summed else a for i, a in enumerate(x.axes) if keep or i not in summed)
-        return RowSums(x.source, out, x.extra)
-
-    def _pad(self, node: ir.Node, x: MaskRows, ins: list[Val | None]) -> Val:
-        if str(attr(node, "mode", "constant")) not in ("constant", "b'constant'"):
-            raise Unfollowed("pads by copying the mask's values (not mode=constant)")
-        pads = self._ints(node, ins, 1, "pads")
-        rank = len(x.axes)
-        axes = self._ints(node, ins, 3, "axes") or list(range(rank))
-        fill = known_values(ins[2]) if len(ins) > 2 and ins[2] is not None else np.array(attr(node, "value", 0))
-        if pads is None or fill is None or fill.dtype == object or len(pads) != 2 * len(axes):
-            raise Unfollowed("pads by amounts or a value not known before the call")
-        value = int(np.asarray(fill).reshape(-1)[0])
-        added = 0
-        for i, a in enumerate(axes):
-            before, after = pads[i], pads[i + len(axes)]
-            if before < 0 or after < 0:
-                raise Unfollowed("crops the mask (negative pads)")
-            if before or after:
-                if x.axes[a % rank] != "t":
-                    raise Unfollowed("pads along the batch: rows the caller did not send")
-                added += before + after
-        if added:
-            self.widened.append(node)
-        return MaskRows(x.source, x.axes, x.width if not added else OPAQUE, x.extra + added * value)
-
-    def _slice(self, node: ir.Node, x: MaskRows, ins: list[Val | None]) -> Val:
-        starts, ends = self._ints(node, ins, 1, "starts"), self._ints(node, ins, 2, "ends")
-        if starts is None or ends is None:
-            raise Unfollowed("slices by bounds not known before the call")
-        axes = self._ints(node, ins, 3, "axes") or list(range(len(starts)))
-        steps = self._ints(node, ins, 4, "steps") or [1] * len(starts)
-        for s, e, st in zip(starts, ends, steps, strict=True):
-            if not (s == 0 and st == 1 and e >= 2**31 - 1):
-                raise Unfollowed(f"slices the mask ({s}:{e}:{st} on axes {axes}): some of each row is dropped")
-        return x
+    def _cast_away(self, node: ir.Node, x: MaskRows | RowSums, words: str) -> Val:
+        """A cast of the mask's values to a type that does not keep them: its shape stays the mask's (``Shape`` reads
+        it), its elements are not the mask's (a value read from them carries why)."""
+        return MaskShape(self._extents(x), None, None, True, broken(node, words))
 
 
 __all__ = ["MAX_DEPTH", "Walk"]

@@ -70,6 +70,29 @@ def _reduce_max(w: Writer, x: ir.Value) -> ir.Value:
     return w.op("ReduceMax", x, w.const([1]), keepdims=0)
 
 
+def _where_above(w: Writer, m: ir.Value, k: int) -> ir.Value:
+    """``Where(s > k, s - 1, -1)`` of the row sums ``s``: ``s - 1`` for every ``s >= 0`` when ``k`` is 0 (``s = 0``
+    takes -1, which is ``s - 1``), not when ``k`` is 1 (``s = 1`` takes -1, not 0)."""
+    s = _row_sums(w, m)
+    return w.op("Cast", w.op("Where", w.op("Greater", s, w.const(k)), w.op("Sub", s, w.const(1)), w.const(-1)), to=I32)
+
+
+def _halves(w: Writer, m: ir.Value, overlap: int = 0) -> ir.Value:
+    """The row sums as the sums of two column halves, ``[0, h + overlap)`` and ``[h, width)``, ``h = width / 2``: the
+    whole row when ``overlap`` is 0, column ``h`` counted twice when it is 1."""
+    width = _width_vector(w, m)
+    h = w.op("Div", width, w.const([2]))
+    left = w.op("Add", h, w.const([overlap])) if overlap else h
+    left_part = w.op("Slice", m, w.const([0]), left, w.const([1]))
+    right_part = w.op("Slice", m, h, width, w.const([1]))
+    return w.op("Add", _row_sums(w, left_part), _row_sums(w, right_part))
+
+
+def _concat_width(w: Writer, m: ir.Value, axis: int) -> ir.Value:
+    """``Shape(Concat(mask, mask, axis))[1]`` (int64): the width (axis 0), twice the width (axis 1)."""
+    return _wide(w, w.op("Concat", m, m, axis=axis))
+
+
 def _ids_width(w: Writer, m: ir.Value) -> ir.Value:
     ids = next(v for v in m.graph.inputs if v.name == "input_ids")
     return _gather(w, w.op("Shape", ids), 1)
@@ -107,6 +130,19 @@ VALUE_TOTAL_FORMS = {f.name: f for f in [
     Form("where-input-ids", lambda w, m: w.op("Cast", w.op("Where", w.op("Greater", _ids_width(w, m), _wide(w, m)),
                                                            _ids_width(w, m), _wide(w, m)), to=I32), same=False,
          why="Where(ids width > mask width, ids width, mask width): the same contract"),
+    # red team 37: the width through a cast of the values, Min with a number past every width, Concat
+    Form("shape-of-float-cast", lambda w, m: _width(w, w.op("Shape", w.op("Cast", m, to=ir.DataType.FLOAT)))),
+    Form("min-huge", lambda w, m: w.op("Cast", w.op("Min", _wide(w, m), w.const(2**40)), to=I32), since=12),
+    Form("concat-rows", lambda w, m: w.op("Cast", _concat_width(w, m, 0), to=I32)),
+    Form("concat-columns-halved", lambda w, m: w.op("Cast", w.op("Div", _concat_width(w, m, 1), w.const(2)), to=I32)),
+    Form("shape-of-float-cast-batch", lambda w, m: w.op("Cast", _gather(w, w.op("Shape", w.op(
+        "Cast", m, to=ir.DataType.FLOAT)), 0), to=I32), same=False, why="dimension 0 of the cast mask: the batch"),
+    Form("min-five", lambda w, m: w.op("Cast", w.op("Min", _wide(w, m), w.const(5)), to=I32), same=False, since=12,
+         why="Min(width, 5): 5, not the width, for a mask wider than 5"),
+    Form("concat-columns", lambda w, m: w.op("Cast", _concat_width(w, m, 1), to=I32), same=False,
+         why="the width of the mask concatenated with itself along the columns: twice the width"),
+    Form("halved", lambda w, m: w.op("Cast", w.op("Div", _wide(w, m), w.const(2)), to=I32), same=False,
+         why="the width / 2: not the width for a mask wider than 0"),
 ]}
 
 
@@ -140,6 +176,19 @@ VALUE_SEQLENS_FORMS = {f.name: f for f in [
          why="the last column but one of the CumSum: the row's sum without its last element"),
     Form("cumsum-max", lambda w, m: _minus_one(w, _reduce_max(w, w.op("CumSum", m, w.const(1)))), same=False,
          why="the largest running sum: the row's sum only for a mask without negative values"),
+    # red team 37: sum - 1 through Neg/Sub, a Where whose condition the row sums decide, the sum of two halves
+    Form("neg-one-minus", lambda w, m: w.op("Cast", w.op("Neg", w.op("Sub", w.const(1), _row_sums(w, m))), to=I32)),
+    Form("where-positive", lambda w, m: _where_above(w, m, 0)),
+    Form("halves", lambda w, m: _minus_one(w, _halves(w, m))),
+    Form("neg-zero-minus", lambda w, m: w.op("Cast", w.op("Neg", w.op("Sub", w.const(0), _row_sums(w, m))), to=I32),
+         same=False, why="-(0 - s): s, not s - 1"),
+    Form("where-above-one", lambda w, m: _where_above(w, m, 1), same=False,
+         why="Where(s > 1, s - 1, -1): -1, not 0, for a row summing to 1"),
+    Form("halves-overlap", lambda w, m: _minus_one(w, _halves(w, m, overlap=1)), same=False,
+         why="the sums of columns [0, h + 1) and [h, width): column h counted twice"),
+    Form("uint8-times-257", lambda w, m: _minus_one(w, _row_sums(w, w.op("Cast", w.op("Cast", w.op(
+        "Mul", m, w.const(257)), to=ir.DataType.UINT8), to=I64))), same=False,
+         why="257 * mask through uint8: 257 * v wraps to v mod 256, a mask value of 300 counts 44"),
 ]}
 
 
