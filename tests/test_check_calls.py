@@ -150,9 +150,13 @@ def test_one_exact_past_length(tmp_path):
                                               past_real=past)) == 0
     report = check(LLAMA, wrong, isolate=False)
     assert report.verdict == NOT_EQUIVALENT
-    # the sweep's single step at position 137, and the single-token decode that runs to the context's end where the
-    # sweep takes every position (long-decode, 3250f0d), pass total 138; nothing else does
-    assert _failing(report) == {"sweep 137", "long-decode"}, _failing(report)
+    # the sweep's single step at position 137, the single-token decode that runs to the context's end where the
+    # sweep takes every position (long-decode, 3250f0d), and the call grid's batched decode steps after a past of 137
+    # (evidence/calls.py) pass total 138; nothing else does
+    failing = _failing(report)
+    assert {"sweep 137", "long-decode"} <= failing, failing
+    grid = failing - {"sweep 137", "long-decode"}
+    assert grid and all("1 token(s) after a random past of 137" in f for f in grid), grid
     assert report.sweep_positions == list(range(256))
 
 

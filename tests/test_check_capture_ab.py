@@ -69,7 +69,7 @@ class _ReplayWrongBackend(RunBackend):
 def _spec() -> RunSpec:
     key = RunKey("rewritten", "webgpu", capture=True)
     spec = RunSpec(label=str(key), model="m.onnx", ep="webgpu", prefill=8, steps=STEPS, graph_capture=True)
-    spec.parts = parts(None, spec)
+    spec.parts = parts(None, spec, None)
     return spec
 
 

@@ -17,12 +17,12 @@ from conftest import GENAI, TORCH
 import rope_passes
 from rope_passes.analysis.genai_contract import embedding_rows
 from rope_passes.check.decode import TOKEN_HIGH, TOKEN_LOW, token_ids
-from rope_passes.check.fit import runtime_fit
 from rope_passes.check.models import read_model
 from rope_passes.check.plan import vocabulary
 from rope_passes.check.report import COULD_NOT_RUN
-from rope_passes.check.runner import CRASHED, OK, RUN_FAILED, RunResult
+from rope_passes.check.spec import CRASHED, OK, RUN_FAILED, RunResult
 from rope_passes.check.verdict import decide, reference_failure
+from rope_passes.runtimes.fit import runtime_fit
 
 
 def test_token_ids_stay_inside_the_vocabulary():

@@ -76,7 +76,7 @@ def _agreeing(actual, reference):
 def test_rewritten_that_runs_only_on_cpu_is_could_not_run():
     """An fp16 graph on an adapter without shader-f16 (the browser's SwiftShader): neither graph runs on WebGPU, both
     run on CPU and agree. Before, the CPU comparison alone made the verdict "equivalent" for WebGPU (exit 0)."""
-    from rope_passes.check.runner import LOAD_FAILED, OK, RunResult
+    from rope_passes.check.spec import LOAD_FAILED, OK, RunResult
     from rope_passes.check.verdict import decide
 
     why = "no shader-f16 on this adapter"
@@ -91,7 +91,7 @@ def test_capture_run_failing_as_the_plain_run_does_is_not_a_capture_defect():
     """The plain rewritten run and its captured twin both fail to load (the same reason): that says nothing about
     capture. Before, the verdict was "not equivalent: … does not run under [capture]" (exit 1)."""
     from rope_passes.check.report import NOT_EQUIVALENT
-    from rope_passes.check.runner import LOAD_FAILED, OK, RUN_FAILED, RunResult
+    from rope_passes.check.spec import LOAD_FAILED, OK, RUN_FAILED, RunResult
     from rope_passes.check.verdict import decide
 
     why = "no shader-f16 on this adapter"

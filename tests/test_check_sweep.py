@@ -14,6 +14,7 @@ import pytest
 from conftest import FIXTURES, GENAI, ONE_SCHEDULE, SWEEP, TORCH
 
 import rope_passes
+from rope_passes.analysis.table_diff import compare_tables, ulp
 from rope_passes.check import core
 from rope_passes.check.core import COULD_NOT_RUN, EQUIVALENT, NOT_EQUIVALENT, check, rotation_tables
 from rope_passes.check.decode import DecoderSpec
@@ -21,7 +22,6 @@ from rope_passes.check.models import read_model, rotation_tables_of
 from rope_passes.check.report import EQUIVALENT_TABLES_ONLY, EquivalenceReport
 from rope_passes.check.schedules import parse
 from rope_passes.check.sweep import default_positions, sweep_feeds, sweep_positions
-from rope_passes.check.table_diff import compare_tables, ulp
 from rope_passes.cli import main
 from rope_passes.io import load_bundle, save_bundle
 
@@ -183,18 +183,19 @@ def test_sweep_feeds_are_a_random_past_of_the_position():
 @pytest.mark.webgpu
 def test_sweep_catches_a_row_the_decode_never_reads(tmp_path):
     """fp32 cos_cache row 254 (+1e-2 on the whole row): the decode reads rows 0..11; the sweep's position 254 (the
-    table end's neighbour) reads it. Tables and schedules off, so only the sweep can see it."""
+    table end's neighbour) reads it. Tables, schedules and the call grid off, so only the sweep can see it."""
     src = GENAI / GQA_CACHES["fp32"]
     bad = mutated(src, tmp_path / "bad", "cos_cache", 254, column=None)
-    report = check(src, bad, steps=4, isolate=False, tables=False, schedules=[])
+    report = check(src, bad, steps=4, isolate=False, tables=False, schedules=[], calls=False)
     assert report.verdict == NOT_EQUIVALENT
     assert report.first_failure is None  # the decode agrees
     cmp, diff = report.first_sweep_failure
     assert diff.step == 254 and cmp.name == "sweep: rewritten@webgpu vs original@webgpu"
     assert all(d.ok for d in cmp.diffs if d.step != 254)
-    assert check(src, bad, steps=4, isolate=False, tables=False, sweep=0, schedules=[]).verdict == EQUIVALENT
+    assert check(src, bad, steps=4, isolate=False, tables=False, sweep=0, schedules=[],
+                 calls=False).verdict == EQUIVALENT
     # the context end's boundary schedules (issue 26: totals 248..256 step by step) read row 254 too
-    ends = check(src, bad, steps=4, isolate=False, tables=False, sweep=0)
+    ends = check(src, bad, steps=4, isolate=False, tables=False, sweep=0, calls=False)
     assert ends.verdict == NOT_EQUIVALENT and ends.first_schedule_failure[1].schedule.startswith("end-256-")
 
 

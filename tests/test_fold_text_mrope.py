@@ -25,7 +25,8 @@ from mrope_graphs import attention_graph, run_attention
 
 from rope_passes.analysis.graph import MS_DOMAIN, attr, nodes_of
 from rope_passes.check.decode import DecoderSpec, embedding_table, run_decode, token_ids
-from rope_passes.check.runner import RunSpec, run_isolated
+from rope_passes.check.runner import run_isolated
+from rope_passes.check.spec import RunSpec
 from rope_passes.config import GenaiConfig
 from rope_passes.io import load_bundle, save_bundle
 from rope_passes.passes import CleanupPass, FoldTextMRoPEPass, LowerMRoPEPass, PassContext

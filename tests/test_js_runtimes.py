@@ -114,7 +114,7 @@ class _Chromium:
 
 
 def test_a_float16_graph_goes_to_dawn_only_where_chromium_lacks_shader_f16(tmp_path):
-    from rope_passes.check.runner import RunSpec
+    from rope_passes.check.spec import RunSpec
 
     fp16, fp32 = _add(tmp_path / "h.onnx", TensorProto.FLOAT16), _add(tmp_path / "f.onnx", TensorProto.FLOAT)
     assert computes_in_fp16(fp16) and not computes_in_fp16(fp32)

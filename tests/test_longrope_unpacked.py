@@ -26,7 +26,7 @@ from rope_passes.analysis.graph import nodes_of
 from rope_passes.api import optimize
 from rope_passes.check.capture import CaptureDriver
 from rope_passes.check.decode import DecoderSpec, run_decode, step_feeds, token_ids
-from rope_passes.check.runner import RunSpec
+from rope_passes.check.spec import RunSpec
 from rope_passes.io import load_bundle, save_bundle
 from rope_passes.lint import lint_bundle
 from rope_passes.pipeline import run_pipeline

@@ -168,7 +168,8 @@ CAPTURED = ["current/llama/webgpu_fp16_graph", "current/phi3_mini_128k/webgpu_fp
 @pytest.mark.parametrize("rel", CAPTURED)
 @pytest.mark.parametrize("runtime", RUNTIMES)
 def test_captured_decode_replays_the_plain_one(outcomes, runtime, rel):
-    from rope_passes.check.runner import RunSpec, run_isolated
+    from rope_passes.check.runner import run_isolated
+    from rope_passes.check.spec import RunSpec
     from rope_passes.runtimes.installed import child_env, python_for
 
     o = outcomes[(runtime, rel)]

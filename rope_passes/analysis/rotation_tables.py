@@ -1,5 +1,5 @@
 """The cos/sin rows every position reads, taken from a graph: the rotation-level view ``check`` compares
-(:mod:`rope_passes.check.table_diff`).
+(:mod:`rope_passes.analysis.table_diff`).
 
 A *site* is one rotation: the q or the k input of one attention node. What it reads is a function of the token's
 position ``p`` and of the total sequence length ``T`` (LongRoPE switches tables on ``T``): per *regime* (a range of

@@ -17,20 +17,20 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rope_passes.analysis.table_diff import TableComparison, compare_tables
 from rope_passes.check.evidence import Evidence, compare_all
 from rope_passes.check.explore import command_line, explore
-from rope_passes.check.fit import runtime_fit
 from rope_passes.check.models import ModelInfo, load_reference, read_model, rotation_tables_of
 from rope_passes.check.plan import MAX_CROSSING_STEPS, PAST_SWITCH, CheckOptions, plan_check
 from rope_passes.check.report import COULD_NOT_RUN, EQUIVALENT, EXIT_CODES, NOT_EQUIVALENT, EquivalenceReport
 from rope_passes.check.runs import all_runs
-from rope_passes.check.table_diff import TableComparison, compare_tables
 from rope_passes.check.verdict import decide
 from rope_passes.cut import cut_pair, describe
 from rope_passes.errors import UsageError
 from rope_passes.runtime.adapter import adapter_info
 from rope_passes.runtimes import NATIVE_BACKEND
 from rope_passes.runtimes.choose import fallback_interpreter, runtime_of, runtimes_for
+from rope_passes.runtimes.fit import runtime_fit
 from rope_passes.runtimes.installed import python_for
 
 __all__ = ["COULD_NOT_RUN", "EQUIVALENT", "EXIT_CODES", "MAX_CROSSING_STEPS", "NOT_EQUIVALENT", "PAST_SWITCH",

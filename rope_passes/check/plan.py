@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from rope_passes.analysis.genai_contract import caller_positions
+from rope_passes.analysis.table_diff import TableComparison, compare_tables
 from rope_passes.check.client_schedules import BOUNDARY_MAX, CAPTURE_TOTAL, client_schedules, unreached
 from rope_passes.check.compare import TOLERANCES, Tolerance
 from rope_passes.check.decode import TOKEN_HIGH
@@ -28,7 +29,6 @@ from rope_passes.check.models import ModelInfo, attention_layout, embedding_for,
 from rope_passes.check.schedules import DENSE_DECODE, GraphFacts, Schedule, default_schedules, runs_on
 from rope_passes.check.spec import ORIGINAL, REWRITTEN, RunKey
 from rope_passes.check.sweep import default_positions, sweep_positions
-from rope_passes.check.table_diff import TableComparison, compare_tables
 from rope_passes.errors import UsageError
 from rope_passes.runtime.adapter import AdapterInfo, max_webgpu_prefill
 
@@ -63,6 +63,9 @@ class CheckOptions:
     layers: int | None = None  # compare the first N decoder layers only
     runtime: str | None = None  # the WebGPU runtime every run uses
     schedules: Sequence[Schedule] | None = None  # None: the default set (.schedules.default_schedules); [] none
+    #: the call grid (.evidence.calls, CPU EP): None every shape where the sweep takes every position, else a stated
+    #: sample; True every shape (--calls); False none (--no-calls)
+    calls: bool | None = None
     budget: float = 0.0  # seconds of random schedules after the check (check --budget)
     seed: int = 0  # the random schedules' seed (check --seed)
 
@@ -104,6 +107,10 @@ class CheckPlan:
     #: the rewritten genai_config turns capture on and the original's did not (a Python runtime): a captured session
     #: that does not load is a defect of the output
     capture_required: bool = False
+    #: the call grid (.evidence.calls, made by the CPU runs): "every" shape, a stated "sample", or "none"
+    grid: str = "none"
+    seed: int = 0  # the grid's (check --seed)
+    cacheless: bool = False  # a graph has no KV cache: the grid's calls are prompts
 
     def for_ep(self, ep: str) -> list[Schedule]:
         """The schedules a run on ``ep`` makes (:func:`~rope_passes.check.schedules.runs_on`)."""
@@ -148,8 +155,14 @@ def plan_check(orig: ModelInfo, rew: ModelInfo, opts: CheckOptions, adapter: Ada
     emb_orig, emb_rew = _embeddings(orig, rew, opts.embeddings, tmp)
     rows = [np.load(e, mmap_mode="r").shape[0] for e in {emb_orig, emb_rew} if e]
     plan = with_schedules(plan, graph_facts(orig, rew, plan, rows), opts.schedules)
+    facts = plan.facts
+    every = opts.calls is True or (facts is not None and facts.context is not None
+                                   and facts.decode_to == facts.context)
+    cacheless = not all(m.model is not None and any(v.name.startswith("past_key_values")
+                                                    for v in m.model.graph.inputs) for m in (orig, rew))
     return dataclasses.replace(plan, embeddings=(emb_orig, emb_rew), graph_capture=capture,
-                               capture_required=required)
+                               capture_required=required, seed=opts.seed, cacheless=cacheless,
+                               grid="none" if opts.calls is False else "every" if every else "sample")
 
 
 def _embeddings(orig: ModelInfo, rew: ModelInfo, option: str | None, tmp: Path) -> tuple[str | None, str | None]:

@@ -9,12 +9,11 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from rope_passes.analysis.table_diff import TableComparison
 from rope_passes.check.compare import Comparison, OutputDiff
 from rope_passes.check.models import ModelInfo
-from rope_passes.check.runner import RunResult
 from rope_passes.check.schedules import Schedule
-from rope_passes.check.spec import REWRITTEN, RunKey
-from rope_passes.check.table_diff import TableComparison
+from rope_passes.check.spec import REWRITTEN, RunKey, RunResult
 from rope_passes.runtime.adapter import AdapterInfo
 
 EQUIVALENT, NOT_EQUIVALENT, COULD_NOT_RUN = "equivalent", "not equivalent", "could not run"

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rope_passes.check.decode import PRESENT_PREFIX, DecoderSpec, random_feeds, run_decode, token_ids
-from rope_passes.check.spec import (  # noqa: F401 - re-exported: a run's description and result live in .spec
+from rope_passes.check.spec import (
     CRASHED,
     LOAD_FAILED,
     NOT_RUN,
@@ -114,7 +114,7 @@ def execute_run(spec: RunSpec, backend: RunBackend | None = None, progress: Prog
         _schedules(spec, backend, session, dspec, result, functools.partial(say, "schedules"))
         _sweep(spec, session, dspec, result, functools.partial(say, "sweep"))
     if result.status in (OK, RUN_FAILED):
-        _parts(spec, backend, table, result)
+        _parts(spec, backend, table, result, session, dspec)
     backend.close(driver if driver is not None else session, result)
     result.wall_s = time.perf_counter() - start
     return result
@@ -139,13 +139,15 @@ def _schedules(spec: RunSpec, backend: RunBackend, session: Any, dspec: DecoderS
         on_schedule(k)
 
 
-def _parts(spec: RunSpec, backend: RunBackend, table: np.ndarray | None, result: RunResult) -> None:
-    """Every kind of evidence's part of this run (:mod:`.evidence`), on the same backend, after its own."""
+def _parts(spec: RunSpec, backend: RunBackend, table: np.ndarray | None, result: RunResult, session: Any,
+           dspec: DecoderSpec | None) -> None:
+    """Every kind of evidence's part of this run (:mod:`.evidence`), on the same backend and session, after its
+    own."""
     from rope_passes.check.evidence import kind
 
     for name, data in spec.parts.items():
         try:
-            result.parts[name] = kind(name).run(backend, spec, table, data)
+            result.parts[name] = kind(name).run(backend, spec, table, data, session=session, dspec=dspec)
         except Exception as exc:  # noqa: BLE001 - a part that raises is a result
             result.part_errors[name] = _one_line(exc)
 

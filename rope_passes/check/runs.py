@@ -13,8 +13,8 @@ from rope_passes.check.client_schedules import for_graph
 from rope_passes.check.evidence import parts
 from rope_passes.check.models import ModelInfo
 from rope_passes.check.plan import CheckOptions, CheckPlan
-from rope_passes.check.runner import LOAD_FAILED, RunResult, RunSpec, execute_run, run_isolated
-from rope_passes.check.spec import ORIGINAL, REWRITTEN, RunKey
+from rope_passes.check.runner import execute_run, run_isolated
+from rope_passes.check.spec import LOAD_FAILED, ORIGINAL, REWRITTEN, RunKey, RunResult, RunSpec
 from rope_passes.runtime.adapter import AdapterInfo
 from rope_passes.runtime.sessions import ALLOW_SOFTWARE_ADAPTER
 from rope_passes.runtimes import descriptor
@@ -32,7 +32,7 @@ def run_spec(key: RunKey, info: ModelInfo, emb: str | None, plan: CheckPlan, opt
                    schedules=[] if capture else [for_graph(s, info.loop).spec() for s in plan.for_ep(ep)],
                    schedules_twice=plan.facts.vocab if plan.facts is not None and key.original else 0,
                    vocab=plan.facts.vocab if plan.facts is not None else None)
-    spec.parts = parts(plan, spec)
+    spec.parts = parts(plan, spec, info)
     return spec
 
 

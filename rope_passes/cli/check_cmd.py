@@ -62,6 +62,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "past (default: every position where the CPU reference can afford it, else a stated sample; "
                    "with --layers 4, none on a software WebGPU adapter)")
     p.add_argument("--no-sweep", dest="sweep", action="store_const", const=0, help="no position sweep")
+    p.add_argument("--calls", dest="calls", action="store_const", const=True, default=None,
+                   help="the call grid's every shape (every prompt length, every call of 2..16 tokens after every "
+                        "past, batches, shared buffers; CPU EP), whatever the sweep (default: every shape where the "
+                        "sweep takes every position, else a stated sample)")
+    p.add_argument("--no-calls", dest="calls", action="store_const", const=False, help="no call grid")
     p.add_argument("--fallback-python", default="auto", metavar="PYTHON",
                    help="second onnxruntime (the WebGPU plugin venv) for an original that does not load here "
                    "(default: $ROPE_PASSES_PLUGIN_PYTHON, else .venv-plugin/bin/python if present; none: off)")
@@ -145,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
                 args.original, args.rewritten, ep=args.ep, prefill=args.prefill, steps=args.steps,
                 graph_capture=args.graph_capture, reference_logits=args.reference_logits, dims=parse_dims(args.dim),
                 embeddings=args.embeddings, tolerance=tolerance, isolate=not args.in_process, timeout=args.timeout,
-                reference_python=args.reference_python, progress=on_step, sweep=args.sweep,
+                reference_python=args.reference_python, progress=on_step, sweep=args.sweep, calls=args.calls,
                 fallback_python=None if args.fallback_python.lower() == "none" else args.fallback_python,
                 layers=args.layers, runtime=name, budget=_seconds(args.budget), seed=args.seed,
                 schedules=None if not args.schedule else [parse(t, f"given-{i}") for i, t in enumerate(args.schedule)]))

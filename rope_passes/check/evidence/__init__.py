@@ -1,9 +1,10 @@
 """Kinds of evidence, each one module that compares its part of every run over one :class:`Evidence`; :data:`KINDS`
 names them in order. A kind is a module with ``NAME`` (its comparisons' ``Comparison.kind``), ``compare(ev) ->
 list[Comparison]``, optionally ``failure_line(comparison) -> str | None`` (its own line in the report's first
-failures) and, for calls of its own (:mod:`.capture_ab`), ``parts(plan, spec)`` (what the run ``spec`` makes of it,
-as JSON data; None: nothing) and ``run(backend, spec, table, data) -> list[dict[str, ndarray]]`` (in the run's own
-process after its decode, on its backend: ``RunResult.parts[NAME]``, an exception ``RunResult.part_errors[NAME]``).
+failures) and, for calls of its own (:mod:`.capture_ab`, :mod:`.calls`), ``parts(plan, spec, info)`` (what the run
+``spec`` of the graph ``info`` makes of it, as JSON data; None: nothing) and ``run(backend, spec, table, data,
+session, dspec) -> list[dict[str, ndarray]]`` (in the run's own process after its decode, on its backend, with its
+session and decoder spec: ``RunResult.parts[NAME]``, an exception ``RunResult.part_errors[NAME]``).
 The run loop (:func:`rope_passes.check.runner.execute_run`) makes the decode, the schedules and the sweep itself.
 """
 
@@ -22,7 +23,8 @@ if TYPE_CHECKING:
     from rope_passes.check.plan import CheckOptions, CheckPlan
 
 #: every kind of evidence, in the order of the report
-KINDS = tuple(f"rope_passes.check.evidence.{m}" for m in ("decode", "sweep", "schedules", "constants", "capture_ab"))
+KINDS = tuple(f"rope_passes.check.evidence.{m}"
+              for m in ("decode", "sweep", "schedules", "calls", "constants", "capture_ab"))
 
 
 @dataclasses.dataclass
@@ -97,9 +99,10 @@ def kind(name: str) -> ModuleType:
     return found
 
 
-def parts(plan: CheckPlan | None, spec: RunSpec) -> dict[str, Any]:
-    """What the run ``spec`` makes of each kind that makes calls of its own (``RunSpec.parts``)."""
-    return {k.NAME: data for k in kinds() if hasattr(k, "parts") and (data := k.parts(plan, spec)) is not None}
+def parts(plan: CheckPlan | None, spec: RunSpec, info: ModelInfo) -> dict[str, Any]:
+    """What the run ``spec`` of the graph ``info`` makes of each kind that makes calls of its own
+    (``RunSpec.parts``)."""
+    return {k.NAME: data for k in kinds() if hasattr(k, "parts") and (data := k.parts(plan, spec, info)) is not None}
 
 
 def compare_all(ev: Evidence) -> list[Comparison]:

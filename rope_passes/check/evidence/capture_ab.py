@@ -29,12 +29,13 @@ NAME = "capture-ab"
 UNCAPTURED = "uncaptured"
 
 
-def parts(plan: Any, spec: RunSpec) -> dict[str, Any] | None:
+def parts(plan: Any, spec: RunSpec, info: Any = None) -> dict[str, Any] | None:
     """The captured run makes the A/B (its steps, uncaptured, after its own); no other run does."""
     return {"steps": spec.steps} if spec.key.capture else None
 
 
-def run(backend: Any, spec: RunSpec, table: np.ndarray | None, data: Any) -> list[dict[str, np.ndarray]]:
+def run(backend: Any, spec: RunSpec, table: np.ndarray | None, data: Any, session: Any = None,
+        dspec: Any = None) -> list[dict[str, np.ndarray]]:
     """The captured run's steps again, on a session of the same model without capture, through the same driver."""
     driver = backend.capture(spec, table, captured=False)
     steps: list[dict[str, np.ndarray]] = []
