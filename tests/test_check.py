@@ -37,7 +37,7 @@ EXHAUSTIVE = {"current/llama/cpu_fp32", "current/llama/webgpu_fp16_graph", "curr
 #: checks whose subject is the decode: the step a broken model fails at (its sweep and schedules would only fail
 #: too), or the plan, a crashed run, the reference's interpreter or the captured decode of a corpus model against
 #: itself (its sweep and schedules are test_self_consistency's). Most of a tiny model's check is in them
-DECODE_ONLY = {"sweep": 0, "schedules": []}
+DECODE_ONLY = {"sweep": 0, "schedules": [], "calls": False}
 
 
 def mutate(src: str, dst, edit) -> str:

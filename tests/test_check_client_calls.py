@@ -210,7 +210,7 @@ def test_a_config_that_binds_the_cache_wrong_is_the_verdicts_reason(tmp_path):
     same = _mutate(demo, tmp_path / "identity", identity_before_present)
     for call in (dict(ids=_ids(1, 5), mask=[[1] * 5]), dict(ids=_ids(1, 1), mask=[[1] * 6], past=5)):
         assert _diff(same, str(demo), **call) == 0
-    options = dict(ep="cpu", isolate=False, sweep=0, tables=False, schedules=[])
+    options = dict(ep="cpu", isolate=False, sweep=0, tables=False, schedules=[], calls=False)
     assert check(demo, same, **options).exit_code == 0
     swapped = Path(_mutate(demo, tmp_path / "swapped", lambda model: None))
     config = json.loads((swapped / "genai_config.json").read_text())

@@ -28,7 +28,7 @@ from rope_passes.errors import UsageError
 from rope_passes.io import load_bundle, save_bundle
 
 LLAMA = "current/llama/cpu_fp32"
-FAST = {"sweep": 4, "isolate": False}  # in-process, a short sweep: the cut is what is under test here
+FAST = {"sweep": 4, "isolate": False, "calls": False}  # in-process, a short sweep: the cut is what is under test here
 #: a check that must fail, at the step it names: no schedules (of a broken model they would only fail too)
 FAILING = {**FAST, "schedules": []}
 

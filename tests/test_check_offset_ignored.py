@@ -16,7 +16,7 @@ from rope_passes.check import check
 
 pytestmark = [pytest.mark.corpus, pytest.mark.webgpu]
 #: the warnings are the check plan's (read from both graphs and configs): a short decode, no sweep, no schedules
-SHORT = {"prefill": 4, "steps": 2, "sweep": 0, "schedules": [], "isolate": False}
+SHORT = {"prefill": 4, "steps": 2, "sweep": 0, "schedules": [], "isolate": False, "calls": False}
 
 
 @pytest.mark.parametrize("variant", ["phi3_mini_128k/webgpu_fp32_graph_nofuseqkv", "phi4_mini/webgpu_fp16_graph_nofuseqkv"])

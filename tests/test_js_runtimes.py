@@ -35,7 +35,7 @@ from rope_passes.runtimes.choose import CHOICES, runtime_of
 REPO = Path(__file__).resolve().parents[1]
 NODE = "onnxruntime-node"
 #: the short check of these tests: 2 decode steps, the table's last two rows, no caller schedules; CPU runs here
-QUICK = {"steps": 2, "sweep": 2, "schedules": [], "isolate": False}
+QUICK = {"steps": 2, "sweep": 2, "schedules": [], "isolate": False, "calls": False}
 
 
 def _row_changed(src: Path, dst: Path, row: int) -> Path:
