@@ -231,10 +231,10 @@ def test_the_grid_is_every_shape_and_a_stated_sample_where_not_afforded():
         pasts = {p for f, _, p, n in shapes if f == f"call-{k}"}
         assert all(p in pasts for p in range(128 - k + 1, 128)), k  # every call crossing row 128
         assert all(p in pasts for p in range(32 - k + 1, 32)), k  # and the threshold 32
-        assert all(pasts & set(range(lo, lo + 4)) for lo in range(1, 256 - k - 3)), k  # one in 4 consecutive pasts
+        assert all(pasts & set(range(lo, lo + 8)) for lo in range(1, 256 - k - 7)), k  # one in 8 consecutive pasts
     assert {b for f, b, p, n in shapes if f.startswith("batch-")} == set(range(3, 17))
     assert all(c.past + c.tokens <= 256 for c in every)
-    assert f"{len(every)} calls" in note and "prompt every shape" in note and "call every 4th" in note
+    assert f"{len(every)} calls" in note and "prompt every shape" in note and "call every 8th" in note
     assert "probability 1/s per seed" in note
     sample, why = plan_calls(256, 256, cacheless=False, every=False, seed=3)
     assert len(sample) <= 300 and set(sample) <= {c for cs in _families(256, 256, False, (32,)).values() for c in cs}

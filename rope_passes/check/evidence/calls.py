@@ -75,8 +75,8 @@ class GridCall:
 
 
 #: every how many shapes of a family the grid makes where the CPU reference affords the grid (1: every one)
-STRIDES = {"prompt": 1, "prompt-repeated": 2, "prompt-pair": 4, "batch": 1, "call": 4, "crossing": 1,
-           "decode-pair": 1, "decode-4": 2, "shared": 2, "shared-pair": 2}
+STRIDES = {"prompt": 1, "prompt-repeated": 4, "prompt-pair": 8, "batch": 1, "call": 8, "crossing": 1,
+           "decode-pair": 1, "decode-4": 4, "shared": 4, "shared-pair": 4}
 
 
 def _families(end: int, max_length: int | None, cacheless: bool, thresholds: tuple[int, ...] = ()
@@ -189,17 +189,21 @@ def run(backend: Any, spec: RunSpec, table: np.ndarray | None, data: Any, sessio
         shapes = {n: past_shape(dspec, dspec.input(n), batch, rows) for n in sorted(dspec.past_names)}
         if sum(int(np.prod(s)) for s in shapes.values()) * 4 <= BUFFER_BYTES:
             pasts = {n: rng.standard_normal(s).astype(dspec.input(n).dtype) for n, s in shapes.items()}
+    # every call's ids from one draw (the same for every graph: the calls are the plan's), sliced call by call
+    pool = rng.randint(low, high, size=sum((1 if c.identical else c.batch) * c.tokens for c in calls))
+    at = 0
     made: list[dict[str, np.ndarray] | str] = []
     for k, c in enumerate(calls):
-        crng = np.random.RandomState((data["seed"] * 1_000_003 + k) % 2**32)
-        ids = crng.randint(low, high, size=(1 if c.identical else c.batch, c.tokens)).astype(np.int64)
+        rows_drawn = 1 if c.identical else c.batch
+        ids = pool[at:at + rows_drawn * c.tokens].reshape(rows_drawn, c.tokens).astype(np.int64)
+        at += rows_drawn * c.tokens
         if c.repeated:
             ids[:] = ids[:, :1]
         ids = np.repeat(ids, c.batch, axis=0) if c.identical else ids
         n = length if c.shared and length else c.past
         past = None
         if n and not dspec.cacheless:
-            past = {}
+            past, crng = {}, np.random.RandomState((data["seed"] * 1_000_003 + k) % 2**32)
             for name in sorted(dspec.past_names):
                 i = dspec.input(name)
                 buf = pasts[name][:c.batch, :, :n] if name in pasts else \
