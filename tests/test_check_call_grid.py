@@ -110,17 +110,39 @@ def crossing_row_128(g, inputs):
                 _op(g, "Greater", _seq(g, inputs), _i(g, 1)))
 
 
+def seventeen_after_a_past(g, inputs):
+    return _and(g, _op(g, "Equal", _seq(g, inputs), _i(g, 17)), _op(g, "Greater", _past(g, inputs), _i(g, 0)))
+
+
+def shared_buffers_multi_token(g, inputs):
+    """Several tokens after a past on genai's shared buffers."""
+    rows = _dim(g, inputs["past_key_values.0.key"], 2)
+    return _and(g, _op(g, "Not", _op(g, "Equal", rows, _past(g, inputs))),
+                _op(g, "Greater", _past(g, inputs), _i(g, 0)), _op(g, "Greater", _seq(g, inputs), _i(g, 1)))
+
+
+def padded_decode_past_100(g, inputs):
+    """A decode step of a batch with a padded row (a mask zero), past total 100."""
+    mask = inputs["attention_mask"]
+    holes = _op(g, "Less", _op(g, "ReduceMin", mask, keepdims=0), _i(g, 1))
+    return _and(g, holes, _op(g, "Equal", _seq(g, inputs), _i(g, 1)),
+                _op(g, "Greater", _dim(g, mask, 1), _i(g, 100)))
+
+
 def cpu(model: str, batch: int, tokens: int, past: int, rows: int | None = None, same_ids=False, same_rows=False,
-        seed=0) -> np.ndarray:
+        pad=0, seed=0) -> np.ndarray:
     """The logits of one call on onnxruntime's CPU EP, feeds built here: ``batch`` rows of ``tokens`` ids after a
-    random past of ``past`` rows (a buffer of ``rows`` rows: genai's shared buffers), the mask all ones."""
+    random past of ``past`` rows (a buffer of ``rows`` rows: genai's shared buffers), the mask all ones but the last
+    row's first ``pad`` columns (left padding)."""
     sess = ort.InferenceSession(f"{model}/model.onnx", providers=["CPUExecutionProvider"])
     rng = np.random.RandomState(seed)
     ids = rng.randint(4, 250, (1 if same_rows else batch, tokens)).astype(np.int64)
     if same_ids:
         ids[:] = ids[:, :1]
     ids = np.repeat(ids, batch, axis=0) if same_rows else ids
-    feeds = {"input_ids": ids, "attention_mask": np.ones((batch, past + tokens), np.int64)}
+    mask = np.ones((batch, past + tokens), np.int64)
+    mask[-1, :pad] = 0
+    feeds = {"input_ids": ids, "attention_mask": mask}
     for i in sess.get_inputs():
         if i.name.startswith("past_key_values."):
             feeds[i.name] = rng.standard_normal((batch, i.shape[1], rows or past, 32)).astype(np.float32)
@@ -149,6 +171,12 @@ PROBES = {
                                dict(batch=2, tokens=1, past=15), ("decode-", "batch-", "shared-pair")),
     "shared-past-70": (shared_buffers_past_70, dict(batch=1, tokens=1, past=70, rows=256),
                        dict(batch=1, tokens=1, past=70), ("shared",)),
+    "17-after-past": (seventeen_after_a_past, dict(batch=1, tokens=17, past=40), dict(batch=1, tokens=16, past=40),
+                      ("call-17",)),
+    "shared-multi-token": (shared_buffers_multi_token, dict(batch=1, tokens=3, past=20, rows=256),
+                           dict(batch=1, tokens=3, past=20), ("shared-call",)),
+    "padded-decode-past-100": (padded_decode_past_100, dict(batch=2, tokens=1, past=120, pad=9),
+                               dict(batch=2, tokens=1, past=90, pad=9), ("-padded",)),
     "crossing-128": (crossing_row_128, dict(batch=1, tokens=4, past=126), dict(batch=1, tokens=4, past=128),
                      ("call-",)),
 }

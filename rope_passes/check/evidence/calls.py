@@ -12,9 +12,12 @@ ones. Families (:func:`_families`; ``E`` the context):
   of ``E // b`` tokens and a decode step after ``E // 2``;
 * ``call-<k>``: one row, ``k = 2..`` :data:`GRID_MAX` tokens after a past (chunked prefill, chat turns, speculative
   decoding; GroupQueryAttention takes several tokens after a past for batch 1 only); ``crossing``: every such call
-  with a threshold among its tokens (powers of two from 16, LongRoPE switches, windows);
+  with a threshold among its tokens (powers of two from 16, LongRoPE switches, windows); ``long-call``: every longer
+  length once after a past;
 * ``decode-pair``, ``decode-4``: a decode step of two identical rows, of four rows, after every past;
-* where a config shares genai's KV buffers: ``shared``, ``shared-pair``, decode steps and prompts of ``1..GRID_MAX``
+  ``left-padded``, ``right-padded``: of two rows, the last one's past padded (every amount as the past grows);
+* where a config shares genai's KV buffers: ``shared``, ``shared-pair``, ``shared-call``: decode steps, prompts of
+  ``1..GRID_MAX`` and calls of ``2..GRID_MAX`` after a past
   on ``max_length`` buffers whose rows past the sequence are random (an earlier conversation's); each graph in its
   own client's layout (the capture loop's mask where the graph reads its total from the mask's sum, plain tensors
   where its config shares nothing): the same call, only the layout differs.
@@ -66,17 +69,21 @@ class GridCall:
     identical: bool = False
     repeated: bool = False
     shared: bool = False
+    pad: int = 0  # the last row's past has this many padding columns (mask 0) ...
+    side: str = ""  # ... on the "left" (as onnxruntime-genai pads) or the "right" (transformers.js)
 
     def describe(self) -> str:
         rows = f"{self.batch} identical rows" if self.identical else f"batch {self.batch}"
         ids = ", one id repeated" if self.repeated else ""
         where = " on genai's shared KV buffers (rows past it random)" if self.shared else ""
-        return f"{self.family}: {rows}, {self.tokens} token(s) after a random past of {self.past}{ids}{where}"
+        padded = f", the last row's past {self.side}-padded by {self.pad}" if self.pad else ""
+        return f"{self.family}: {rows}, {self.tokens} token(s) after a random past of {self.past}{ids}{where}{padded}"
 
 
 #: every how many shapes of a family the grid makes where the CPU reference affords the grid (1: every one)
 STRIDES = {"prompt": 1, "prompt-repeated": 4, "prompt-pair": 8, "batch": 1, "call": 8, "crossing": 1,
-           "decode-pair": 1, "decode-4": 4, "shared": 4, "shared-pair": 4}
+           "long-call": 4, "decode-pair": 1, "decode-4": 4, "left-padded": 2, "right-padded": 4, "shared": 4,
+           "shared-pair": 4, "shared-call": 8}
 
 
 def _families(end: int, max_length: int | None, cacheless: bool, thresholds: tuple[int, ...] = ()
@@ -98,13 +105,21 @@ def _families(end: int, max_length: int | None, cacheless: bool, thresholds: tup
     marks = sorted({t for t in (*(2**n for n in range(4, 32)), *thresholds) if 1 < t < end})
     fam["crossing"] = [GridCall(f"call-{k}", 1, p, k) for b in marks for k in range(2, top + 1)
                        for p in range(max(1, b - k + 1), b) if p + k <= end]
+    # calls longer than GRID_MAX after a past (a chat's next turn): each length once, its past spread over the context
+    fam["long-call"] = [GridCall(f"call-{k}", 1, 1 + (k * 37) % (end - k), k) for k in range(top + 1, end)]
     fam["decode-pair"] = [GridCall("decode-pair", 2, p, 1, identical=True) for p in range(1, end)]
+    # a decode step of a batch whose last row's past is padded (every padding 1..p-1 turns up as p goes on)
+    for side in ("left", "right"):
+        fam[f"{side}-padded"] = [GridCall(f"{side}-padded", 2, p, 1, pad=1 + (p * 7919) % (p - 1), side=side)
+                                 for p in range(2, end)]
     fam["decode-4"] = [GridCall("decode-4", 4, p, 1) for p in range(1, end)]
     if max_length:
         room = min(end, max_length)  # the shared buffers' rows (shared_length)
         for name, b in (("shared", 1), ("shared-pair", 2)):
             fam[name] = [GridCall(name, b, p, 1, shared=True) for p in range(1, room)] + [
                 GridCall(name, b, 0, k, shared=True) for k in range(1, min(GRID_MAX, room) + 1)]
+        fam["shared-call"] = [GridCall("shared-call", 1, p, k, shared=True) for k in range(2, min(GRID_MAX, room) + 1)
+                              for p in range(1, room - k + 1)]
     return fam
 
 
@@ -209,23 +224,31 @@ def run(backend: Any, spec: RunSpec, table: np.ndarray | None, data: Any, sessio
                 buf = pasts[name][:c.batch, :, :n] if name in pasts else \
                     crng.standard_normal(past_shape(dspec, i, c.batch, n)).astype(i.dtype)
                 past[name] = np.repeat(buf[:1], c.batch, axis=0) if c.identical else np.ascontiguousarray(buf)
-        mask = None
+        mask, positions = None, None
         if c.shared and data["kv"] == STATIC and length:
             mask = np.zeros((c.batch, length), np.int64)
             mask[:, :c.past + c.tokens] = 1
+        if c.pad:  # the last row's padding; its positions count its own tokens, as both clients send them
+            mask = np.ones((c.batch, c.past + c.tokens), np.int64)
+            mask[-1, slice(0, c.pad) if c.side == "left" else slice(c.past - c.pad, c.past)] = 0
+            positions = np.arange(c.past, c.past + c.tokens)[None].repeat(c.batch, axis=0)
+            positions[-1] -= c.pad
         try:
-            outs = dict(zip(dspec.outputs, session.run(dspec.outputs, step_feeds(dspec, ids, c.past, past,
-                                                                                   mask=mask))))
+            outs = dict(zip(dspec.outputs, session.run(dspec.outputs, step_feeds(dspec, ids, c.past, past, mask=mask,
+                                                                                   positions=positions))))
         except Exception as exc:  # noqa: BLE001 - a call that raises is a result
             made.append(" ".join(str(exc).split())[:400] or type(exc).__name__)
             continue
         kept: dict[str, np.ndarray] = {}
         for name, value in outs.items():
             if name.startswith(PRESENT_PREFIX) and value.ndim == 4:
+                # a padded row's cache rows are where its kernel puts them (GroupQueryAttention: by its own count,
+                # the rest of the row uninitialised): the unpadded rows' cache, every row's logits are compared
+                value = value[:-1] if c.pad else value
                 kept[name] = value[:, :, c.past:c.past + c.tokens]
                 fed = past.get(PAST_PREFIX + name[len(PRESENT_PREFIX):]) if past and c.past else None
                 moved = 0.0 if fed is None else float(np.abs(value[:, :, :c.past].astype(np.float64)
-                                                              - fed[:, :, :c.past].astype(np.float64)).max())
+                                                              - fed[:len(value), :, :c.past].astype(np.float64)).max())
                 kept[name + PAST_MOVED] = np.array([moved])
             else:
                 kept[name] = value[:, -1:] if c.tokens > GRID_MAX and value.ndim >= 2 and \
