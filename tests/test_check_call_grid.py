@@ -129,6 +129,13 @@ def padded_decode_past_100(g, inputs):
                 _op(g, "Greater", _dim(g, mask, 1), _i(g, 100)))
 
 
+def shared_identical_rows_decode(g, inputs):
+    """num_return_sequences on genai's shared buffers: identical rows, a decode step (red team 37: missed)."""
+    rows = _dim(g, inputs["past_key_values.0.key"], 2)
+    return _and(g, identical_rows(g, inputs), _op(g, "Not", _op(g, "Equal", rows, _past(g, inputs))),
+                _op(g, "Equal", _seq(g, inputs), _i(g, 1)))
+
+
 def cpu(model: str, batch: int, tokens: int, past: int, rows: int | None = None, same_ids=False, same_rows=False,
         pad=0, seed=0) -> np.ndarray:
     """The logits of one call on onnxruntime's CPU EP, feeds built here: ``batch`` rows of ``tokens`` ids after a
@@ -177,6 +184,8 @@ PROBES = {
                            dict(batch=1, tokens=3, past=20), ("shared-call",)),
     "padded-decode-past-100": (padded_decode_past_100, dict(batch=2, tokens=1, past=120, pad=9),
                                dict(batch=2, tokens=1, past=90, pad=9), ("-padded",)),
+    "shared-twins": (shared_identical_rows_decode, dict(batch=2, tokens=1, past=30, rows=256, same_rows=True),
+                     dict(batch=2, tokens=1, past=30, same_rows=True), ("shared-twins",)),
     "crossing-128": (crossing_row_128, dict(batch=1, tokens=4, past=126), dict(batch=1, tokens=4, past=128),
                      ("call-",)),
 }
@@ -236,6 +245,8 @@ def test_the_grid_catches_every_probe(tmp_path, monkeypatch):
     for name, call in first.items():
         assert any(f in call for f in PROBES[name][3]), (name, call)
     assert any(line.startswith("call grid: ") for line in report.first_differences())
+    data = report.to_dict()["first_failure"]  # JSON names it too, though the decode passed
+    assert data["kind"] == "calls" and data["schedule"] and not data["ok"]
 
 
 def test_a_correct_rewrite_stays_equivalent(tmp_path):

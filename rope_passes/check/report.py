@@ -127,7 +127,8 @@ class EquivalenceReport:
                      and c.kind == kind), None)
 
     def to_dict(self) -> dict[str, Any]:
-        first = self.first_failure
+        first = self.first_failure or next(((c, c.first_failure) for c in self.comparisons
+                                            if c.counts and c.status == "compared" and c.first_failure), None)
         return {
             "verdict": self.verdict, "exit_code": self.exit_code, "evidence": EVIDENCE.get(self.verdict),
             "fix": self.fix or None, "ep": self.ep, "runtime": self.runtime,
@@ -142,7 +143,8 @@ class EquivalenceReport:
             "runs": [r.to_dict() for r in self.runs],
             "comparisons": [c.to_dict() for c in self.comparisons],
             "tables": self.tables.to_dict() if self.tables is not None else None,
-            "first_failure": None if first is None else {"comparison": first[0].name, **first[1].to_dict()},
+            "first_failure": None if first is None else {"comparison": first[0].name, "kind": first[0].kind,
+                                                         **first[1].to_dict()},
             "first_differences": self.first_differences(),
             "notes": self.notes, "wall_s": round(self.wall_s, 3),
         }

@@ -63,9 +63,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "with --layers 4, none on a software WebGPU adapter)")
     p.add_argument("--no-sweep", dest="sweep", action="store_const", const=0, help="no position sweep")
     p.add_argument("--calls", dest="calls", action="store_const", const=True, default=None,
-                   help="the call grid's every shape (every prompt length, every call of 2..16 tokens after every "
-                        "past, batches, shared buffers; CPU EP), whatever the sweep (default: every shape where the "
-                        "sweep takes every position, else a stated sample)")
+                   help="the call grid in full (prompts of every length, calls after a past, identical, padded and "
+                        "bigger batches, genai's shared buffers; CPU EP; each family every shape or every 2nd..8th "
+                        "from a seeded offset, as the report's note states) whatever the sweep (default: so where the "
+                        "sweep takes every position, else about 256 calls)")
     p.add_argument("--no-calls", dest="calls", action="store_const", const=False, help="no call grid")
     p.add_argument("--fallback-python", default="auto", metavar="PYTHON",
                    help="second onnxruntime (the WebGPU plugin venv) for an original that does not load here "

@@ -16,8 +16,8 @@ ones. Families (:func:`_families`; ``E`` the context):
   length once after a past;
 * ``decode-pair``, ``decode-4``: a decode step of two identical rows, of four rows, after every past;
   ``left-padded``, ``right-padded``: of two rows, the last one's past padded (every amount as the past grows);
-* where a config shares genai's KV buffers: ``shared``, ``shared-pair``, ``shared-call``: decode steps, prompts of
-  ``1..GRID_MAX`` and calls of ``2..GRID_MAX`` after a past
+* where a config shares genai's KV buffers: ``shared``, ``shared-pair``, ``shared-twins`` (identical rows),
+  ``shared-call``: decode steps, prompts of ``1..GRID_MAX`` and calls of ``2..GRID_MAX`` after a past
   on ``max_length`` buffers whose rows past the sequence are random (an earlier conversation's); each graph in its
   own client's layout (the capture loop's mask where the graph reads its total from the mask's sum, plain tensors
   where its config shares nothing): the same call, only the layout differs.
@@ -83,7 +83,7 @@ class GridCall:
 #: every how many shapes of a family the grid makes where the CPU reference affords the grid (1: every one)
 STRIDES = {"prompt": 1, "prompt-repeated": 4, "prompt-pair": 8, "batch": 1, "call": 8, "crossing": 1,
            "long-call": 4, "decode-pair": 1, "decode-4": 4, "left-padded": 2, "right-padded": 4, "shared": 4,
-           "shared-pair": 4, "shared-call": 8}
+           "shared-pair": 4, "shared-twins": 4, "shared-call": 8}
 
 
 def _families(end: int, max_length: int | None, cacheless: bool, thresholds: tuple[int, ...] = ()
@@ -118,6 +118,7 @@ def _families(end: int, max_length: int | None, cacheless: bool, thresholds: tup
         for name, b in (("shared", 1), ("shared-pair", 2)):
             fam[name] = [GridCall(name, b, p, 1, shared=True) for p in range(1, room)] + [
                 GridCall(name, b, 0, k, shared=True) for k in range(1, min(GRID_MAX, room) + 1)]
+        fam["shared-twins"] = [GridCall("shared-twins", 2, p, 1, identical=True, shared=True) for p in range(1, room)]
         fam["shared-call"] = [GridCall("shared-call", 1, p, k, shared=True) for k in range(2, min(GRID_MAX, room) + 1)
                               for p in range(1, room - k + 1)]
     return fam
