@@ -18,7 +18,7 @@ from _utils import graph_const as _const
 from _utils import graph_dim as _dim
 from _utils import graph_op as _op
 from conftest import GENAI
-from test_check_clients import _mutate, logits_plus_half_when
+from test_check_clients import _mutate, logits_plus_half_when, logits_plus_when
 
 from rope_passes.check.core import EQUIVALENT, NOT_EQUIVALENT, check
 from rope_passes.check.evidence.calls import GRID_MAX, _families, plan_calls
@@ -201,20 +201,7 @@ def test_each_probe_is_wrong_only_on_its_shape(probe, tmp_path):
 
 def logits_plus_bit_when(conditions):
     """logits + 2^i / 16 where ``conditions[i]`` holds: one graph wrong for every probe, each by its own bit."""
-
-    def edit(model: ir.Model) -> None:
-        g = model.graph
-        inputs = {v.name: v for v in g.inputs}
-        out = next(v for v in g.outputs if v.name == "logits")
-        out.name = "logits_before"
-        new = out
-        for i, cond in enumerate(conditions):
-            bump = _op(g, "Mul", _op(g, "Cast", cond(g, inputs), to=out.dtype), _const(g, np.float32(2.0**i / 16)))
-            new = _op(g, "Add", new, bump)
-        new.name, new.dtype, new.shape = "logits", out.dtype, out.shape
-        g.outputs[[v.name for v in g.outputs].index("logits_before")] = new
-
-    return edit
+    return logits_plus_when([(cond, 2.0**i / 16) for i, cond in enumerate(conditions)])
 
 
 def test_the_grid_catches_every_probe(tmp_path, monkeypatch):

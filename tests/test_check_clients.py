@@ -33,19 +33,28 @@ LLAMA_GRAPH = "current/llama/webgpu_fp16_graph"  # total length from the mask's 
 PHI3 = "current/phi3_mini_128k/cpu_fp32"  # LongRoPE If(Greater(total, 32))
 
 
-def logits_plus_half_when(condition):
+def logits_plus_when(bumps):
+    """logits + ``delta`` where ``condition(graph, inputs)`` holds, for each ``(condition, delta)`` of ``bumps``."""
+
     def edit(model: ir.Model) -> None:
         g = model.graph
         inputs = {v.name: v for v in g.inputs}
         out = next(v for v in g.outputs if v.name == "logits")
         out.name = "logits_before"
         dtype = out.dtype
-        bump = _op(g, "Mul", _op(g, "Cast", condition(g, inputs), to=dtype), _const(g, np.array(0.5, dtype.numpy())))
-        new = _op(g, "Add", out, bump)
+        new = out
+        for condition, delta in bumps:
+            bump = _op(g, "Mul", _op(g, "Cast", condition(g, inputs), to=dtype),
+                       _const(g, np.array(delta, dtype.numpy())))
+            new = _op(g, "Add", new, bump)
         new.name, new.dtype, new.shape = "logits", dtype, out.shape
         g.outputs[[v.name for v in g.outputs].index("logits_before")] = new
 
     return edit
+
+
+def logits_plus_half_when(condition):
+    return logits_plus_when([(condition, 0.5)])
 
 
 def past_rows_not_past_length(g, inputs):
